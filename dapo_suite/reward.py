@@ -31,13 +31,14 @@ SYMBOLIC_TIMEOUT_S = 0.5  # hard limit for one symbolic comparison, worker start
 MAX_SYMBOLIC_ANSWER_CHARS = 400  # the longest MATH-500 answer has 159 characters
 
 _ANSWER_LINE = re.compile(r"(?i)answer\s*:\s*([^\n]+)")
-_WRAPPER = re.compile(r"\\(?:boxed|fbox|text|textbf|textrm|mathrm|mathbf|overline|displaystyle)\s*\{([^{}]*)\}")
-_NOISE = re.compile(r"\\left|\\right|\\[!,;:> ]|\\\$|\$|\*\*|\\\(|\\\)|\\\[|\\\]|\^\s*\{?\\circ\}?|°|~")
+_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_WRAPPER = re.compile(r"\\(?:boxed|fbox|mbox|text|textbf|textrm|mathrm|mathbf|overline|displaystyle)\s*\{([^{}]*)\}")
+_NOISE = re.compile(r"\\left|\\right|\\[!,;:> ]|\\\$|\$|\*\*|\\\(|\\\)|\\\[|\\\]|\^\s*\{?\\circ\}?|°|~|\\l?dots|\\cdots|\"")
 # Thousands separators and stray spacing between digits: "1,000", "4{,}2", "1\,000", "4 2" -> one number.
 _DIGIT_SEPARATOR = re.compile(r"(?<=\d)(?:\s*,\s*|\{,\}|\s+)(?=\d)")
 _UNITS = (
     "cm|mm|km|m|kg|g|mg|s|sec|min|h|hr|hrs|mph|ft|in|lb|lbs|oz|cents|dollars|degrees|units|ways|students|"
-    "people|days|hours|minutes|seconds|points|feet|inches|meters|pounds|digits|integers|edges|squares"
+    "people|days|hours|minutes|seconds|points|feet|inches|meters|pounds|digits|integers|edges|squares|th|st|nd|rd"
 )
 _INTEGER_ANSWER = re.compile(
     r"(?:[A-Za-z][A-Za-z'\s,:-]*\s)?"  # leading words without digits: "a 42", "the answer is 42"
@@ -78,21 +79,19 @@ def extract_answer(text: str, window: int = ANSWER_WINDOW) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) whose braces close, or None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) when its braces close, else None."""
+    openings = list(_BOXED_OPEN.finditer(text))  # text is a bounded tail: listing every match is cheap
+    if not openings:
         return None
-    open_brace = text.find("{", start)
-    if open_brace < 0 or text[start:open_brace].strip("\\boxedfbox ").strip():
-        return None
+    opening = openings[-1]
     depth = 0
-    for i in range(open_brace, len(text)):
+    for i in range(opening.end() - 1, len(text)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[open_brace + 1 : i].strip()
+                return text[opening.end() : i].strip()
     return None
 
 

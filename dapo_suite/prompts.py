@@ -1,0 +1,19 @@
+"""The DAPO prompt: the instruction wrapper DAPO-Math-17K uses, shared by training, evaluation and data export."""
+
+from __future__ import annotations
+
+DAPO_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+
+def format_prompt(problem: str, template: str = DAPO_TEMPLATE) -> str:
+    """The user message for one problem (`{problem}` in the template is replaced; no other braces are read)."""
+    return template.replace("{problem}", problem.strip())
+
+
+def chat_messages(problem: str, template: str = DAPO_TEMPLATE) -> list[dict[str, str]]:
+    """The chat a model sees: one user turn, as in the DAPO-Math-17K parquet's `prompt` column."""
+    return [{"role": "user", "content": format_prompt(problem, template)}]
