@@ -16,9 +16,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dapo-suite demo
 
+# The default suite (under 15 minutes), then the slow end-to-end tests (a few minutes more).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m slow -q
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

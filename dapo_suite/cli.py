@@ -77,3 +77,7 @@ def demo(samples: int, problems: int, max_new_tokens: int, seed: int) -> None:
     from dapo_suite.demo import run_demo
 
     run_demo(samples=samples, problems=problems, max_new_tokens=max_new_tokens, seed=seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,3 +17,11 @@ def format_prompt(problem: str, template: str = DAPO_TEMPLATE) -> str:
 def chat_messages(problem: str, template: str = DAPO_TEMPLATE) -> list[dict[str, str]]:
     """The chat a model sees: one user turn, as in the DAPO-Math-17K parquet's `prompt` column."""
     return [{"role": "user", "content": format_prompt(problem, template)}]
+
+
+def strip_template(content: str, template: str = DAPO_TEMPLATE) -> str:
+    """The bare problem of a prompt built with `template` (content without the wrapper is returned as is)."""
+    head, _, tail = template.partition("{problem}")
+    if content.startswith(head) and content.endswith(tail):
+        return content[len(head) : len(content) - len(tail)].strip()
+    return content.strip()

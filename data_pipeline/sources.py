@@ -1,0 +1,187 @@
+"""Reading problem/answer pairs from anywhere: files (jsonl, json, parquet, csv), Hugging Face dataset ids
+(`hf:owner/name[:split]`, when the hub or its local cache answers) and the named raw sets the project ships.
+
+Every row becomes `{"id", "source", "row", "problem", "answer"}`. Rows whose problem or answer is missing or empty
+are returned separately as `{"source", "row", "reason"}` so the build reports them instead of dropping them.
+Fields are found by name (dotted paths reach into nested fields: `prompt.0.content`, `reward_model.ground_truth`);
+without a name, the usual spellings are tried in order (problem/question/prompt, answer/ground_truth/solution).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from data_pipeline.answers import gsm8k_final_answer
+
+DATA_ENV = "DAPO_SUITE_DATA"
+# name -> path under the data root (PROVENANCE.md lists each file)
+NAMED_SOURCES = {
+    "math_train": "math_train/train.jsonl",
+    "gsm8k": "gsm8k/train.jsonl",
+    "dapo_math_17k": "dapo_math_17k/dapo_math_17k.parquet",
+}
+EVAL_SETS = ("aime24", "amc23", "math500", "gsm8k")
+# where each evaluation set lies under the raw data root when the `eval` package does not ship it
+_EVAL_RAW = {
+    "aime24": "aime24/test.normalized.jsonl",
+    "amc23": "amc23/test.normalized.jsonl",
+    "math500": "math500/test.jsonl",
+    "gsm8k": "gsm8k/test.jsonl",
+}
+PROBLEM_FIELDS = ("problem", "question", "prompt.0.content", "prompt", "input")
+ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth", "final_answer", "solution")
+
+
+class SourceError(ValueError):
+    """A source that cannot be read; the message says which flag or variable to set."""
+
+
+def default_data_root() -> Path:
+    """$DAPO_SUITE_DATA, else ../shared/data next to the repository that holds this package."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str | Path]:
+    """(kind, location) for a --input value: ('named'|'file'|'hf', path or dataset id)."""
+    if spec in NAMED_SOURCES:
+        root = Path(data_root) if data_root else default_data_root()
+        path = root / NAMED_SOURCES[spec]
+        if not path.is_file():
+            raise SourceError(
+                f"--input {spec}: {path} not found. Point ${DATA_ENV} or --data-root at the folder holding "
+                f"{NAMED_SOURCES[spec].split('/')[0]}/ (the project's shared/data)."
+            )
+        return "named", path
+    if spec.startswith("hf:"):
+        return "hf", spec[3:]
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return "file", path
+    raise SourceError(f"--input {spec}: no such file, and not a named source ({', '.join(NAMED_SOURCES)}) or hf:ID.")
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a jsonl, json (a list, or {"data": [...]}), parquet or csv file, as dicts."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with open(path, encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as error:
+                        raise SourceError(f"{path}:{line_number}: not JSON ({error.msg})") from None
+    elif suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            data = next((v for v in data.values() if isinstance(v, list)), [data])
+        yield from data
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(path).to_pylist()
+    elif suffix in (".csv", ".tsv"):
+        import csv
+
+        with open(path, encoding="utf-8", newline="") as handle:
+            yield from csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+    else:
+        raise SourceError(f"{path}: unknown format {suffix!r} (use .jsonl, .json, .parquet or .csv)")
+
+
+def _read_hf(dataset_id: str) -> Iterator[dict[str, Any]]:
+    name, _, split = dataset_id.partition(":")
+    try:
+        import datasets
+
+        dataset = datasets.load_dataset(name, split=split or "train")
+    except Exception as error:  # offline, unknown id, gated: all say the same thing to the user
+        raise SourceError(f"--input hf:{dataset_id}: could not load from the Hugging Face hub ({error}).") from None
+    yield from dataset
+
+
+def get_field(record: dict[str, Any], path: str) -> Any:
+    """record['a']['b'][0] for 'a.b.0'; None when any step is missing."""
+    value: Any = record
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, (list, tuple)) or hasattr(value, "__getitem__") and not isinstance(value, str):
+            try:
+                value = value[int(part)]
+            except (ValueError, IndexError, TypeError):
+                return None
+        else:
+            return None
+        if value is None:
+            return None
+    return value
+
+
+def _first_field(record: dict[str, Any], names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = get_field(record, name)
+        if value is not None and not isinstance(value, (dict, list)):
+            return value
+    return None
+
+
+def load_source(
+    spec: str,
+    data_root: Path | None = None,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows, invalid) for one --input. Row numbers count from 0 in the source's own order."""
+    kind, location = resolve_source(spec, data_root)
+    records = _read_hf(str(location)) if kind == "hf" else read_records(Path(location))
+    name = spec if kind == "named" else (f"hf:{location}" if kind == "hf" else Path(location).stem)
+    rows, invalid = [], []
+    for number, record in enumerate(records):
+        if limit is not None and number >= limit:
+            break
+        problem = get_field(record, problem_field) if problem_field else _first_field(record, PROBLEM_FIELDS)
+        answer = get_field(record, answer_field) if answer_field else _first_field(record, ANSWER_FIELDS)
+        if isinstance(answer, str) and "####" in answer:
+            answer = gsm8k_final_answer(answer)
+        problem = "" if problem is None else str(problem)
+        answer = "" if answer is None else str(answer)
+        missing = [f for f, v in (("problem", problem), ("answer", answer)) if not v.strip()]
+        if missing:
+            invalid.append({"source": name, "row": number, "reason": "missing_" + "_and_".join(missing)})
+            continue
+        rows.append({"id": f"{name}:{number}", "source": name, "row": number, "problem": problem, "answer": answer})
+    return rows, invalid
+
+
+def load_eval_set(name: str, eval_dir: Path | None = None, data_root: Path | None = None) -> list[dict[str, Any]]:
+    """Problems of one evaluation set: the installed `eval` package's data, else --eval-dir, else the raw data."""
+    candidates: list[Path] = []
+    try:
+        from importlib.resources import files
+
+        candidates.append(Path(str(files("eval") / "benchmarks" / f"{name}.jsonl")))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    if eval_dir is not None:
+        candidates += [Path(eval_dir) / f"{name}.jsonl", Path(eval_dir) / name / "test.jsonl"]
+    if name in _EVAL_RAW:
+        candidates.append((Path(data_root) if data_root else default_data_root()) / _EVAL_RAW[name])
+    for path in candidates:
+        if path.is_file():
+            return [
+                {"id": str(r.get("id", r.get("unique_id", i))), "problem": str(_first_field(r, PROBLEM_FIELDS) or "")}
+                for i, r in enumerate(read_records(path))
+            ]
+    raise SourceError(
+        f"--decontaminate {name}: evaluation set not found (looked in {', '.join(map(str, candidates))}). "
+        f"Install the `eval` package data, or pass --eval-dir DIR holding {name}.jsonl."
+    )

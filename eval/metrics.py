@@ -1,0 +1,111 @@
+"""Evaluation metrics: pure functions over graded samples, one per metric, each with its formula.
+
+Notation: P problems; problem i has n_i samples, c_i of them correct; a_i = c_i / n_i its accuracy.
+Problems are the sampled unit for uncertainty (a benchmark is a sample of problems; the samples of one
+problem are correlated), as in the paired bootstrap of `eval.compare`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+
+from dapo_suite.reward import parse_integer
+
+Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
+
+
+def problem_accuracy(correct: Sequence[bool]) -> float:
+    """a_i = c_i / n_i: the fraction of one problem's samples that are correct."""
+    return sum(correct) / len(correct)
+
+
+def avg_at_k(correct: Sequence[Sequence[bool]]) -> float:
+    """avg@k = (1/P) sum_i a_i: mean accuracy per problem, averaged over problems (DAPO's avg@32; with equal
+    n_i it is the mean correctness of all P*k samples)."""
+    return sum(problem_accuracy(c) for c in correct) / len(correct)
+
+
+def avg_at_k_standard_error(correct: Sequence[Sequence[bool]]) -> float:
+    """SE(avg@k) = s / sqrt(P), s = sqrt( sum_i (a_i - avg)^2 / (P - 1) ): the standard error of the mean over
+    problems. NaN when P < 2."""
+    if len(correct) < 2:
+        return math.nan
+    return statistics.stdev(problem_accuracy(c) for c in correct) / math.sqrt(len(correct))
+
+
+def confidence_interval_95(mean: float, standard_error: float) -> tuple[float, float]:
+    """mean -+ 1.96 SE (normal approximation), clipped to [0, 1]."""
+    if math.isnan(standard_error):
+        return (math.nan, math.nan)
+    return (max(0.0, mean - Z_95 * standard_error), min(1.0, mean + Z_95 * standard_error))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), computed as
+    1 - prod_{j=n-c+1}^{n} (1 - k/j) to stay exact for large n; 1 when n - c < k."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n}.")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / j for j in range(n - c + 1, n + 1))
+
+
+def mean_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> float:
+    """pass@k of the benchmark: (1/P) sum_i pass@k(n_i, c_i, k)."""
+    return sum(pass_at_k(len(c), sum(c), k) for c in correct) / len(correct)
+
+
+def k_values(n: int) -> list[int]:
+    """The k reported for pass@k and maj@k: 1, 2, 4, ... up to n, and n itself."""
+    ks = [2**j for j in range(n.bit_length()) if 2**j <= n]
+    return ks if ks[-1] == n else ks + [n]
+
+
+def answer_key(pred: str) -> str:
+    """What majority voting counts as one answer: the integer an answer states, else the answer with its
+    whitespace removed (so `042`, `42.0`, `$42$` vote together)."""
+    value = parse_integer(pred)
+    return str(value) if value is not None else "".join(pred.split())
+
+
+def majority_correct(preds: Sequence[str | None], correct: Sequence[bool]) -> bool:
+    """Majority vote over extracted answers (None = no answer, not a vote); ties go to the answer seen first.
+    The vote is correct when the samples giving the winning answer were graded correct. False with no votes."""
+    keys = [answer_key(p) if p is not None else None for p in preds]
+    votes = Counter(k for k in keys if k is not None)
+    if not votes:
+        return False
+    top = max(votes.values())
+    winner = next(k for k in keys if k is not None and votes[k] == top)
+    return correct[keys.index(winner)]
+
+
+def maj_at_k(preds: Sequence[Sequence[str | None]], correct: Sequence[Sequence[bool]], k: int) -> float:
+    """maj@k = (1/P) sum_i [majority answer of the first k samples of problem i is correct]."""
+    return sum(majority_correct(p[:k], c[:k]) for p, c in zip(preds, correct, strict=True)) / len(preds)
+
+
+def format_failure_rate(preds: Sequence[str | None]) -> float:
+    """Fraction of samples with no extractable answer (pred is None: no `Answer:` line and no \\boxed{})."""
+    return sum(p is None for p in preds) / len(preds)
+
+
+def truncated_fraction(finish_reasons: Sequence[str]) -> float:
+    """Fraction of samples stopped by the token budget (finish reason `length`)."""
+    return sum(r == "length" for r in finish_reasons) / len(finish_reasons)
+
+
+def length_statistics(num_tokens: Sequence[int]) -> dict[str, float]:
+    """Response length in tokens: mean, population std, min, median, 90th percentile (nearest rank), max."""
+    ordered = sorted(num_tokens)
+    p90 = ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+    return {"mean": statistics.fmean(ordered), "std": statistics.pstdev(ordered), "min": ordered[0],
+            "median": statistics.median(ordered), "p90": p90, "max": ordered[-1]}
+
+
+def tokens_per_second(num_tokens: int, wall_seconds: float) -> float:
+    """Generated tokens / wall-clock seconds of generation."""
+    return num_tokens / wall_seconds if wall_seconds > 0 else math.nan

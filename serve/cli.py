@@ -1,0 +1,110 @@
+"""`dapo-suite serve`: the chat app (default) and `dapo-suite serve api` (the OpenAI-compatible endpoint alone).
+Gradio, openai and the model server load only when a command runs."""
+
+from __future__ import annotations
+
+import click
+
+from serve.config import ENGINES, ServeConfig
+
+_DEFAULTS = ServeConfig()
+
+
+_MODEL_HELP = ("Checkpoint directory (`dapo-suite train` output), hub id, or `embedded` (default: the embedded "
+               "SmolLM2-135M-Instruct).")
+
+
+def _model_option(extra: str = ""):
+    return click.option("--model", default=None, metavar="PATH_OR_ID", help=_MODEL_HELP + extra)
+
+
+def _engine_option(func):
+    return click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+                        help="Model server to start: vLLM when installed with a GPU (auto), else transformers.")(func)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@_model_option(" With --endpoint: the served model name to request (default: the first one it lists).")
+@click.option("--endpoint", default=None, metavar="URL",
+              help="Use a running OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of starting one.")
+@_engine_option
+@click.option("--host", default=_DEFAULTS.host, show_default=True,
+              help="Address the chat binds; 0.0.0.0 exposes it to your network.")
+@click.option("--port", default=_DEFAULTS.port, show_default=True, help="Port of the chat app.")
+@click.option("--api-port", type=int, default=None, help="Port of the model server started for --model [default: free].")
+@click.option("--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0).")
+@click.option("--top-p", default=_DEFAULTS.top_p, show_default=True, help="Initial top-p (DAPO: 0.7).")
+@click.option("--max-tokens", default=_DEFAULTS.max_tokens, show_default=True,
+              help="Initial reply budget (~12 tokens/s for the 135M model on 2 CPU cores).")
+@click.option("--concurrency", "concurrency_limit", default=_DEFAULTS.concurrency_limit, show_default=True,
+              help="Replies generated at once; others wait in the queue.")
+@click.option("--max-queue", default=_DEFAULTS.max_queue, show_default=True, help="Requests that may wait.")
+@click.option("--max-prompt-chars", default=_DEFAULTS.max_prompt_chars, show_default=True,
+              help="Longest question accepted.")
+@click.option("--request-timeout", "request_timeout_s", default=_DEFAULTS.request_timeout_s, show_default=True,
+              help="Seconds a reply may stream before it is cut off.")
+@click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
+              help="Seconds the model server may take to become healthy.")
+@click.option("--no-dapo-prompt", "dapo_prompt", flag_value=False, default=True,
+              help="Start with the DAPO prompt checkbox off (questions are sent as typed).")
+@click.pass_context
+def serve(ctx: click.Context, **options) -> None:
+    """Chat with a trained reasoner in the browser, or serve it over an OpenAI-compatible API.
+
+    \b
+    Examples:
+      dapo-suite serve                                   # chat with the embedded model at http://127.0.0.1:7860
+      dapo-suite serve --model runs/dapo/checkpoint-last # chat with a trained checkpoint
+      dapo-suite serve --endpoint http://gpu-box:8000/v1 # chat through a server that is already running
+      dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000   # the endpoint alone
+
+    The chat streams the reply, folds the reasoning into "Thinking", shows the final `Answer:` line (badge
+    when it is an integer) and checks it when the question is an AIME 2024 problem. The model server
+    (`vllm serve` on a GPU, `transformers serve` on the CPU) is health-checked first and stopped with the app.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from serve.app import launch_app
+
+    try:
+        config = ServeConfig(**options)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
+    launch_app(config)
+
+
+@serve.command()
+@_model_option()
+@_engine_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port of the API (0: a free one).")
+@click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
+              help="Seconds the model server may take to become healthy.")
+def api(model: str | None, engine: str, host: str, port: int, startup_timeout_s: float) -> None:
+    """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
+
+    \b
+    Prints the base URL, then serves until Ctrl-C or SIGTERM:
+      dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000
+      dapo-suite eval aime24 --endpoint http://127.0.0.1:8000/v1 ...
+    """
+    import time
+
+    from serve.app import stop_on_sigterm
+    from serve.endpoint import EndpointError, start_endpoint
+
+    stop_on_sigterm()
+    try:
+        with start_endpoint(model, port=port or None, host=host, engine=engine,
+                            startup_timeout_s=startup_timeout_s) as endpoint:
+            click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):")
+            click.echo(f"  base URL: {endpoint.base_url}")
+            click.echo(f"  model:    {endpoint.model_name}")
+            click.echo("Ctrl-C stops it.")
+            while endpoint.exit_code() is None:
+                time.sleep(1.0)
+            raise click.ClickException(endpoint.diagnose())
+    except KeyboardInterrupt:
+        click.echo("Stopped.")
+    except EndpointError as error:
+        raise click.ClickException(str(error)) from None

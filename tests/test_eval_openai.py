@@ -1,0 +1,100 @@
+"""The OpenAI-endpoint engine against a real server (`transformers serve` with the embedded model on
+127.0.0.1), and its retries against a scripted server that injects faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from dapo_suite.cli import main
+from dapo_suite.models import resolve_model
+from eval.engines import OpenAIEngine, Request, Sampling
+from eval.scoring import read_generations
+from eval.scripted_server import free_port, scripted_server
+
+
+@pytest.fixture(scope="module")
+def transformers_server(tmp_path_factory):
+    """`transformers serve` with the embedded model on a free port; stopped after the module."""
+    model = resolve_model(None)
+    cli = Path(sys.executable).parent / "transformers"
+    port = free_port()
+    hub_cache = tmp_path_factory.mktemp("hf-hub")  # /v1/models scans the hub cache and fails if it is missing
+    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
+    process = subprocess.Popen(
+        [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
+         model], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_CACHE": str(hub_cache)})
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(f"{base}/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.time() > deadline:
+                pytest.fail(f"transformers serve did not come up; log: {Path(log.name).read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield base, model
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.mark.slow
+def test_eval_through_transformers_serve(transformers_server, tmp_path):
+    base, model = transformers_server
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["eval", "gsm8k", "--endpoint", base, "--model", model, "--n", "2",
+                                       "--limit", "2", "--max-tokens", "8", "--concurrency", "4",
+                                       "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    records = read_generations(out / "generations.jsonl")
+    assert sorted((r["problem_id"], r["sample_index"]) for r in records) == [
+        ("gsm8k-test-0", 0), ("gsm8k-test-0", 1), ("gsm8k-test-1", 0), ("gsm8k-test-1", 1)]
+    for r in records:
+        assert r["finish_reason"] in ("stop", "length") and 1 <= r["num_tokens"] <= 8 and r["text"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] and results["num_samples"] == 4
+    assert json.loads((out / "sessions.jsonl").read_text().splitlines()[0])["engine"] == "openai"
+
+
+def test_retries_with_backoff_after_429_and_503():
+    with scripted_server(failures=[429, 503, 500]) as (url, stats):
+        engine = OpenAIEngine(url, concurrency=2, max_retries=4, backoff=0.01)
+        assert engine.model == "scripted"  # taken from /v1/models
+        done = []
+        engine.generate([Request("p", i, "q", i) for i in range(4)], Sampling(1.0, 0.7, 16), done.append)
+    assert sorted(c.sample_index for c in done) == [0, 1, 2, 3]
+    assert all(c.text == "Answer: 42" and c.finish_reason == "stop" and c.num_tokens == 4 for c in done)
+    assert stats["requests"] == 7 and stats["completed"] == 4 and stats["max_in_flight"] <= 2
+
+
+def test_gives_up_with_a_clear_message():
+    with scripted_server(failures=[400]) as (url, _):
+        engine = OpenAIEngine(url, model="scripted", max_retries=3, backoff=0.01)
+        with pytest.raises(RuntimeError, match=r"p#0 to .* failed after 1 attempt"):
+            engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
+    with scripted_server(failures=[503] * 3) as (url, stats):
+        engine = OpenAIEngine(url, model="scripted", max_retries=2, backoff=0.01)
+        with pytest.raises(RuntimeError, match="failed after 3 attempt"):
+            engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
+        assert stats["requests"] == 3
+
+
+def test_unreachable_endpoint_says_what_to_do():
+    with pytest.raises(RuntimeError, match="pass --model NAME"):
+        OpenAIEngine(f"http://127.0.0.1:{free_port()}")

@@ -1,0 +1,77 @@
+"""The chat in a real browser (Debian's chromium driven by Playwright, headless): type a question, watch tokens
+stream into "Thinking", see the answer badge, and save the page to docs/screenshots/serve.png for the README."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from serve.app import build_app, launch_kwargs
+from serve.config import ServeConfig
+from serve.endpoint import free_port, start_endpoint
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "serve.png"
+QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` to run the browser test")
+    pytest.importorskip("playwright.sync_api")
+    # Greedy decoding makes the reply (and so the screenshot) the same on every run.
+    config = ServeConfig(port=free_port(), temperature=0.0, max_tokens=64)
+    with start_endpoint(None, startup_timeout_s=300) as endpoint:
+        demo = build_app(config, endpoint)
+        demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
+        demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))
+        try:
+            yield f"http://127.0.0.1:{config.port}/"
+        finally:
+            demo.close()
+
+
+def test_browser_chat_streams_and_shows_the_answer_badge(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+            page.goto(app_url, wait_until="load")
+            expect(page.get_by_text("DAPO reasoner chat")).to_be_visible()
+            question = page.locator("#question textarea")
+            question.fill(QUESTION)
+            question.press("Enter")
+
+            # Streaming: the Thinking message appears while the reply is still growing.
+            thinking = page.get_by_text("Thinking", exact=False).first
+            expect(thinking).to_be_visible(timeout=60_000)
+            bot = page.locator("#chat .bot")
+            lengths = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and page.locator("#chat .badge-integer").count() == 0:
+                lengths.append(len(bot.all_inner_texts() and "".join(bot.all_inner_texts())))
+                time.sleep(0.25)
+            assert len(set(lengths)) >= 3, f"the reply should grow token by token, saw lengths {lengths}"
+
+            badge = page.locator("#chat .badge-integer")
+            expect(badge).to_be_visible(timeout=60_000)
+            expect(badge).to_contain_text("integer 12")
+            expect(page.locator("#chat .reply-stats")).to_contain_text("tokens/s", timeout=30_000)
+            expect(question).to_be_editable(timeout=30_000)  # the reply is over: the input is handed back
+
+            # Collapsible: Gradio folds a finished Thinking message; a click opens it again.
+            page.locator("#chat .thought-group .title").first.click()
+            expect(page.locator("#chat .thought-group .message-content").first).to_contain_text("5", timeout=10_000)
+            time.sleep(0.5)  # let the unfold animation finish before the screenshot
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=False)
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000

@@ -1,0 +1,103 @@
+"""The model server lifecycle against the real `transformers serve` on the embedded model: health-checked before
+use, OpenAI streaming through it, stopped on exit and on SIGTERM of `dapo-suite serve api`, and a clear error
+when the child cannot start."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve.endpoint import (
+    EndpointError,
+    connect_endpoint,
+    free_port,
+    pick_engine,
+    server_command,
+    start_endpoint,
+)
+
+
+def _down(base_url: str) -> bool:
+    try:
+        httpx.get(base_url.removesuffix("/v1") + "/health", timeout=2)
+    except httpx.HTTPError:
+        return True
+    return False
+
+
+def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
+    import openai
+
+    with start_endpoint(None, startup_timeout_s=300) as endpoint:
+        assert endpoint.base_url.startswith("http://127.0.0.1:") and endpoint.base_url.endswith("/v1")
+        assert endpoint.engine == "transformers" and Path(endpoint.model_name, "config.json").is_file()
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model=endpoint.model_name, messages=[{"role": "user", "content": "What is 2+3?"}], stream=True,
+            temperature=0.0, max_tokens=12)
+        pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+        assert len(pieces) >= 2 and "5" in "".join(pieces)
+        process = endpoint.process
+    assert process.poll() is not None, "the model server must be stopped when the block exits"
+    assert _down(endpoint.base_url)
+
+
+def test_a_child_that_cannot_load_the_model_fails_fast_with_its_log(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    started = time.monotonic()
+    with pytest.raises(EndpointError, match=r"exited before becoming healthy[\s\S]*exited with code"):
+        with start_endpoint(str(tmp_path), startup_timeout_s=120):
+            pass
+    assert time.monotonic() - started < 90
+
+
+def test_missing_model_directory_says_what_to_pass(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        with start_endpoint(str(tmp_path)):
+            pass
+
+
+def test_serve_api_prints_its_url_and_stops_the_child_on_sigterm():
+    port = free_port()
+    cli = subprocess.Popen([sys.executable, "-c", "from dapo_suite.cli import main; main()", "serve", "api",
+                            "--port", str(port)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in cli.stdout:
+            lines.append(line)
+            if "base URL:" in line or len(lines) > 200:
+                break
+        base_url = re.search(r"base URL: (\S+)", "".join(lines))[1]
+        assert base_url == f"http://127.0.0.1:{port}/v1"
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(30) == 0
+        assert _down(base_url), "SIGTERM of `serve api` must stop the model server too"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_connect_endpoint_normalises_the_url_and_needs_a_model_name_when_unlisted():
+    assert connect_endpoint("http://127.0.0.1:8000/", "m").base_url == "http://127.0.0.1:8000/v1"
+    with pytest.raises(EndpointError, match="pass --model NAME"):
+        connect_endpoint(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
+
+
+def test_engine_choice_and_commands():
+    assert pick_engine("transformers") == "transformers"
+    assert pick_engine("auto") in ("vllm", "transformers")
+    command = server_command("transformers", "/ckpt", "127.0.0.1", 9000)
+    assert command[1:5] == ["serve", "/ckpt", "--host", "127.0.0.1"] and "9000" in command
+    assert server_command("vllm", "/ckpt", "127.0.0.1", 9000)[1:3] == ["serve", "/ckpt"]
+    with pytest.raises(EndpointError, match="choose vllm or transformers"):
+        server_command("tgi", "/ckpt", "127.0.0.1", 9000)

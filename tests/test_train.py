@@ -1,0 +1,110 @@
+"""The embedded trainer end to end on the real embedded model, at a size that runs in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dapo_suite.rollout import Rollout, response_mask_from_eos
+from dapo_suite.trainer import filter_groups
+
+# A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
+TINY = ["--preset", "+token-loss", "--set", "overlong_filter=false", "--set", "heldout_size=2", "--set", "val_n=1", "--set", "group_size=2",
+        "--set", "gen_batch_size=2", "--set", "train_batch_size=2", "--set", "mini_batch_size=1",
+        "--set", "micro_batch_size=4", "--set", "max_response_length=8", "--set", "overlong_buffer_len=4",
+        "--set", "val_max_response_length=8"]
+
+
+def run_train(out: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, *extra],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rollout(group: int, acc: bool, reward: float | None = None) -> Rollout:
+    return Rollout(group=group, prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]),
+                   old_log_prob=torch.tensor([-0.5]), truncated=False, text="", acc=acc,
+                   reward=reward if reward is not None else (1.0 if acc else -1.0))
+
+
+def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_the_rest():
+    groups = [[rollout(0, True), rollout(0, True)], [rollout(1, False), rollout(1, False)],
+              [rollout(2, True), rollout(2, False)]]
+    kept, counts = filter_groups(groups, dynamic_sampling=True, metric="acc")
+    assert [g[0].group for g in kept] == [2]
+    assert counts == {"all_correct": 1, "all_wrong": 1, "mixed": 1}
+    kept, _ = filter_groups(groups, dynamic_sampling=False, metric="acc")
+    assert len(kept) == 3
+
+
+def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits():
+    # All wrong, but one response is also too long: same accuracy, different reward (NeMo-RL #2431's trap).
+    group = [rollout(0, False, reward=-1.0), rollout(0, False, reward=-1.5)]
+    assert filter_groups([group], True, "acc")[0] == []
+    assert filter_groups([group], True, "score")[0] == [group]
+
+
+def test_response_mask_runs_through_the_first_end_of_sequence_token():
+    responses = torch.tensor([[5, 6, 0, 0], [5, 0, 6, 0], [5, 6, 7, 8]])
+    assert response_mask_from_eos(responses, eos_token_id=0).tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_training_writes_metrics_checkpoints_and_plots(tmp_path):
+    out = tmp_path / "run"
+    result = run_train(out, "--max-steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward/acc" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for key in ("reward/mean", "actor/entropy", "response_len/mean", "response_len/max", "response_len/clip_ratio",
+                "actor/clipfrac_upper", "actor/clipfrac_lower", "actor/ppo_kl", "actor/grad_norm",
+                "sampling/gen_batches", "sampling/groups_kept", "perf/rollout_tokens_per_s"):
+        assert key in steps[-1], key
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"before", "after"} <= set(summary)
+    checkpoint = out / "checkpoint-last"
+    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "tokenizer.json").is_file()
+    assert "im_start" in (checkpoint / "chat_template.jinja").read_text()
+    assert list((out / "tensorboard").iterdir())
+    png = out / "training_dynamics.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert sum(p.numel() for p in reloaded.parameters()) > 100_000_000
+
+    again = run_train(out, "--max-steps", "3")
+    assert again.returncode != 0 and "--resume" in again.stderr
+
+
+def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, "--max-steps", "4"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoints" / "step-000002").is_dir():
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint after 600 s"
+        time.sleep(0.2)
+    time.sleep(1.0)  # now inside step 3
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    steps_logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps_logged) <= 3
+
+    resumed = run_train(out, "--max-steps", "4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "reward/acc" in r]
+    assert train_steps == [1, 2, 3, 4]  # every step once: the killed step was redone, nothing lost before it
+    state = torch.load(out / "checkpoint-last" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 4 and state["sampler_cursor"] == 8  # 4 steps x 2 prompts, none skipped or repeated

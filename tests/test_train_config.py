@@ -1,0 +1,75 @@
+"""Training config and presets: defaults are the paper's run, the ladder differs only in switches."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dapo_suite.config import LADDER, SWITCHES, TrainConfig, load_preset, parse_override, resolve_config
+
+
+def test_dapo_preset_on_a_large_model_carries_the_papers_32b_settings():
+    config = resolve_config(["dapo"], {"model": "Qwen/Qwen2.5-32B"})
+    paper = {
+        "clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0, "loss_agg": "token-mean",
+        "max_prompt_length": 2048, "max_response_length": 20480, "overlong_penalty": True,
+        "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0, "dynamic_sampling": True, "filter_metric": "acc",
+        "max_num_gen_batches": 10, "train_batch_size": 512, "gen_batch_size": 1536, "group_size": 16,
+        "mini_batch_size": 32, "lr": 1e-6, "warmup_steps": 10, "weight_decay": 0.1, "grad_clip": 1.0,
+        "temperature": 1.0, "top_p": 1.0, "val_temperature": 1.0, "val_top_p": 0.7, "val_n": 32,
+    }
+    assert {key: getattr(config, key) for key in paper} == paper
+    assert config.updates_per_step == 16  # 512 prompts / 32 per mini-batch
+    assert config.presets == ["dapo"]
+
+
+def test_embedded_model_gets_the_tiny_cpu_scale_under_any_ladder_preset():
+    config = resolve_config(["grpo"])
+    assert config.presets == ["tiny-cpu", "grpo"]
+    assert config.model == "embedded" and config.max_response_length == 64
+    assert config.clip_high == 0.2 and config.loss_agg == "seq-mean-token-mean" and not config.dynamic_sampling
+
+
+def test_ladder_presets_differ_only_in_switches_and_add_one_technique_each():
+    rungs = [load_preset(name) for name in LADDER]
+    for rung in rungs:
+        assert set(rung) == set(SWITCHES)
+    changed = [{k for k in SWITCHES if a[k] != b[k]} for a, b in zip(rungs, rungs[1:], strict=False)]
+    assert changed == [{"overlong_filter"}, {"clip_high"}, {"overlong_penalty"}, {"loss_agg"}, {"dynamic_sampling"}]
+
+
+def test_overrides_win_and_are_typed():
+    key, value = parse_override("clip_high=0.3")
+    assert (key, value) == ("clip_high", 0.3)
+    assert parse_override("clip-c=null") == ("clip_c", None)
+    config = resolve_config(["dapo"], {"clip_high": 0.3, "group_size": 4})
+    assert config.clip_high == 0.3 and config.group_size == 4
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("clip_hi=0.3", "unknown key 'clip_hi'"),
+    ("nonsense", "expected key=value"),
+])
+def test_bad_overrides_name_the_problem(assignment, message):
+    with pytest.raises(ValueError, match=message):
+        parse_override(assignment)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"train_batch_size": 10, "mini_batch_size": 4}, "multiple of mini_batch_size"),
+    ({"group_size": 1}, "group_size"),
+    ({"loss_agg": "sample-mean"}, "loss_agg"),
+    ({"clip_c": 0.5}, "clip_c"),
+    ({"overlong_buffer_len": 30000}, "overlong_buffer_len"),
+])
+def test_impossible_configs_say_what_to_set(values, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**values)
+
+
+def test_unknown_preset_lists_the_available_ones(tmp_path):
+    with pytest.raises(ValueError, match="available: .*dapo"):
+        resolve_config(["dapo-v2"])
+    custom = tmp_path / "mine.yaml"
+    custom.write_text(yaml.safe_dump({"clip_high": 0.35}))
+    assert resolve_config([str(custom)]).clip_high == 0.35
