@@ -68,16 +68,17 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--samples", default=4, show_default=True, help="Responses sampled per problem (G).")
-@click.option("--problems", default=2, show_default=True, help="GSM8K test problems to sample.")
-@click.option("--max-new-tokens", default=160, show_default=True, help="Generation budget per response.")
-@click.option("--seed", default=0, show_default=True)
-def demo(samples: int, problems: int, max_new_tokens: int, seed: int) -> None:
-    """One DAPO step on the embedded model, shown phase by phase (what `make demo` runs)."""
+@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
+              help="Run directory; a rerun resumes it.")
+@click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
+def demo(out: str, max_steps: int | None) -> None:
+    """Train the embedded model with DAPO on a CPU and report held-out accuracy before and after (`make demo`)."""
+    import logging
+
     from dapo_suite.demo import run_demo
 
-    run_demo(samples=samples, problems=problems, max_new_tokens=max_new_tokens, seed=seed)
-
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    run_demo(out=out, max_steps=max_steps)
 
 if __name__ == "__main__":
     main()

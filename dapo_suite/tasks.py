@@ -21,46 +21,25 @@ class Problem:
     answer: str
 
 
-def arithmetic_problem(rng: random.Random) -> Problem:
-    """One problem of the curriculum: single-digit sums (easy) to two-digit sums and small products."""
-    level = rng.choices(["add1", "add2", "sub", "mul"], weights=[4, 3, 2, 1])[0]
-    if level == "add1":
-        a, b = rng.randint(1, 9), rng.randint(1, 9)
-        text, value = f"What is {a} + {b}?", a + b
-    elif level == "add2":
-        a, b = rng.randint(10, 40), rng.randint(1, 9)
-        text, value = f"What is {a} + {b}?", a + b
-    elif level == "sub":
-        a, b = rng.randint(5, 20), rng.randint(1, 5)
-        text, value = f"What is {a} - {b}?", a - b
-    else:
-        a, b = rng.randint(2, 9), rng.randint(2, 5)
-        text, value = f"What is {a} times {b}?", a * b
-    return Problem(id=f"{level}:{text}", problem=text, answer=str(value))
-
-
-def arithmetic_split(count: int, seed: int, exclude: set[str] = frozenset()) -> list[Problem]:
-    """`count` distinct problems not in `exclude` (ids), deterministic for the seed."""
-    rng = random.Random(seed)
-    problems: dict[str, Problem] = {}
-    attempts = 0
-    while len(problems) < count:
-        attempts += 1
-        if attempts > 100 * count:
-            raise ValueError(f"the arithmetic task has fewer than {count} distinct problems left")
-        problem = arithmetic_problem(rng)
-        if problem.id not in exclude:
-            problems.setdefault(problem.id, problem)
-    return list(problems.values())
+def arithmetic_problems() -> list[Problem]:
+    """Every problem of the curriculum (472): single-digit sums, two-digit plus one-digit sums, small
+    differences and small products, easiest first."""
+    problems = [(f"What is {a} + {b}?", a + b, "add1") for a in range(1, 10) for b in range(1, 10)]
+    problems += [(f"What is {a} + {b}?", a + b, "add2") for a in range(10, 41) for b in range(1, 10)]
+    problems += [(f"What is {a} - {b}?", a - b, "sub") for a in range(5, 21) for b in range(1, 6)]
+    problems += [(f"What is {a} times {b}?", a * b, "mul") for a in range(2, 10) for b in range(2, 6)]
+    return [Problem(id=f"{level}:{text}", problem=text, answer=str(value)) for text, value, level in problems]
 
 
 def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """(train, held-out) for a built-in task; the held-out problems never appear in training."""
+    """(train, held-out) for a built-in task: a seeded shuffle of all its problems, split; never overlapping."""
     if name != "arithmetic":
         raise ValueError(f"unknown task {name!r}: the built-in task is 'arithmetic' (or pass --train-file)")
-    heldout = arithmetic_split(heldout_size, seed=10_000 + seed)
-    train = arithmetic_split(400, seed=seed, exclude={p.id for p in heldout})
-    return train, heldout
+    problems = arithmetic_problems()
+    if not 0 < heldout_size < len(problems):
+        raise ValueError(f"heldout_size must be between 1 and {len(problems) - 1} for the arithmetic task")
+    random.Random(seed).shuffle(problems)
+    return problems[heldout_size:], problems[:heldout_size]
 
 
 def load_problems(path: str | Path) -> list[Problem]:

@@ -24,11 +24,25 @@ from dapo_suite.config import LADDER
 @click.option("--backend", type=click.Choice(["embedded", "verl"]), help="embedded (this process) or verl.")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16.")
+              help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16. With --backend verl, "
+                   "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--nnodes", type=int, default=1, show_default=True, help="[verl] Nodes in the Ray cluster.")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="[verl] GPUs per node.")
+@click.option("--tp", type=int, help="[verl] vLLM tensor-parallel size (default: min(4, GPUs per node); recipe 4).")
+@click.option("--sp", type=int, help="[verl] Ulysses sequence-parallel size (default: min(8, GPUs); recipe 8).")
+@click.option("--offload/--no-offload", default=None,
+              help="[verl] FSDP parameter and optimizer offload (default: on from 8 GPUs, as the recipe).")
+@click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
+              help="[verl] vLLM's share of each GPU's memory.")
+@click.option("--ray-address", help="[verl] Submit to this Ray cluster with `ray job submit` (e.g. http://head:8265); "
+                                    "default: start a local Ray.")
+@click.option("--dry-run", is_flag=True, help="[verl] Validate against verl's Hydra config, write verl_config.yaml "
+                                              "and verl_command.sh to the run directory, print the command, stop.")
 @click.pass_context
 def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, backend, resume, assignments,
-          print_config) -> None:
+          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, ray_address,
+          dry_run) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
 
     \b
@@ -38,6 +52,9 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite train --preset dapo --model Qwen/Qwen2.5-32B --print-config   # the paper's 32B settings
       dapo-suite train --resume --out runs/dapo          # continue after a crash
       dapo-suite train plot runs/dapo                    # training-dynamics PNG
+      dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \\
+          --train-file dapo-math-17k.parquet --out runs/dapo-32b --dry-run   # the paper's run on verl
+      dapo-suite train export runs/dapo-32b              # verl FSDP checkpoint -> Hugging Face directory
 
     Presets: tiny-cpu, grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss, dapo.
     Run outputs: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-N (Hugging Face format),
@@ -49,8 +66,11 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
 
     overrides = dict(model=model, train_file=train_file, val_file=val_file, out=out, max_steps=max_steps,
                      backend=backend)
+    passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
         for assignment in assignments:
+            if assignment.startswith("verl."):
+                continue
             key, value = parse_override(assignment)
             overrides[key] = value
         config = resolve_config(presets, overrides)
@@ -62,7 +82,12 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         click.echo(describe(config))
         return
     if config.backend == "verl":
-        raise click.UsageError("--backend verl is not built yet in this version")
+        _train_verl(config, passthrough, dry_run, dict(nnodes=nnodes, gpus_per_node=gpus_per_node, rollout_tp=tp,
+                                                       ulysses_sp=sp, offload=offload, ray_address=ray_address,
+                                                       gpu_memory_utilization=gpu_memory_utilization))
+        return
+    if dry_run or passthrough:
+        raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from dapo_suite.trainer import DAPOTrainer
 
@@ -92,3 +117,48 @@ def plot(run_dir: str, out: str | None) -> None:
         click.echo(plot_run(Path(run_dir), Path(out) if out else None))
     except FileNotFoundError as error:
         raise click.UsageError(str(error)) from error
+
+
+def _train_verl(config, passthrough: list[str], dry_run: bool, hardware: dict) -> None:
+    """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/verl_backend.py."""
+    from dapo_suite import verl_backend
+
+    hw = verl_backend.Hardware(**hardware)
+    try:
+        if dry_run:
+            plan = verl_backend.dry_run(config, hw, passthrough)
+        else:
+            raise SystemExit(verl_backend.launch(config, hw, passthrough))
+    except verl_backend.VerlConfigError as error:
+        raise click.UsageError(str(error)) from error
+    for note in plan["warnings"]:
+        click.echo(f"warning: {note}", err=True)
+    click.echo(plan["script"], nl=False)
+    run_dir = plan["run_dir"]
+    click.echo(f"resolved verl config: {run_dir / 'verl_config.yaml'}\ncommand: {run_dir / 'verl_command.sh'}")
+
+
+@train.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="Target directory (default RUN_DIR/hf-export).")
+def export(run_dir: str, out: str | None) -> None:
+    """Merge the newest verl FSDP actor checkpoint of RUN_DIR into a Hugging Face model directory.
+
+    Runs verl's model merger (`python -m verl.model_merger merge --backend fsdp`); the result loads with
+    transformers and is what `dapo-suite eval --model DIR` and `dapo-suite serve --model DIR` take.
+    """
+    import subprocess
+
+    from dapo_suite import verl_backend
+
+    try:
+        actor = verl_backend.latest_actor_dir(Path(run_dir))
+    except FileNotFoundError as error:
+        raise click.UsageError(str(error)) from error
+    target = Path(out) if out else Path(run_dir) / "hf-export"
+    argv = verl_backend.export_command(actor, target)
+    click.echo(" ".join(argv), err=True)
+    code = subprocess.call(argv)
+    if code:
+        raise click.ClickException(f"verl's model merger failed with exit code {code}")
+    click.echo(str(target))

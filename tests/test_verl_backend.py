@@ -1,0 +1,203 @@
+"""The verl override builder, checked against verl 0.9.1's own composed Hydra config (CPU, no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from omegaconf import OmegaConf
+
+from dapo_suite import verl_backend as vb
+from dapo_suite.config import LADDER, TrainConfig, resolve_config
+
+# The paper's 32B run (docs dapo-reference.md section 2), as verl keys and values.
+PAPER_32B = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.use_kl_in_reward": False,
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "actor_rollout_ref.actor.clip_ratio_low": 0.2,
+    "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+    "actor_rollout_ref.actor.clip_ratio_c": 10.0,
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+    "data.max_prompt_length": 2048,
+    "data.max_response_length": 20480,
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": True,
+    "reward.reward_kwargs.overlong_buffer_cfg.len": 4096,
+    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+    "reward.reward_kwargs.max_resp_len": 20480,
+    "reward.reward_manager.name": "dapo",
+    "reward.custom_reward_function.path": str(Path(vb.__file__).parent / "reward.py"),
+    "reward.custom_reward_function.name": "compute_score",
+    "algorithm.filter_groups.enable": True,
+    "algorithm.filter_groups.metric": "acc",
+    "algorithm.filter_groups.max_num_gen_batches": 10,
+    "data.train_batch_size": 512,
+    "data.gen_batch_size": 1536,
+    "actor_rollout_ref.rollout.n": 16,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,
+    "actor_rollout_ref.actor.optim.weight_decay": 0.1,
+    "actor_rollout_ref.actor.grad_clip": 1.0,
+    "actor_rollout_ref.actor.optim.clip_grad": 1.0,
+    "actor_rollout_ref.rollout.temperature": 1.0,
+    "actor_rollout_ref.rollout.top_p": 1.0,
+    "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
+    "actor_rollout_ref.rollout.val_kwargs.top_p": 0.7,
+    "actor_rollout_ref.rollout.val_kwargs.n": 32,
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+    "trainer.nnodes": 16,
+    "trainer.n_gpus_per_node": 8,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+    # overlong filtering (sec. 3.4) through the registered loss
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "dapo_overlong_filter",
+    "actor_rollout_ref.model.external_lib": "dapo_suite.verl_extensions",
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    vb.write_aime24_parquet(root / "val.parquet")
+    vb.write_aime24_parquet(root / "train.parquet")
+    return root
+
+
+def _config(data: Path, tmp: Path, presets=("dapo",), **values) -> TrainConfig:
+    base = {"model": "Qwen/Qwen2.5-32B", "train_file": str(data / "train.parquet"),
+            "val_file": str(data / "val.parquet"), "out": str(tmp / "run"), "backend": "verl"}
+    return resolve_config(list(presets), {**base, **values})
+
+
+def test_every_trainconfig_field_is_mapped_or_explained():
+    mapped = {row.field for row in vb.VERL_KEYS}
+    names = {f.name for f in fields(TrainConfig)}
+    assert mapped | set(vb.NOT_MAPPED) == names
+    assert not mapped & set(vb.NOT_MAPPED)
+
+
+def test_paper_32b_dry_run_matches_the_reference_table_key_by_key(data, tmp_path):
+    config = _config(data, tmp_path)
+    plan = vb.dry_run(config, vb.Hardware(nnodes=16, gpus_per_node=8))
+    cfg = plan["config"]
+    for key, expected in PAPER_32B.items():
+        assert OmegaConf.select(cfg, key) == expected, key
+    # the legacy keys verl 0.9 no longer reads are not used
+    assert not any(o.startswith(("reward_model.overlong", "+reward_model.overlong")) for o in plan["overrides"])
+    assert any("max_num_gen_batches=10 is ignored" in w for w in plan["warnings"])
+    # the written YAML is the composed config
+    written = OmegaConf.load(tmp_path / "run" / "verl_config.yaml")
+    for key, expected in PAPER_32B.items():
+        assert OmegaConf.select(written, key) == expected, key
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    # Ray accepts only string env values (found by the CPU launch attempt)
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.DAPO_SUITE_MAX_RESPONSE_LENGTH == "20480"
+    assert "verl.trainer.main_ppo" in (tmp_path / "run" / "verl_command.sh").read_text()
+
+
+@pytest.mark.parametrize("preset", LADDER)
+def test_every_preset_composes_at_1x1_1x8_16x8(preset, data, tmp_path):
+    config = _config(data, tmp_path, presets=(preset,))
+    switches = resolve_config([preset], {"model": "Qwen/Qwen2.5-32B"})
+    for nnodes, gpus in ((1, 1), (1, 8), (16, 8)):
+        hw = vb.Hardware(nnodes=nnodes, gpus_per_node=gpus)
+        cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+        actor = cfg.actor_rollout_ref.actor
+        assert actor.clip_ratio_high == switches.clip_high
+        assert actor.loss_agg_mode == switches.loss_agg
+        assert cfg.algorithm.filter_groups.enable == switches.dynamic_sampling
+        assert cfg.reward.reward_kwargs.overlong_buffer_cfg.enable == switches.overlong_penalty
+        assert actor.policy_loss.loss_mode == ("dapo_overlong_filter" if switches.overlong_filter else "vanilla")
+        assert cfg.data.gen_batch_size == (1536 if switches.dynamic_sampling else 512)
+        assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == nnodes * gpus
+
+
+BAD_INPUTS = [
+    ("unknown key", {}, {}, ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],
+     "unknown verl key 'actor_rollout_ref.actor.clip_ratio_hi'"),
+    ("wrong type (number)", {}, {}, ["data.train_batch_size=abc"], "data.train_batch_size must be a number"),
+    ("wrong type (bool)", {}, {}, ["algorithm.filter_groups.enable=maybe"],
+     "algorithm.filter_groups.enable must be a boolean"),
+    ("TP does not divide GPUs", {}, {"rollout_tp": 3}, [], "rollout tensor parallel size 3 must divide"),
+    ("SP does not divide GPUs", {}, {"gpus_per_node": 6, "rollout_tp": 2, "ulysses_sp": 4}, [],
+     "Ulysses sequence parallel size 4 must divide the number of GPUs (6)"),
+    ("batch not divisible by DP", {"train_batch_size": 10, "mini_batch_size": 5, "group_size": 2},
+     {"ulysses_sp": 1}, [], "= 20 is not divisible by the 8 GPUs"),
+    ("mini-batch larger than batch", {}, {}, ["actor_rollout_ref.actor.ppo_mini_batch_size=1024"],
+     "mini-batch (1024 prompts) is larger than the batch (512 prompts)"),
+    ("sequence longer than tokens per GPU", {}, {}, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"],
+     "prompt+response = 22528 tokens exceeds the token budget"),
+    ("model path missing", {"model": "/nonexistent/model"}, {}, [], "model path '/nonexistent/model' does not exist"),
+    ("model neither dir nor hub id", {"model": "Qwen2.5-32B"}, {}, [], "model path 'Qwen2.5-32B' does not exist"),
+    ("train file missing", {"train_file": "/nonexistent/train.parquet"}, {}, [],
+     "train-file '/nonexistent/train.parquet' does not exist"),
+    ("no HF rollout in verl", {"rollout_engine": "hf"}, {}, [], "rollout_engine 'hf' does not exist in verl"),
+    ("verl's own check", {}, {}, ["actor_rollout_ref.actor.loss_agg_mode=foo"], "Invalid loss_agg_mode: foo"),
+    ("micro-batch needed without dynamic bsz", {}, {}, ["actor_rollout_ref.actor.use_dynamic_bsz=False"],
+     "ppo_micro_batch_size_per_gpu"),
+]
+
+
+@pytest.mark.parametrize(("case", "values", "hardware", "passthrough", "message"), BAD_INPUTS,
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_bad_inputs_fail_with_their_message(case, values, hardware, passthrough, message, data, tmp_path):
+    config = dataclasses.replace(_config(data, tmp_path), **values)
+    hw = vb.Hardware(**{"nnodes": 1, "gpus_per_node": 8, **hardware})
+    with pytest.raises(vb.VerlConfigError) as error:
+        vb.validate(config, hw, vb.build_overrides(config, hw, passthrough))
+    assert message in str(error.value)
+
+
+def test_passthrough_replaces_a_generated_key(data, tmp_path):
+    config = _config(data, tmp_path)
+    overrides = vb.build_overrides(config, vb.Hardware(), ["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
+    assert [o for o in overrides if "gpu_memory_utilization" in o] == [
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+
+
+def test_aime24_validation_parquet_has_the_dapo_schema(tmp_path):
+    frame = pd.read_parquet(vb.write_aime24_parquet(tmp_path / "aime24.parquet"))
+    assert len(frame) == 30
+    row = frame.iloc[0]
+    assert row["data_source"] == "aime24" and row["ability"] == "MATH"
+    assert row["prompt"][0]["role"] == "user" and "Answer:" in row["prompt"][0]["content"]
+    assert row["reward_model"]["ground_truth"].isdigit()
+
+
+def test_cli_dry_run_prints_the_command_and_writes_aime24(data, tmp_path):
+    from dapo_suite.train_cli import train
+
+    out = tmp_path / "cli-run"
+    result = CliRunner().invoke(train, [
+        "--backend", "verl", "--preset", "dapo", "--model", "Qwen/Qwen2.5-32B", "--nnodes", "16",
+        "--gpus-per-node", "8", "--train-file", str(data / "train.parquet"), "--out", str(out), "--dry-run",
+        "--set", "verl.trainer.logger=[console]"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "-m \\\n  verl.trainer.main_ppo" in result.output
+    assert "algorithm.filter_groups.metric=acc" in result.output
+    assert "trainer.logger=[console]" in result.output
+    assert (out / "data" / "aime24.parquet").is_file()
+    cfg = OmegaConf.load(out / "verl_config.yaml")
+    assert cfg.data.val_files == str(out.resolve() / "data" / "aime24.parquet")
+    assert list(cfg.trainer.logger) == ["console"]
+
+
+def test_cli_bad_input_is_a_usage_error(data, tmp_path):
+    from dapo_suite.train_cli import train
+
+    result = CliRunner().invoke(train, [
+        "--backend", "verl", "--preset", "dapo", "--model", "/nonexistent", "--train-file",
+        str(data / "train.parquet"), "--out", str(tmp_path / "r"), "--dry-run", "--tp", "3"])
+    assert result.exit_code == 2
+    assert "model path '/nonexistent' does not exist" in result.output
+    assert "rollout tensor parallel size 3 must divide the GPUs per node (8)" in result.output
