@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from dapo_suite.reward import compute_score
+from dapo_suite.reward import compute_score, extract_answer
 
 
 def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
@@ -25,7 +25,7 @@ def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max
     return {
         "acc": mean,
         "acc_stderr": (variance / count) ** 0.5,
-        "format_rate": sum("answer" in r.text[-300:].lower() for r in rollouts) / len(rollouts),
+        "format_rate": sum(extract_answer(r.text) is not None for r in rollouts) / len(rollouts),
         "response_len_mean": sum(r.length for r in rollouts) / len(rollouts),
         "truncated": sum(r.truncated for r in rollouts) / len(rollouts),
         "problems": count,

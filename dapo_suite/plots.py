@@ -13,7 +13,7 @@ PANELS = [
     ("clip fractions", [("actor/clipfrac_upper", "upper (r > 1+eps_high, A > 0)"),
                         ("actor/clipfrac_lower", "lower (r < 1-eps_low, A < 0)")]),
     ("dynamic sampling", [("sampling/groups_kept", "groups kept"), ("sampling/gen_batches", "generation batches")]),
-    ("reward", [("reward/mean", "mean reward (incl. overlong penalty)"), ("reward/format_rate", "has `Answer:`")]),
+    ("reward", [("reward/mean", "mean reward (incl. overlong penalty)"), ("reward/format_rate", "an answer is extracted")]),
 ]
 
 

@@ -29,7 +29,6 @@ import torch
 from dapo_suite.algorithm import (
     entropy_from_logits,
     group_advantages,
-    mask_truncated,
     mixed_groups,
     overlong_penalty,
     policy_loss,
@@ -41,7 +40,7 @@ from dapo_suite.evaluate import heldout_accuracy
 from dapo_suite.metrics import MetricsLogger
 from dapo_suite.models import load_model_and_tokenizer
 from dapo_suite.prompts import chat_messages
-from dapo_suite.reward import compute_score
+from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, make_engine
 from dapo_suite.tasks import Problem, builtin_task, load_problems
 
@@ -100,7 +99,7 @@ class DAPOTrainer:
         self.model.config.use_cache = True
         self.engine = make_engine(config.rollout_engine, self.model, self.tokenizer)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),
-                                           weight_decay=config.weight_decay)
+                                           weight_decay=config.weight_decay, fused=True)
         warmup = max(config.warmup_steps, 0)
         # Constant learning rate after a linear warm-up over optimiser *steps* (rollout steps x updates).
         warmup_updates = warmup * config.updates_per_step
@@ -187,7 +186,7 @@ class DAPOTrainer:
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
             "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
-            "reward/format_rate": sum("answer" in r.text[-300:].lower() for r in all_rollouts) / len(all_rollouts),
+            "reward/format_rate": sum(extract_answer(r.text) is not None for r in all_rollouts) / len(all_rollouts),
             "response_len/mean": lengths.mean().item(),
             "response_len/max": lengths.max().item(),
             "response_len/clip_ratio": sum(r.truncated for r in all_rollouts) / len(all_rollouts),
@@ -222,8 +221,9 @@ class DAPOTrainer:
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
         # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                            logits_to_keep=response_len + 1).logits[:, :-1].float()
-        logits = logits / self.config.temperature
+                            logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1].float()
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
         targets = input_ids[:, prompt_len:]
         log_prob = token_log_probs(logits, targets)
         with torch.no_grad():
@@ -239,11 +239,9 @@ class DAPOTrainer:
         for _ in range(config.ppo_epochs):
             for start in range(0, len(groups), config.mini_batch_size):
                 mini = [r for group in groups[start : start + config.mini_batch_size] for r in group]
-                if config.overlong_filter:
-                    loss_tokens = sum(r.length for r in mini if not r.truncated)
-                else:
-                    loss_tokens = sum(r.length for r in mini)
-                loss_sequences = sum(1 for r in mini if r.length and not (config.overlong_filter and r.truncated))
+                # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
+                mini = [r for r in mini if r.length and not (config.overlong_filter and r.truncated)]
+                loss_tokens, loss_sequences = sum(r.length for r in mini), len(mini)
                 if loss_tokens == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
@@ -252,8 +250,6 @@ class DAPOTrainer:
                     log_prob, entropy, mask = self.forward_log_probs(micro)
                     old = torch.nn.utils.rnn.pad_sequence([r.old_log_prob for r in micro], batch_first=True)
                     old = old.to(log_prob.device)
-                    if config.overlong_filter:
-                        mask = mask_truncated(mask, torch.tensor([r.truncated for r in micro], device=mask.device))
                     advantages = torch.tensor([r.advantage for r in micro], device=log_prob.device)
                     loss, metrics = policy_loss(
                         log_prob, old, advantages, mask, clip_low=config.clip_low, clip_high=config.clip_high,

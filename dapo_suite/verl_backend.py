@@ -398,12 +398,32 @@ def input_problems(config: TrainConfig) -> list[str]:
             problems.append(f"{name.replace('_', '-')} {value!r} does not exist")
         if value and "://" not in value and not value.endswith(".parquet"):
             problems.append(f"{name.replace('_', '-')} {value!r}: verl reads parquet (convert jsonl first)")
+        elif value and Path(value).expanduser().is_file():
+            problems += missing_verl_columns(Path(value).expanduser(), f"--{name.replace('_', '-')}")
     if config.rollout_engine == "hf":
         problems.append("rollout_engine 'hf' does not exist in verl 0.9.1's V1 trainer (its rollout registry "
                         "has vllm, sglang, trtllm): use rollout_engine=vllm")
     if config.val_max_response_length not in (None, config.max_response_length):
         problems.append("verl validates with data.max_response_length: unset val_max_response_length")
     return problems
+
+
+VERL_COLUMNS = ("data_source", "prompt", "reward_model")  # what verl's RLHFDataset and reward manager read
+
+
+def missing_verl_columns(path: Path, flag: str) -> list[str]:
+    """The DAPO-Math-17K columns a parquet lacks (read from its schema only: no rows are loaded)."""
+    import pyarrow.parquet as pq
+
+    try:
+        columns = set(pq.read_schema(path).names)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same message
+        return [f"{flag} {str(path)!r} is not a readable parquet file ({error})"]
+    missing = [column for column in VERL_COLUMNS if column not in columns]
+    if not missing:
+        return []
+    return [f"{flag} {str(path)!r} lacks the verl columns {missing} (has {sorted(columns)}); build it with "
+            "`dapo-suite data build`, which writes the DAPO-Math-17K schema"]
 
 
 def warnings_for(config: TrainConfig, cfg) -> list[str]:

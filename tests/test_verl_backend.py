@@ -201,3 +201,12 @@ def test_cli_bad_input_is_a_usage_error(data, tmp_path):
     assert result.exit_code == 2
     assert "model path '/nonexistent' does not exist" in result.output
     assert "rollout tensor parallel size 3 must divide the GPUs per node (8)" in result.output
+
+
+def test_a_parquet_without_the_verl_columns_is_rejected(data, tmp_path):
+    flat = tmp_path / "flat.parquet"
+    pd.DataFrame({"problem": ["What is 1 + 1?"], "answer": ["2"]}).to_parquet(flat)
+    config = dataclasses.replace(_config(data, tmp_path), train_file=str(flat))
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    with pytest.raises(vb.VerlConfigError, match=r"lacks the verl columns \['data_source', 'prompt', 'reward_model'\]"):
+        vb.validate(config, hw, vb.build_overrides(config, hw))

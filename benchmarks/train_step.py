@@ -1,0 +1,261 @@
+"""Train-step throughput: dapo-suite's `DAPOTrainer.update` against TRL's `GRPOTrainer` configured for DAPO.
+
+    .venv/bin/python benchmarks/train_step.py                    # 4 prompts x 8 responses, micro-batch 8
+    .venv/bin/python benchmarks/train_step.py --prompts 2 --group-size 4 --prompt-len 32 --response-len 16 --reps 1
+
+One DAPO update on the embedded SmolLM2-135M-Instruct, in one process, over the same pre-built rollouts (no
+generation is timed for either): prompts*group_size responses of about --prompt-len prompt tokens and up to
+--response-len response tokens, --truncated-fraction of them cut at the limit (no end-of-sequence token), one
+AdamW step over micro-batches of --micro-batch. The same settings on both sides: eps_low 0.2, eps_high 0.28,
+dual-clip c = 10 (TRL's `delta`), token-level loss over the whole mini-batch, truncated responses masked, no KL,
+temperature 1, the same lr, weight decay 0.1 and grad clip 1.0, float32, no gradient checkpointing (TRL defaults
+to it; it trades time for memory that this model does not need). Each side keeps its own optimizer: TRL's default
+`adamw_torch_fused` without decay on biases and norms, ours `torch.optim.AdamW` (per-tensor loop on a CPU).
+
+- ours: `DAPOTrainer.update(groups)`, the real trainer (one mini-batch = all groups).
+- TRL: `GRPOTrainer(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, mask_truncated_completions=True,
+  beta=0.0, delta=10)`; its `_prepare_inputs` (generation + scoring) is replaced by the prepared batch, then its
+  own `training_step` per micro-batch (forward with its fused LM head, `_compute_loss`, backward), gradient
+  clipping, optimizer and scheduler step, as `Trainer`'s inner loop does them.
+
+Loss check: from the same initial weights, old log-probs (log pi_theta plus noise, so ratios spread around 1 and
+both clip sides act) and advantages, the first step's loss and pre-clip gradient norm of both must agree.
+Conventions: TRL divides each micro-batch's sum by `num_items_in_batch * grad_accum / steps_per_generation` (the
+generation batch's unmasked completion tokens, per process), ours by the mini-batch's unmasked response tokens:
+the same denominator here, one process, one generation batch = one mini-batch. TRL applies the truncation mask
+while generating (which this benchmark skips), so the prepared batch applies it exactly as TRL does (last token not
+EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, interleaved; tokens/s counts real
+(unpadded) prompt + response tokens, truncated responses included (both sides run them). Target: ours >= 1.5x TRL.
+The `what-if` row (off with --no-what-if) is not the trainer as it stands: it feeds `update` the groups without
+their truncated responses, which overlong filtering gives no loss, to measure what skipping them would save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from dapo_suite.algorithm import group_advantages  # noqa: E402
+from dapo_suite.rollout import Rollout  # noqa: E402
+
+
+def make_rollouts(args, eos_id: int, vocab_size: int) -> list[list[Rollout]]:
+    """Random prompts and responses (token content does not change the cost); advantages from +-1 rewards with
+    every group mixed. old_log_prob is filled in later."""
+    gen = torch.Generator().manual_seed(args.seed)
+    groups = []
+    for g in range(args.prompts):
+        prompt_len = args.prompt_len + int(torch.randint(-args.prompt_jitter, args.prompt_jitter + 1, (1,), generator=gen))
+        prompt = torch.randint(100, vocab_size, (prompt_len,), generator=gen)
+        group = []
+        for i in range(args.group_size):
+            truncated = bool(torch.rand((), generator=gen) < args.truncated_fraction)
+            length = (args.response_len if truncated
+                      else int(torch.randint(args.response_len // 2, args.response_len + 1, (1,), generator=gen)))
+            response = torch.randint(100, vocab_size, (length,), generator=gen)
+            if not truncated:
+                response[-1] = eos_id
+            group.append(Rollout(group=g, prompt_ids=prompt, response_ids=response, old_log_prob=None,
+                                 truncated=truncated, text="", score=1.0 if i % 2 else -1.0))
+        groups.append(group)
+    flat = [r for group in groups for r in group]
+    advantages = group_advantages(torch.tensor([r.score for r in flat]), [r.group for r in flat])
+    for rollout, advantage in zip(flat, advantages.tolist(), strict=True):
+        rollout.reward, rollout.advantage = rollout.score, advantage
+    return groups
+
+
+@torch.no_grad()
+def fill_old_log_probs(trainer, groups: list[list[Rollout]], micro_batch: int, noise: float, seed: int) -> None:
+    """log pi_old = log pi_theta(initial weights) + N(0, noise^2) per token: ratios != 1, so clipping acts."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    flat = [r for group in groups for r in group]
+    for start in range(0, len(flat), micro_batch):
+        micro = flat[start : start + micro_batch]
+        log_prob, _, _ = trainer.forward_log_probs(micro)
+        for row, rollout in zip(log_prob, micro, strict=True):
+            rollout.old_log_prob = row[: rollout.length].clone() + noise * torch.randn(rollout.length, generator=gen)
+
+
+def trl_inputs(groups: list[list[Rollout]], micro_batch: int, pad_id: int, eos_ids: list[int]) -> list[dict]:
+    """The dict `GRPOTrainer._generate_and_score_completions` returns, padded over the generation batch as TRL
+    pads it (prompts left, completions right), then split into micro-batches in order."""
+    flat = [r for group in groups for r in group]
+    prompt_len = max(r.prompt_ids.numel() for r in flat)
+    completion_len = max(r.length for r in flat)
+    prompt_ids = torch.full((len(flat), prompt_len), pad_id)
+    prompt_mask = torch.zeros(len(flat), prompt_len, dtype=torch.long)
+    completion_ids = torch.full((len(flat), completion_len), pad_id)
+    completion_mask = torch.zeros(len(flat), completion_len, dtype=torch.long)
+    old = torch.zeros(len(flat), completion_len)
+    for i, r in enumerate(flat):
+        p = r.prompt_ids.numel()
+        prompt_ids[i, prompt_len - p :], prompt_mask[i, prompt_len - p :] = r.prompt_ids, 1
+        completion_ids[i, : r.length], completion_mask[i, : r.length] = r.response_ids, 1
+        old[i, : r.length] = r.old_log_prob
+    # mask_truncated_completions, as TRL does it: truncated = last completion token is neither EOS nor pad.
+    is_truncated = torch.tensor([int(r.response_ids[-1]) not in [*eos_ids, pad_id] for r in flat])
+    assert is_truncated.tolist() == [r.truncated for r in flat], "truncation flags disagree with TRL's rule"
+    completion_mask = completion_mask * (~is_truncated).unsqueeze(1).int()
+    num_items_in_batch = completion_mask.sum()
+    advantages = torch.tensor([r.advantage for r in flat])
+    return [{"prompt_ids": prompt_ids[s : s + micro_batch], "prompt_mask": prompt_mask[s : s + micro_batch],
+             "completion_ids": completion_ids[s : s + micro_batch],
+             "completion_mask": completion_mask[s : s + micro_batch], "advantages": advantages[s : s + micro_batch],
+             "old_per_token_logps": old[s : s + micro_batch], "num_items_in_batch": num_items_in_batch}
+            for s in range(0, len(flat), micro_batch)]
+
+
+def build_trl(args, model_path: str, out: str, num_micro: int):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(
+        output_dir=out, report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=args.seed,
+        loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=10.0, mask_truncated_completions=True, beta=0.0,
+        temperature=1.0, num_generations=args.group_size, max_completion_length=args.response_len,
+        per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=num_micro,
+        steps_per_generation=num_micro, learning_rate=args.lr, weight_decay=0.1, max_grad_norm=1.0,
+        lr_scheduler_type="constant", logging_steps=1, save_strategy="no")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    dataset = Dataset.from_dict({"prompt": ["1+1="] * args.prompts})
+    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.reps + 1)
+    trainer._prepare_inputs = lambda inputs: inputs  # no generation: the batch is already prepared
+    return trainer
+
+
+def trl_step(trainer, micro_inputs: list[dict]) -> tuple[float, float]:
+    """One optimizer update the way `Trainer`'s inner loop runs it, minus callbacks and logging."""
+    model = trainer.model
+    trainer.current_gradient_accumulation_steps = len(micro_inputs)
+    loss = 0.0
+    for i, inputs in enumerate(micro_inputs):
+        trainer.accelerator.gradient_state._set_sync_gradients(i == len(micro_inputs) - 1)
+        loss += float(trainer.training_step(model, inputs, None))
+    grad_norm = float(trainer._clip_grad_norm(model))
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    model.zero_grad()
+    return loss, grad_norm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=4, help="groups in the mini-batch")
+    parser.add_argument("--group-size", type=int, default=8, help="G: responses per prompt")
+    parser.add_argument("--prompt-len", type=int, default=100, help="mean prompt tokens")
+    parser.add_argument("--prompt-jitter", type=int, default=8, help="prompt lengths vary by +- this much")
+    parser.add_argument("--response-len", type=int, default=64, help="L_max; others uniform in [L_max/2, L_max]")
+    parser.add_argument("--truncated-fraction", type=float, default=0.25, help="responses cut at L_max, masked")
+    parser.add_argument("--micro-batch", type=int, default=8, help="responses per forward/backward")
+    parser.add_argument("--reps", type=int, default=3, help="timed steps of each, after one warm-up step")
+    parser.add_argument("--noise", type=float, default=0.3, help="std of log pi_old - log pi_theta")
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--rtol", type=float, default=1e-4, help="loss check tolerance (relative)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-what-if", dest="what_if", action="store_false",
+                        help="skip timing ours with the (loss-free) truncated responses left out")
+    args = parser.parse_args()
+    total = args.prompts * args.group_size
+    if total % args.micro_batch:
+        parser.error(f"prompts * group_size ({total}) must be a multiple of --micro-batch ({args.micro_batch})")
+    num_micro = total // args.micro_batch
+
+    import transformers
+    import trl
+
+    from dapo_suite.config import resolve_config
+    from dapo_suite.models import embedded_model_path
+    from dapo_suite.trainer import DAPOTrainer
+
+    transformers.logging.set_verbosity_error()
+    model_path = str(embedded_model_path())
+    with tempfile.TemporaryDirectory() as tmp:
+        config = resolve_config(["dapo"], {
+            "out": f"{tmp}/ours", "seed": args.seed, "train_batch_size": args.prompts,
+            "mini_batch_size": args.prompts, "micro_batch_size": args.micro_batch, "group_size": args.group_size,
+            "max_response_length": args.response_len, "overlong_buffer_len": max(1, args.response_len // 4),
+            "clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0, "loss_agg": "token-mean", "overlong_filter": True,
+            "lr": args.lr, "warmup_steps": 0, "weight_decay": 0.1, "grad_clip": 1.0, "temperature": 1.0,
+            "dtype": "float32", "device": "cpu"})
+        ours = DAPOTrainer(config)
+        tokenizer = ours.tokenizer
+        groups = make_rollouts(args, tokenizer.eos_token_id, ours.model.config.vocab_size)
+        fill_old_log_probs(ours, groups, args.micro_batch, args.noise, args.seed)
+        trainer = build_trl(args, model_path, f"{tmp}/trl", num_micro)
+        micro_inputs = trl_inputs(groups, args.micro_batch, tokenizer.pad_token_id, trainer.eos_token_ids)
+
+        flat = [r for group in groups for r in group]
+        tokens = sum(r.prompt_ids.numel() + r.length for r in flat)
+        print(f"[train-step] torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
+              f", {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+        print(f"[train-step] {args.prompts} prompts x {args.group_size} responses = {total}; {tokens} tokens "
+              f"(prompt ~{args.prompt_len}, response <= {args.response_len}, "
+              f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer update")
+
+        # What-if (not the trainer as it stands): the same update with the truncated responses left out before
+        # micro-batching; they carry no loss (overlong filtering), so the loss and gradient must be unchanged.
+        kept = [[r for r in group if not r.truncated] for group in groups]
+        if args.what_if:
+            weights = {k: v.clone() for k, v in ours.model.state_dict().items()}
+            optimizer_state = copy.deepcopy(ours.optimizer.state_dict())
+            what_if = ours.update(kept)
+            ours.model.load_state_dict(weights)
+            ours.optimizer.load_state_dict(optimizer_state)
+
+        # Warm-up step from identical weights: the loss check.
+        metrics = ours.update(groups)
+        ours_loss, ours_norm = metrics["actor/pg_loss"], metrics["actor/grad_norm"]
+        trl_loss, trl_norm = trl_step(trainer, micro_inputs)
+        loss_rel = abs(ours_loss - trl_loss) / max(abs(trl_loss), 1e-12)
+        norm_rel = abs(ours_norm - trl_norm) / max(abs(trl_norm), 1e-12)
+        print(f"[loss check] ours loss {ours_loss:+.8f}  TRL loss {trl_loss:+.8f}  rel diff {loss_rel:.1e}")
+        print(f"[loss check] ours grad norm {ours_norm:.6f}  TRL grad norm {trl_norm:.6f}  rel diff {norm_rel:.1e}")
+        print(f"[loss check] clipped token fraction (ours): {metrics['actor/pg_clipfrac']:.3f}")
+        if args.what_if:
+            print(f"[loss check] what-if (truncated rows dropped) loss {what_if['actor/pg_loss']:+.8f}  "
+                  f"grad norm {what_if['actor/grad_norm']:.6f}")
+        assert loss_rel <= args.rtol, f"losses differ by {loss_rel:.2e} relative (> {args.rtol})"
+        assert norm_rel <= 10 * args.rtol, f"gradient norms differ by {norm_rel:.2e} relative (> {10 * args.rtol})"
+
+        steps = {"ours": lambda: ours.update(groups), "TRL": lambda: trl_step(trainer, micro_inputs)}
+        if args.what_if:
+            steps["what-if"] = lambda: ours.update(kept)
+        seconds: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(args.reps):  # interleaved, so background load hits all alike
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step()
+                seconds[name].append(time.perf_counter() - start)
+        ours.logger.close()
+
+    rates = {}
+    for name, times in seconds.items():
+        rates[name] = tokens / statistics.median(times)
+        steps = ", ".join(f"{t:.2f}" for t in times)
+        print(f"[train-step] {name:<7} step seconds [{steps}]  median {statistics.median(times):.2f} s = "
+              f"{rates[name]:,.0f} tokens/s")
+    ratio = rates["ours"] / rates["TRL"]
+    print(f"[train-step] ratio ours / TRL = {ratio:.3f}x (target >= 1.5x): {'PASS' if ratio >= 1.5 else 'FAIL'}; "
+          f"load average now {os.getloadavg()[0]:.2f}")
+    if args.what_if:
+        print(f"[train-step] what-if: ours with truncated responses dropped before the update = "
+              f"{rates['what-if'] / rates['TRL']:.3f}x TRL (same loss; same tokens counted)")
+
+
+if __name__ == "__main__":
+    main()
