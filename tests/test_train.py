@@ -108,3 +108,26 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     assert train_steps == [1, 2, 3, 4]  # every step once: the killed step was redone, nothing lost before it
     state = torch.load(out / "checkpoint-last" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 4 and state["sampler_cursor"] == 8  # 4 steps x 2 prompts, none skipped or repeated
+
+
+def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
+    # Sampling reuses one prompt's KV cache for its G copies and records log pi_old on the way: both must
+    # agree with scoring the finished sequences from scratch, padded prompts included.
+    from dapo_suite.algorithm import token_log_probs
+    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.prompts import chat_messages
+    from dapo_suite.rollout import HFRollout
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    prompts = [tokenizer.apply_chat_template(chat_messages(q), tokenize=False, add_generation_prompt=True)
+               for q in ("What is 7 + 5?", "What is 12 - 3? Explain every step carefully before answering.")]
+    torch.manual_seed(0)
+    rollouts = HFRollout(model, tokenizer).generate(prompts, group_size=3, max_new_tokens=12)
+    assert [r.group for r in rollouts] == [0, 0, 0, 1, 1, 1]
+    assert len({tuple(r.response_ids.tolist()) for r in rollouts}) > 1  # sampled, not copied
+    for r in rollouts:
+        sequence = torch.cat([r.prompt_ids, r.response_ids]).unsqueeze(0)
+        with torch.no_grad():
+            logits = model(input_ids=sequence).logits[:, r.prompt_ids.numel() - 1 : -1]
+        expected = token_log_probs(logits.float(), r.response_ids.unsqueeze(0))[0]
+        torch.testing.assert_close(r.old_log_prob, expected, atol=2e-4, rtol=0)
