@@ -190,13 +190,5 @@ def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[st
     return TrainConfig(**values)
 
 
-def config_from_run_dir(run_dir: Path) -> TrainConfig:
-    """The resolved config a run was started with (its `config.yaml`)."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a dapo-suite run directory?")
-    return TrainConfig(**yaml.safe_load(path.read_text()))
-
-
 def describe(config: TrainConfig) -> str:
     return json.dumps(config.to_dict(), indent=2)
