@@ -165,28 +165,16 @@ class OpenAIEngine:
 
     def __init__(self, endpoint: str, model: str | None = None, concurrency: int = 64, max_retries: int = 6,
                  timeout: float = 3600.0, backoff: float = 1.0, api_key: str = "EMPTY"):
-        self.base_url = endpoint.rstrip("/")
-        if not self.base_url.endswith("/v1"):
-            self.base_url += "/v1"
+        from serve.endpoint import connect_endpoint
+
+        # One place normalises the URL and asks /v1/models for the name when --model is not given.
+        served = connect_endpoint(endpoint, model)
+        self.base_url, self.model = served.base_url, served.model_name
         self.concurrency, self.max_retries, self.timeout, self.backoff = concurrency, max_retries, timeout, backoff
         self.api_key = api_key
         import openai  # imported here (about 1 s), not inside the timed generation
 
         self.openai = openai
-        self.model = model or self._served_model()
-
-    def _served_model(self) -> str:
-        import httpx
-
-        try:
-            models = httpx.get(f"{self.base_url}/models", timeout=30).json()["data"]
-        except Exception as error:  # noqa: BLE001 - any failure means the same fix
-            raise RuntimeError(
-                f"Could not list models at {self.base_url}/models ({error}); pass --model NAME as the server names it."
-            ) from None
-        if not models:
-            raise RuntimeError(f"{self.base_url}/models lists no model; pass --model NAME as the server names it.")
-        return models[0]["id"]
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         asyncio.run(self._generate_all(requests, sampling, emit))

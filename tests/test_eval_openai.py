@@ -4,54 +4,23 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 from click.testing import CliRunner
 
 from dapo_suite.cli import main
-from dapo_suite.models import resolve_model
 from eval.engines import OpenAIEngine, Request, Sampling
 from eval.scoring import read_generations
 from eval.scripted_server import free_port, scripted_server
 
 
 @pytest.fixture(scope="module")
-def transformers_server(tmp_path_factory):
-    """`transformers serve` with the embedded model on a free port; stopped after the module."""
-    model = resolve_model(None)
-    cli = Path(sys.executable).parent / "transformers"
-    port = free_port()
-    hub_cache = tmp_path_factory.mktemp("hf-hub")  # /v1/models scans the hub cache and fails if it is missing
-    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
-    process = subprocess.Popen(
-        [str(cli), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
-         model], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_CACHE": str(hub_cache)})
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(f"{base}/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.time() > deadline:
-                pytest.fail(f"transformers serve did not come up; log: {Path(log.name).read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield base, model
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+def transformers_server():
+    """`transformers serve` with the embedded model on a free port (serve's own launcher); stopped after the module."""
+    from serve.endpoint import start_endpoint
+
+    with start_endpoint(None, engine="auto") as endpoint:
+        yield endpoint.base_url, endpoint.model_name
 
 
 @pytest.mark.slow
