@@ -69,16 +69,52 @@ def main() -> None:
 
 @main.command()
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
-              help="Run directory; a rerun resumes it.")
+              help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
-def demo(out: str, max_steps: int | None) -> None:
-    """Train the embedded model with DAPO on a CPU and report held-out accuracy before and after (`make demo`)."""
+@click.option("--aime-n", default=1, show_default=True, help="Samples per AIME 2024 problem (the paper: 32).")
+@click.option("--aime-max-tokens", default=128, show_default=True, help="Tokens per AIME sample (the paper: 20480).")
+@click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
+def demo(out: str, max_steps: int | None, aime_n: int, aime_max_tokens: int, aime_limit: int | None,
+         assignments: tuple[str, ...]) -> None:
+    """The whole chain on the embedded model on a CPU (`make demo`, about 30 minutes on 2 cores).
+
+    \b
+    data build (shipped raw problems) -> AIME 2024 eval -> DAPO training with held-out accuracy before and
+    after -> AIME 2024 eval of the checkpoint -> report.md / report.html. Prints how to chat with the result.
+    """
     import logging
 
-    from dapo_suite.demo import run_demo
+    from dapo_suite.config import parse_override
+    from dapo_suite.demo import DemoConfig, run_demo
 
+    try:
+        overrides = dict(parse_override(assignment) for assignment in assignments)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    run_demo(out=out, max_steps=max_steps)
+    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, train_overrides=overrides, aime_n=aime_n,
+                                  aime_max_tokens=aime_max_tokens, aime_limit=aime_limit))
+    click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
+               f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def report(run_dir: str) -> None:
+    """Write RUN_DIR/report.md and report.html: evaluation table (before/after, 95 % intervals), training-dynamics
+    plots, dataset statistics, and the commands and versions that produced them.
+
+    RUN_DIR is a `dapo-suite demo` directory or a `dapo-suite train --out` directory."""
+    from dapo_suite.report import write_report
+
+    try:
+        markdown_path, html_path = write_report(run_dir)
+    except FileNotFoundError as error:
+        raise click.UsageError(str(error)) from error
+    click.echo(f"{markdown_path}\n{html_path}")
+
 
 if __name__ == "__main__":
     main()

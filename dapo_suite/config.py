@@ -36,7 +36,7 @@ class TrainConfig:
     train_file: str | None = None  # verl/DAPO-format parquet or jsonl (problem+answer); None = the built-in task
     val_file: str | None = None  # held-out set in the same formats; None = a held-out split of the task
     task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/tasks.py
-    heldout_size: int = 100  # problems in the held-out split of the built-in task
+    heldout_size: int = 100  # held-out problems split off the training data (at most a fifth of a train_file)
     backend: str = "embedded"  # "embedded" (this process, CPU or one GPU) or "verl" (Ray + FSDP + vLLM)
     out: str = "runs/dapo"  # run directory: config, metrics.jsonl, TensorBoard, checkpoints, report
     seed: int = 0

@@ -1,32 +1,105 @@
-"""`dapo-suite demo` (what `make demo` runs): DAPO on the embedded model on a CPU, start to finish.
+"""`dapo-suite demo` (what `make demo` runs): the whole chain on the embedded default, on a CPU.
 
-Trains SmolLM2-135M-Instruct with the `dapo` switches at the `tiny-cpu` scale on the built-in arithmetic task,
-measures held-out accuracy before and after, draws the training-dynamics plot and prints what to run next.
-A rerun continues the same run directory where it stopped.
+  1. data   `dapo-suite data build` on the shipped raw arithmetic problems: dedup, decontaminate against the
+            evaluation sets, rewrite fraction and decimal answers to integers, verify, export parquet
+  2. eval   AIME 2024 with the starting model (small n and token budget: a 135M model scores ~0 either way;
+            the point is the protocol end to end)
+  3. train  DAPO (`dapo` preset at `tiny-cpu` scale) on the built parquet, held-out accuracy before and after
+  4. eval   AIME 2024 again with the trained checkpoint
+  5. report report.md / report.html with the plots, the evaluation table, data statistics, commands, versions
+
+Every stage resumes: a rerun of the same command continues where the last one stopped.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
 
-from dapo_suite.config import resolve_config
+from dapo_suite.report import CHAIN_FILE, package_versions, write_report
 
 
-def run_demo(out: str = "runs/demo", max_steps: int | None = None) -> None:
-    from dapo_suite.plots import plot_run
+@dataclass
+class DemoConfig:
+    out: str = "runs/demo"
+    source: str = "arithmetic"  # a `dapo-suite data build --input` value; `arithmetic` ships with the package
+    preset: str = "dapo"
+    max_steps: int | None = None  # default: the tiny-cpu preset's
+    train_overrides: dict = field(default_factory=dict)  # TrainConfig fields (`--set key=value`)
+    aime_n: int = 1  # samples per AIME problem (the paper: 32)
+    aime_max_tokens: int = 128  # per AIME sample (the paper: 20480)
+    aime_limit: int | None = None  # first N AIME problems (default all 30)
+
+
+class Chain:
+    """Runs stages in order, timing each and recording the command that does the same by hand in chain.json."""
+
+    def __init__(self, out: Path, config: DemoConfig) -> None:
+        self.out, self.path = out, out / CHAIN_FILE
+        saved = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.stages = {stage["name"]: stage for stage in saved.get("stages", [])}
+        self.record = {"config": asdict(config), "versions": package_versions(), "stages": []}
+
+    def run(self, name: str, command: str, action) -> None:
+        click.echo(f"\n== {name}: {command}")
+        start = time.monotonic()
+        action()
+        previous = self.stages.get(name, {}).get("seconds") or 0.0
+        # A resumed stage adds to the time it had already spent.
+        self.stages[name] = {"name": name, "command": command, "seconds": previous + time.monotonic() - start}
+        self.record["stages"] = list(self.stages.values())
+        self.path.write_text(json.dumps(self.record, indent=2))
+
+
+def run_demo(config: DemoConfig) -> Path:
+    from dapo_suite.config import resolve_config
     from dapo_suite.trainer import DAPOTrainer
+    from data_pipeline.build import run_build
+    from data_pipeline.config import BuildConfig
+    from eval.config import EvalConfig
+    from eval.runner import run_eval
 
-    overrides = {"out": out, **({"max_steps": max_steps} if max_steps else {})}
-    config = resolve_config(["dapo"], overrides)
-    resume = (Path(out) / "metrics.jsonl").is_file()
-    click.echo(f"DAPO on the embedded model: {config.max_steps} steps, {config.train_batch_size} prompts x "
-               f"{config.group_size} responses per step, run directory {out}" + (" (resuming)" if resume else ""))
-    summary = DAPOTrainer(config, resume=resume).fit()
-    png = plot_run(Path(out))
-    before, after = summary["before"], summary["after"]
-    click.echo(f"\nheld-out accuracy (avg@{config.val_n} over {before['problems']} problems): "
-               f"{before['acc']:.3f} -> {after['acc']:.3f} ({(after['acc'] - before['acc']) * 100:+.1f} points)")
-    click.echo(f"training dynamics: {png}\ncheckpoint: {Path(out) / 'checkpoint-last'}")
-    click.echo(f"next: dapo-suite serve --model {Path(out) / 'checkpoint-last'}")
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    chain = Chain(out, config)
+    data_dir, train_dir = out / "data", out / "train"
+    checkpoint = train_dir / "checkpoint-last"
+
+    chain.run("data", f"dapo-suite data build --input {config.source} --out {data_dir}",
+              lambda: run_build(BuildConfig(inputs=[config.source], out=str(data_dir)), log=click.echo))
+
+    def aime(model: str | None, name: str) -> None:
+        eval_config = EvalConfig(benchmark="aime24", model=model, n=config.aime_n, max_tokens=config.aime_max_tokens,
+                                 limit=config.aime_limit, out=str(out / "eval" / name))
+        results = run_eval(eval_config)
+        click.echo(f"AIME 2024 avg@{config.aime_n}: {100 * results['avg@k']:.1f} %")
+
+    aime_flags = f"--n {config.aime_n} --max-tokens {config.aime_max_tokens}"
+    aime_flags += f" --limit {config.aime_limit}" if config.aime_limit else ""
+    chain.run("eval before", f"dapo-suite eval aime24 {aime_flags} --out {out / 'eval/aime24-before'}",
+              lambda: aime(None, "aime24-before"))
+
+    train_config = resolve_config([config.preset], {**config.train_overrides, "max_steps": config.max_steps,
+                                                    "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)})
+    train_flags = f" --max-steps {config.max_steps}" if config.max_steps else ""
+    train_flags += "".join(f" --set {key}={value}" for key, value in config.train_overrides.items())
+
+    def train() -> None:
+        resume = (train_dir / "metrics.jsonl").is_file()
+        click.echo(f"{train_config.max_steps} steps, {train_config.train_batch_size} prompts x "
+                   f"{train_config.group_size} responses each" + (" (resuming)" if resume else ""))
+        summary = DAPOTrainer(train_config, resume=resume).fit()
+        before, after = summary["before"], summary["after"]
+        click.echo(f"held-out accuracy (avg@{train_config.val_n}, {before['problems']} problems): "
+                   f"{100 * before['acc']:.1f} % -> {100 * after['acc']:.1f} %")
+
+    chain.run("train", f"dapo-suite train --preset {config.preset} --train-file {data_dir / 'train.parquet'} "
+                       f"--out {train_dir}{train_flags}", train)
+    chain.run("eval after", f"dapo-suite eval aime24 --model {checkpoint} {aime_flags} "
+                            f"--out {out / 'eval/aime24-after'}", lambda: aime(str(checkpoint), "aime24-after"))
+    chain.run("report", f"dapo-suite report {out}", lambda: write_report(out))
+    return out

@@ -12,10 +12,13 @@ from dapo_suite.reward import compute_score, extract_answer
 
 
 def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
-                     temperature: float, top_p: float) -> dict[str, float]:
-    """avg@n (mean correctness over all samples), its standard error over problems, and length statistics."""
+                     temperature: float, top_p: float, seed: int = 0) -> dict[str, float]:
+    """avg@n (mean correctness over all samples), its standard error over problems, and length statistics.
+
+    Sampling uses its own generator seeded with `seed`: the same model gives the same measurement, and
+    measuring does not move the training run's random stream."""
     start = time.monotonic()
-    rollouts = engine.generate(prompts, n, max_new_tokens, temperature, top_p)
+    rollouts = engine.generate(prompts, n, max_new_tokens, temperature, top_p, seed=seed)
     per_problem = [0.0] * len(prompts)
     for rollout in rollouts:
         per_problem[rollout.group] += compute_score("heldout", rollout.text, answers[rollout.group])["acc"] / n

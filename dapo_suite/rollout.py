@@ -36,14 +36,83 @@ class Rollout:
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
-                 top_p: float) -> list[Rollout]: ...
+                 top_p: float, seed: int | None = None) -> list[Rollout]: ...
 
 
-def response_mask_from_eos(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every token up to and including the first end-of-sequence token, 0 after it: (N, T) -> (N, T)."""
-    is_eos = (responses == eos_token_id).long()
-    eos_before = torch.cumsum(is_eos, dim=1) - is_eos
-    return (eos_before == 0).long()
+@dataclass
+class SampledBatch:
+    """What `sample_tokens` returns: (N, T) tokens (pad after each row's end) and their log-probs, and per row
+    the number of generated tokens (end-of-sequence token included) and whether it ended with one."""
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    lengths: torch.Tensor
+    stopped: torch.Tensor
+
+
+def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Nucleus sampling: draw from the smallest set of tokens whose probability mass reaches top_p. (N, V) -> (N,)."""
+    probs = log_probs.exp()
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token already reaches top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                  temperature: float, top_p: float, eos_ids: set[int], pad_id: int, prefix_cache=None,
+                  generator: torch.Generator | None = None) -> SampledBatch:
+    """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
+
+    `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
+    that is most of the work when answers are short and a few responses ramble to the limit. Here, once a
+    quarter of the rows in the batch have finished, they are cut out of the KV cache. `prefix_cache`, when
+    given, already holds every prompt column but the last. Log-probs are of the temperature-scaled
+    distribution before top-p, which is what the trainer recomputes as log pi.
+    """
+    count, device = input_ids.shape[0], input_ids.device
+    tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    log_probs = torch.zeros(count, max_new_tokens, device=device)
+    lengths = torch.zeros(count, dtype=torch.long, device=device)
+    stopped = torch.zeros(count, dtype=torch.bool, device=device)
+    positions = (attention_mask.sum(-1) - 1).unsqueeze(-1)  # position of each row's last prompt token
+    cache = prefix_cache
+    if cache is None:
+        prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
+        cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                      position_ids=prefix_positions, use_cache=True, logits_to_keep=1).past_key_values
+    eos = torch.tensor(sorted(eos_ids), device=device)
+    rows = torch.arange(count, device=device)  # which output row each batch row is
+    alive = torch.ones(count, dtype=torch.bool, device=device)
+    step_input, mask = input_ids[:, -1:], attention_mask
+    for step in range(max_new_tokens):
+        logits = model(input_ids=step_input, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True).logits[:, -1].float()
+        if temperature > 0:
+            step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
+            sampled = sample_top_p(step_log_probs, top_p, generator)
+        else:  # greedy
+            step_log_probs = torch.log_softmax(logits, dim=-1)
+            sampled = logits.argmax(dim=-1)
+        live_rows = rows[alive]
+        tokens[live_rows, step] = sampled[alive]
+        log_probs[live_rows, step] = step_log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)[alive]
+        lengths[live_rows] += 1
+        ended = alive & torch.isin(sampled, eos)
+        stopped[rows[ended]] = True
+        alive &= ~ended
+        if not alive.any():
+            break
+        if (~alive).sum() * 4 >= alive.numel():
+            keep = alive.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, alive, sampled, mask, positions = rows[keep], alive[keep], sampled[keep], mask[keep], positions[keep]
+        step_input = sampled.unsqueeze(-1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+        positions = positions + 1
+    return SampledBatch(tokens, log_probs, lengths, stopped)
 
 
 class HFRollout:
@@ -54,17 +123,21 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[Rollout]:
+                 top_p: float = 1.0, seed: int | None = None) -> list[Rollout]:
+        """With `seed`, samples come from a generator of their own; without, from torch's global one."""
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(self.model.device).manual_seed(seed)
         prompts_per_chunk = max(1, self.chunk_size // group_size)  # chunks hold whole groups
         rollouts: list[Rollout] = []
         for start in range(0, len(prompts), prompts_per_chunk):
             chunk = prompts[start : start + prompts_per_chunk]
-            for rollout in self._generate_chunk(chunk, group_size, max_new_tokens, temperature, top_p):
+            for rollout in self._generate_chunk(chunk, group_size, max_new_tokens, temperature, top_p, generator):
                 rollout.group += start
                 rollouts.append(rollout)
         return rollouts
 
-    def _generate_chunk(self, prompts, group_size, max_new_tokens, temperature, top_p) -> list[Rollout]:
+    def _generate_chunk(self, prompts, group_size, max_new_tokens, temperature, top_p, generator) -> list[Rollout]:
         tokenizer, model = self.tokenizer, self.model
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         ids, attention = encoded["input_ids"], encoded["attention_mask"]
@@ -77,27 +150,16 @@ class HFRollout:
                        use_cache=True, logits_to_keep=1).past_key_values
         prefix.batch_repeat_interleave(group_size)
         ids, attention = ids.repeat_interleave(group_size, 0), attention.repeat_interleave(group_size, 0)
-        output = model.generate(
-            input_ids=ids, attention_mask=attention, past_key_values=prefix, do_sample=True,
-            temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            output_logits=True, return_dict_in_generate=True,
-        )
+        sampled = sample_tokens(model, ids, attention, max_new_tokens, temperature, top_p, {tokenizer.eos_token_id},
+                                tokenizer.pad_token_id, prefix_cache=prefix, generator=generator)
         model.train(was_training)
-        responses = output.sequences[:, ids.shape[1]:]
-        # log pi_old under the sampling temperature, as the trainer computes log pi_theta.
-        log_probs = torch.stack(
-            [torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, responses[:, t : t + 1]).squeeze(-1)
-             for t, step in enumerate(output.logits)], dim=1)
-        mask = response_mask_from_eos(responses, tokenizer.eos_token_id)
         rollouts = []
-        for row in range(responses.shape[0]):
-            length = int(mask[row].sum())
-            response = responses[row, :length]
-            truncated = bool(length == max_new_tokens and response[-1] != tokenizer.eos_token_id)
+        for row in range(ids.shape[0]):
+            length = int(sampled.lengths[row])
+            response = sampled.tokens[row, :length]
             rollouts.append(Rollout(
                 group=row // group_size, prompt_ids=ids[row][attention[row].bool()].cpu(), response_ids=response.cpu(),
-                old_log_prob=log_probs[row, :length].cpu(), truncated=truncated,
+                old_log_prob=sampled.log_probs[row, :length].cpu(), truncated=not bool(sampled.stopped[row]),
                 text=tokenizer.decode(response, skip_special_tokens=True),
             ))
         return rollouts

@@ -121,8 +121,10 @@ class DAPOTrainer:
         if config.train_file:
             train = load_problems(config.train_file)
             heldout = load_problems(config.val_file) if config.val_file else []
-            if not heldout:
+            if not heldout:  # a seeded random split: files are often sorted by source or difficulty
                 cut = min(config.heldout_size, len(train) // 5)
+                train = train.copy()
+                random.Random(config.seed).shuffle(train)
                 train, heldout = train[cut:], train[:cut]
             return train, heldout
         train, heldout = builtin_task(config.task, config.heldout_size, config.seed)
@@ -294,7 +296,7 @@ class DAPOTrainer:
         prompts = [self.prompt_text(p) for p in self.heldout]
         return heldout_accuracy(self.engine, prompts, [p.answer for p in self.heldout], n=config.val_n,
                                 max_new_tokens=config.eval_max_tokens, temperature=config.val_temperature,
-                                top_p=config.val_top_p)
+                                top_p=config.val_top_p, seed=config.seed)
 
     def fit(self, progress: bool = True) -> dict[str, float]:
         from tqdm import tqdm

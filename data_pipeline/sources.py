@@ -24,6 +24,8 @@ NAMED_SOURCES = {
     "gsm8k": "gsm8k/train.jsonl",
     "dapo_math_17k": "dapo_math_17k/dapo_math_17k.parquet",
 }
+# named sources shipped inside this package (no data root needed); docs/data.md says what each holds
+SHIPPED_SOURCES = {"arithmetic": Path(__file__).parent / "raw" / "arithmetic.jsonl"}
 EVAL_SETS = ("aime24", "amc23", "math500", "gsm8k")
 # where each evaluation set lies under the raw data root when the `eval` package does not ship it
 _EVAL_RAW = {
@@ -50,6 +52,8 @@ def default_data_root() -> Path:
 
 def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str | Path]:
     """(kind, location) for a --input value: ('named'|'file'|'hf', path or dataset id)."""
+    if spec in SHIPPED_SOURCES:
+        return "named", SHIPPED_SOURCES[spec]
     if spec in NAMED_SOURCES:
         root = Path(data_root) if data_root else default_data_root()
         path = root / NAMED_SOURCES[spec]
@@ -64,7 +68,7 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
     path = Path(spec).expanduser()
     if path.is_file():
         return "file", path
-    raise SourceError(f"--input {spec}: no such file, and not a named source ({', '.join(NAMED_SOURCES)}) or hf:ID.")
+    raise SourceError(f"--input {spec}: no such file, and not a named source ({', '.join([*SHIPPED_SOURCES, *NAMED_SOURCES])}) or hf:ID.")
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -85,27 +85,24 @@ class HFEngine:
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         import torch
 
+        from dapo_suite.rollout import sample_tokens
+
         texts = [self.render(r.prompt, sampling.chat_template) for r in requests]
         lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         # Longest prompts first: similar lengths share a batch (less padding), and memory peaks early.
         order = sorted(range(len(requests)), key=lambda i: -lengths[i])
-        sample_kwargs = {"do_sample": False}
-        if sampling.temperature > 0:
-            sample_kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         with tqdm(total=len(requests), desc="generate (hf)", unit="sample") as bar:
             for batch in _chunks(order, self.batch_size):
                 first = requests[batch[0]]
-                torch.manual_seed(sample_seed(self.seed, first.problem_id, first.sample_index))
+                generator = torch.Generator(self.model.device)
+                generator.manual_seed(sample_seed(self.seed, first.problem_id, first.sample_index))
                 inputs = self.tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
                                         add_special_tokens=False).to(self.model.device)
-                with torch.inference_mode():
-                    output = self.model.generate(
-                        **inputs, max_new_tokens=sampling.max_tokens, use_cache=True,
-                        pad_token_id=self.tokenizer.pad_token_id, **sample_kwargs,
-                    )
-                generated = output[:, inputs["input_ids"].shape[1] :].tolist()  # (B, new tokens)
-                for row, index in zip(generated, batch, strict=True):
-                    emit(self._completion(requests[index], row))
+                sampled = sample_tokens(self.model, inputs["input_ids"], inputs["attention_mask"], sampling.max_tokens,
+                                        sampling.temperature, sampling.top_p, self.eos_ids, self.tokenizer.pad_token_id,
+                                        generator=generator)
+                for row, index in enumerate(batch):
+                    emit(self._completion(requests[index], sampled.tokens[row, : int(sampled.lengths[row])].tolist()))
                 bar.update(len(batch))
 
     def _completion(self, request: Request, tokens: list[int]) -> Completion:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_suite.rollout import Rollout, response_mask_from_eos
+from dapo_suite.rollout import Rollout
 from dapo_suite.trainer import filter_groups
 
 # A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
@@ -50,9 +50,39 @@ def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits()
     assert filter_groups([group], True, "score")[0] == [group]
 
 
-def test_response_mask_runs_through_the_first_end_of_sequence_token():
-    responses = torch.tensor([[5, 6, 0, 0], [5, 0, 6, 0], [5, 6, 7, 8]])
-    assert response_mask_from_eos(responses, eos_token_id=0).tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+    from dapo_suite.rollout import sample_top_p
+
+    log_probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4000, 1)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(sample_top_p(log_probs, 0.7, generator), minlength=4)
+    assert counts[2:].sum() == 0  # 0.5 + 0.3 reaches 0.7: the tail is never drawn
+    assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
+    assert sample_top_p(log_probs[:3], 0.1, generator).tolist() == [0, 0, 0]
+
+
+def test_sampling_that_drops_finished_rows_matches_generate(embedded_model_dir):
+    """Greedy decoding through `sample_tokens` (which cuts finished rows out of the KV cache) gives exactly the
+    tokens of `model.generate`, for left-padded prompts of different lengths."""
+    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.rollout import sample_tokens
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    model.eval()
+    prompts = ["What is 2 + 3? Answer with a number.", "Say hi.", "Count from one to ten in words, then stop.",
+               "What is the capital of France?", "Name a colour.", "Is 7 prime? Reply yes or no."]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    sampled = sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 24, 0.0, 1.0,
+                            {tokenizer.eos_token_id}, tokenizer.pad_token_id)
+    reference = model.generate(**encoded, do_sample=False, max_new_tokens=24, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id)[:, encoded["input_ids"].shape[1]:]
+    assert sampled.stopped.any() and not sampled.stopped.all()  # some rows are dropped early, some run to the limit
+    for row in range(len(prompts)):
+        length = int(sampled.lengths[row])
+        assert sampled.tokens[row, :length].tolist() == reference[row, :length].tolist()
+        assert bool(sampled.stopped[row]) == (sampled.tokens[row, length - 1].item() == tokenizer.eos_token_id)
 
 
 def test_training_writes_metrics_checkpoints_and_plots(tmp_path):

@@ -1,0 +1,107 @@
+"""The whole chain (`dapo-suite demo`), the run report and the ablation ladder, at toy scale with the real
+embedded model, data pipeline, trainer and evaluator."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Toy training scale: seconds per step on a CPU.
+TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
+       "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
+TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
+
+
+def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("chain") / "demo"
+    result = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-max-tokens", "4",
+                        *TOY_FLAGS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out, result
+
+
+def test_demo_runs_every_stage_and_says_how_to_chat(demo_run):
+    out, result = demo_run
+    stats = json.loads((out / "data" / "stats.json").read_text())
+    assert stats["stages"]["dedup"]["dropped"] and stats["stages"]["decontaminate"]["dropped"]
+    assert (out / "data" / "train.parquet").is_file()
+    for name in ("aime24-before", "aime24-after"):
+        results = json.loads((out / "eval" / name / "results.json").read_text())
+        assert results["num_problems"] == 2 and results["complete"]
+    assert json.loads((out / "eval" / "aime24-after" / "config.json").read_text())["config"]["model"] == str(
+        out / "train" / "checkpoint-last")
+    summary = json.loads((out / "train" / "summary.json").read_text())
+    assert {"before", "after"} <= set(summary)
+    chain = json.loads((out / "chain.json").read_text())
+    assert [s["name"] for s in chain["stages"]] == ["data", "eval before", "train", "eval after", "report"]
+    assert "--set group_size=2" in chain["stages"][2]["command"]
+    assert f"dapo-suite serve --model {out / 'train' / 'checkpoint-last'}" in result.stdout
+
+
+def test_report_tables_plots_data_and_provenance(demo_run):
+    out, _ = demo_run
+    text = (out / "report.md").read_text()
+    summary = json.loads((out / "train" / "summary.json").read_text())
+    before, after = summary["before"], summary["after"]
+    heldout = next(line for line in text.splitlines() if line.startswith("| held-out split"))
+    assert f"{100 * before['acc']:.1f} (" in heldout and f"{100 * after['acc']:.1f} (" in heldout
+    assert f"{100 * (after['acc'] - before['acc']):+.1f}" in heldout
+    aime = json.loads((out / "eval" / "aime24-after" / "results.json").read_text())
+    aime_row = next(line for line in text.splitlines() if line.startswith("| aime24"))
+    assert "avg@1 (2 problems, max 4 tokens)" in aime_row and f"{100 * aime['avg@k']:.1f} (" in aime_row
+    assert "| dedup |" in text and "| decontaminate |" in text
+    assert "![training dynamics](train/training_dynamics.png)" in text
+    assert "dapo-suite data build --input arithmetic" in text and "torch " in text
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and re.search(r'src="data:image/png;base64,iVBORw0KGgo', html)
+
+
+def test_a_rerun_of_the_demo_resumes_instead_of_redoing(demo_run):
+    out, _ = demo_run
+    metrics_before = (out / "train" / "metrics.jsonl").read_text()
+    generations = (out / "eval" / "aime24-before" / "generations.jsonl").read_text()
+    again = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-max-tokens", "4",
+                       *TOY_FLAGS)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "All 2 samples are on disk" in again.stdout
+    assert (out / "train" / "metrics.jsonl").read_text() == metrics_before
+    assert (out / "eval" / "aime24-before" / "generations.jsonl").read_text() == generations
+    assert len(json.loads((out / "chain.json").read_text())["stages"]) == 5
+
+
+def test_report_of_a_directory_without_a_run_names_what_it_needs(tmp_path):
+    result = dapo_suite("report", str(tmp_path))
+    assert result.returncode == 2 and "metrics.jsonl" in result.stderr
+
+
+def test_ladder_runs_each_rung_once_with_the_same_starting_measurement(tmp_path):
+    out = tmp_path / "ladder"
+    args = ["train", "ladder", "--out", str(out), "--rung", "grpo", "--rung", "dapo", "--max-steps", "1", *TOY_FLAGS]
+    result = dapo_suite(*args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summaries = {rung: json.loads((out / rung / "summary.json").read_text()) for rung in ("grpo", "dapo")}
+    assert summaries["grpo"]["before"] == summaries["dapo"]["before"]
+    configs = {rung: (out / rung / "config.yaml").read_text() for rung in ("grpo", "dapo")}
+    assert "clip_high: 0.2\n" in configs["grpo"] and "clip_high: 0.28\n" in configs["dapo"]
+    rows = json.loads((out / "ladder.json").read_text())
+    assert [row["rung"] for row in rows] == ["grpo", "dapo"] and all(row["steps"] == 1 for row in rows)
+    table = (out / "ladder.md").read_text()
+    assert table.count("\n| grpo |") == 1 and table.count("\n| dapo |") == 1
+    again = dapo_suite(*args)
+    assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 2
+
+
+def test_ladder_refuses_to_override_the_switches_it_compares(tmp_path):
+    result = dapo_suite("train", "ladder", "--out", str(tmp_path), "--set", "clip_high=0.3")
+    assert result.returncode == 2 and "clip_high is one of the switches" in result.stderr
