@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -46,26 +47,17 @@ def bench_dedup_decontam() -> None:
 
 
 def bench_llm(requests: int, latency: float, concurrency: int) -> None:
-    import subprocess
-    import sys
-
     import openai  # noqa: F401  (imported before the clock starts: the import takes about a second)
 
     from data_pipeline.llm import LLMRewriter
+    from serve.scripted_server import scripted_server_process
 
-    # the server runs in its own process so that it does not share the client's GIL
-    server = subprocess.Popen([sys.executable, "-m", "data_pipeline.scripted_server", "--latency", str(latency)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        base_url = server.stdout.readline().strip()
-        with tempfile.TemporaryDirectory() as tmp:
-            rewriter = LLMRewriter(base_url, "bench", Path(tmp) / "cache.jsonl", concurrency=concurrency)
-            start = time.perf_counter()
-            results = rewriter.rewrite_many([(f"Problem {i}", "\\frac{1}{2}") for i in range(requests)])
-            elapsed = time.perf_counter() - start
-    finally:
-        server.stdin.close()
-        server.wait(timeout=30)
+    reply = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
+    with scripted_server_process(latency_s=latency, reply=reply) as base_url, tempfile.TemporaryDirectory() as tmp:
+        rewriter = LLMRewriter(base_url, "bench", Path(tmp) / "cache.jsonl", concurrency=concurrency)
+        start = time.perf_counter()
+        results = rewriter.rewrite_many([(f"Problem {i}", "\\frac{1}{2}") for i in range(requests)])
+        elapsed = time.perf_counter() - start
     ideal = requests * latency / concurrency
     ok = sum(reason == "ok" for _, reason in results)
     print(f"llm rewriting: {requests} requests, {latency * 1000:.0f} ms each, concurrency {concurrency}: "

@@ -55,9 +55,9 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
 
 def endpoint_part(requests_total: int, concurrency: int, latency: float) -> float:
     from eval.engines import OpenAIEngine, Request, Sampling
-    from eval.scripted_server import scripted_server_process
+    from serve.scripted_server import scripted_server_process
 
-    with scripted_server_process(latency=latency) as url:
+    with scripted_server_process(latency_s=latency) as url:
         engine = OpenAIEngine(url, concurrency=concurrency, max_retries=0)
         requests = [Request(f"p{i // 8}", i % 8, "question", i) for i in range(requests_total)]
         engine.generate(requests[:concurrency], Sampling(1.0, 0.7, 16), lambda c: None)  # warm-up (first-call costs)

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
-from data_pipeline.scripted_server import ScriptedServer
+from serve.scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+REWRITE_REPLY = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
 
 
 def test_parse_reply_takes_the_last_json_object_and_never_evaluates() -> None:
@@ -31,7 +33,7 @@ def test_parse_reply_takes_the_last_json_object_and_never_evaluates() -> None:
 
 
 def test_retries_through_every_fault(tmp_path: Path) -> None:
-    with ScriptedServer(script=["429", "500", "malformed", "drop", "timeout"], hang_s=2.0) as server:
+    with ScriptedServer(reply=REWRITE_REPLY, script=["429", "500", "malformed", "drop", "timeout"], hang_s=2.0) as server:
         rewriter = LLMRewriter(server.base_url, "m", tmp_path / "cache.jsonl", concurrency=1, timeout_s=0.5,
                                max_retries=6, backoff_s=0.01)
         [(rewrite, reason)] = rewriter.rewrite_many([("Find 1/2.", "\\frac{1}{2}")])
@@ -44,7 +46,7 @@ def test_retries_through_every_fault(tmp_path: Path) -> None:
 
 
 def test_gives_up_after_max_retries_and_caches_nothing(tmp_path: Path) -> None:
-    with ScriptedServer(default="503") as server:
+    with ScriptedServer(reply=REWRITE_REPLY, default="503") as server:
         rewriter = LLMRewriter(server.base_url, "m", tmp_path / "cache.jsonl", max_retries=2, backoff_s=0.01)
         [(rewrite, reason)] = rewriter.rewrite_many([("p", "1/2")])
         assert rewrite is None and reason == "llm_request_failed: http_503"
@@ -70,7 +72,7 @@ r.rewrite_many([(f"Problem {i}", "\\\\frac{1}{2}") for i in range(12)])
 
 def test_kill_and_resume_repeats_no_call(tmp_path: Path) -> None:
     cache = tmp_path / "cache.jsonl"
-    with ScriptedServer(latency_s=0.25) as server:
+    with ScriptedServer(reply=REWRITE_REPLY, latency_s=0.25) as server:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, server.base_url, str(cache)], cwd=ROOT)
         deadline = time.time() + 60
         while time.time() < deadline and (not cache.exists() or len(cache.read_text().splitlines()) < 4):

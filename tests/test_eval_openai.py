@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from click.testing import CliRunner
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 from dapo_suite.cli import main
 from eval.engines import OpenAIEngine, Request, Sampling
 from eval.scoring import read_generations
-from eval.scripted_server import free_port, scripted_server
+from serve.scripted_server import ScriptedServer
 
 
 @pytest.fixture(scope="module")
@@ -42,28 +43,31 @@ def test_eval_through_transformers_serve(transformers_server, tmp_path):
 
 
 def test_retries_with_backoff_after_429_and_503():
-    with scripted_server(failures=[429, 503, 500]) as (url, stats):
-        engine = OpenAIEngine(url, concurrency=2, max_retries=4, backoff=0.01)
+    with ScriptedServer(script=["429", "503", "500"]) as server:
+        engine = OpenAIEngine(server.base_url, concurrency=2, max_retries=4, backoff=0.01)
         assert engine.model == "scripted"  # taken from /v1/models
         done = []
         engine.generate([Request("p", i, "q", i) for i in range(4)], Sampling(1.0, 0.7, 16), done.append)
     assert sorted(c.sample_index for c in done) == [0, 1, 2, 3]
     assert all(c.text == "Answer: 42" and c.finish_reason == "stop" and c.num_tokens == 4 for c in done)
-    assert stats["requests"] == 7 and stats["completed"] == 4 and stats["max_in_flight"] <= 2
+    assert server.stats["requests"] == 7 and server.stats["completed"] == 4 and server.stats["max_in_flight"] <= 2
 
 
 def test_gives_up_with_a_clear_message():
-    with scripted_server(failures=[400]) as (url, _):
-        engine = OpenAIEngine(url, model="scripted", max_retries=3, backoff=0.01)
+    with ScriptedServer(script=["400"]) as server:
+        engine = OpenAIEngine(server.base_url, model="scripted", max_retries=3, backoff=0.01)
         with pytest.raises(RuntimeError, match=r"p#0 to .* failed after 1 attempt"):
             engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
-    with scripted_server(failures=[503] * 3) as (url, stats):
-        engine = OpenAIEngine(url, model="scripted", max_retries=2, backoff=0.01)
+    with ScriptedServer(script=["503"] * 3) as server:
+        engine = OpenAIEngine(server.base_url, model="scripted", max_retries=2, backoff=0.01)
         with pytest.raises(RuntimeError, match="failed after 3 attempt"):
             engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
-        assert stats["requests"] == 3
+        assert server.stats["requests"] == 3
 
 
 def test_unreachable_endpoint_says_what_to_do():
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     with pytest.raises(RuntimeError, match="pass --model NAME"):
-        OpenAIEngine(f"http://127.0.0.1:{free_port()}")
+        OpenAIEngine(f"http://127.0.0.1:{port}")
