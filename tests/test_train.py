@@ -61,6 +61,31 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     assert sample_top_p(log_probs[:3], 0.1, generator).tolist() == [0, 0, 0]
 
 
+def test_grouped_query_attention_equals_transformers_sdpa(embedded_model_dir):
+    """The attention that skips repeating K/V per query head gives sdpa's logits and gradients, in a padded
+    prefill and in a KV-cached decode step."""
+    from dapo_suite.models import GROUPED_SDPA, load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(str(embedded_model_dir))
+    assert model.config._attn_implementation == GROUPED_SDPA
+    ids = torch.randint(100, 5000, (4, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[:2, :9] = 0  # left padding
+    results = {}
+    for implementation in ("sdpa", GROUPED_SDPA):
+        model.set_attn_implementation(implementation)
+        model.zero_grad()
+        out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        out.logits[mask[:, :-1].bool()].logsumexp(-1).sum().backward()
+        with torch.no_grad():
+            step = model(input_ids=ids[:, -1:], attention_mask=mask, past_key_values=out.past_key_values,
+                         position_ids=mask.sum(-1, keepdim=True) - 1).logits
+        results[implementation] = (out.logits.detach()[mask[:, :-1].bool()], step,
+                                   model.model.layers[5].self_attn.q_proj.weight.grad.clone())
+    for reference, grouped in zip(results["sdpa"], results[GROUPED_SDPA], strict=True):
+        torch.testing.assert_close(grouped, reference, atol=1e-4, rtol=1e-4)
+
+
 def test_sampling_that_drops_finished_rows_matches_generate(embedded_model_dir):
     """Greedy decoding through `sample_tokens` (which cuts finished rows out of the KV cache) gives exactly the
     tokens of `model.generate`, for left-padded prompts of different lengths."""
