@@ -10,7 +10,7 @@ AdamW step over micro-batches of --micro-batch. The same settings on both sides:
 dual-clip c = 10 (TRL's `delta`), token-level loss over the whole mini-batch, truncated responses masked, no KL,
 temperature 1, the same lr, weight decay 0.1 and grad clip 1.0, float32, no gradient checkpointing (TRL defaults
 to it; it trades time for memory that this model does not need). Each side keeps its own optimizer: TRL's default
-`adamw_torch_fused` without decay on biases and norms, ours `torch.optim.AdamW` (per-tensor loop on a CPU).
+`adamw_torch_fused` without decay on biases and norms, ours fused `torch.optim.AdamW`.
 
 - ours: `DAPOTrainer.update(groups)`, the real trainer (one mini-batch = all groups).
 - TRL: `GRPOTrainer(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, mask_truncated_completions=True,
@@ -26,14 +26,13 @@ the same denominator here, one process, one generation batch = one mini-batch. T
 while generating (which this benchmark skips), so the prepared batch applies it exactly as TRL does (last token not
 EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, interleaved; tokens/s counts real
 (unpadded) prompt + response tokens, truncated responses included (both sides run them). Target: ours >= 1.5x TRL.
-The `what-if` row (off with --no-what-if) is not the trainer as it stands: it feeds `update` the groups without
-their truncated responses, which overlong filtering gives no loss, to measure what skipping them would save.
+With overlong filtering, `update` leaves truncated responses out of its forward and backward passes (they carry
+no loss and no gradient); TRL runs them and masks their loss.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -167,8 +166,6 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--rtol", type=float, default=1e-4, help="loss check tolerance (relative)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-what-if", dest="what_if", action="store_false",
-                        help="skip timing ours with the (loss-free) truncated responses left out")
     args = parser.parse_args()
     total = args.prompts * args.group_size
     if total % args.micro_batch:
@@ -207,16 +204,6 @@ def main() -> None:
               f"(prompt ~{args.prompt_len}, response <= {args.response_len}, "
               f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer update")
 
-        # What-if (not the trainer as it stands): the same update with the truncated responses left out before
-        # micro-batching; they carry no loss (overlong filtering), so the loss and gradient must be unchanged.
-        kept = [[r for r in group if not r.truncated] for group in groups]
-        if args.what_if:
-            weights = {k: v.clone() for k, v in ours.model.state_dict().items()}
-            optimizer_state = copy.deepcopy(ours.optimizer.state_dict())
-            what_if = ours.update(kept)
-            ours.model.load_state_dict(weights)
-            ours.optimizer.load_state_dict(optimizer_state)
-
         # Warm-up step from identical weights: the loss check.
         metrics = ours.update(groups)
         ours_loss, ours_norm = metrics["actor/pg_loss"], metrics["actor/grad_norm"]
@@ -226,15 +213,10 @@ def main() -> None:
         print(f"[loss check] ours loss {ours_loss:+.8f}  TRL loss {trl_loss:+.8f}  rel diff {loss_rel:.1e}")
         print(f"[loss check] ours grad norm {ours_norm:.6f}  TRL grad norm {trl_norm:.6f}  rel diff {norm_rel:.1e}")
         print(f"[loss check] clipped token fraction (ours): {metrics['actor/pg_clipfrac']:.3f}")
-        if args.what_if:
-            print(f"[loss check] what-if (truncated rows dropped) loss {what_if['actor/pg_loss']:+.8f}  "
-                  f"grad norm {what_if['actor/grad_norm']:.6f}")
         assert loss_rel <= args.rtol, f"losses differ by {loss_rel:.2e} relative (> {args.rtol})"
         assert norm_rel <= 10 * args.rtol, f"gradient norms differ by {norm_rel:.2e} relative (> {10 * args.rtol})"
 
         steps = {"ours": lambda: ours.update(groups), "TRL": lambda: trl_step(trainer, micro_inputs)}
-        if args.what_if:
-            steps["what-if"] = lambda: ours.update(kept)
         seconds: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.reps):  # interleaved, so background load hits all alike
             for name, step in steps.items():
@@ -252,9 +234,6 @@ def main() -> None:
     ratio = rates["ours"] / rates["TRL"]
     print(f"[train-step] ratio ours / TRL = {ratio:.3f}x (target >= 1.5x): {'PASS' if ratio >= 1.5 else 'FAIL'}; "
           f"load average now {os.getloadavg()[0]:.2f}")
-    if args.what_if:
-        print(f"[train-step] what-if: ours with truncated responses dropped before the update = "
-              f"{rates['what-if'] / rates['TRL']:.3f}x TRL (same loss; same tokens counted)")
 
 
 if __name__ == "__main__":
