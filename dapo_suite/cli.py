@@ -71,12 +71,12 @@ def main() -> None:
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
               help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
-@click.option("--aime-n", default=1, show_default=True, help="Samples per AIME 2024 problem (the paper: 32).")
-@click.option("--aime-max-tokens", default=128, show_default=True, help="Tokens per AIME sample (the paper: 20480).")
+@click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
+@click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
-def demo(out: str, max_steps: int | None, aime_n: int, aime_max_tokens: int, aime_limit: int | None,
+def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          assignments: tuple[str, ...]) -> None:
     """The whole chain on the embedded model on a CPU (`make demo`, about 30 minutes on 2 cores).
 
@@ -94,8 +94,9 @@ def demo(out: str, max_steps: int | None, aime_n: int, aime_max_tokens: int, aim
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, train_overrides=overrides, aime_n=aime_n,
-                                  aime_max_tokens=aime_max_tokens, aime_limit=aime_limit))
+    given = dict(aime_n=aime_n, aime_max_tokens=aime_max_tokens, aime_limit=aime_limit)
+    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, train_overrides=overrides,
+                                  **{key: value for key, value in given.items() if value is not None}))
     click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
                f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}")
 

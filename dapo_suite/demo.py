@@ -30,8 +30,8 @@ class DemoConfig:
     preset: str = "dapo"
     max_steps: int | None = None  # default: the tiny-cpu preset's
     train_overrides: dict = field(default_factory=dict)  # TrainConfig fields (`--set key=value`)
-    aime_n: int = 1  # samples per AIME problem (the paper: 32)
-    aime_max_tokens: int = 128  # per AIME sample (the paper: 20480)
+    aime_n: int = 2  # samples per AIME problem (the paper: 32)
+    aime_max_tokens: int = 256  # per AIME sample (the paper: 20480)
     aime_limit: int | None = None  # first N AIME problems (default all 30)
 
 
