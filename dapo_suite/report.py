@@ -171,15 +171,20 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     train_dir = training_dir(run_dir)
     has_evals = any(run_dir.glob("eval/*/results.json"))
-    if train_dir is None and not has_evals:
-        raise FileNotFoundError(f"{run_dir} holds neither a training run (metrics.jsonl) nor eval/*/results.json: "
-                                "pass the directory of `dapo-suite demo` or `dapo-suite train --out`.")
+    ladder = run_dir / "ladder.md"
+    if train_dir is None and not has_evals and not ladder.is_file():
+        raise FileNotFoundError(f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
+                                "ladder.md: pass the directory of `dapo-suite demo`, `train --out` or `train ladder`.")
     train_config = yaml.safe_load((train_dir / "config.yaml").read_text()) if train_dir else {}
     lines = [f"# dapo-suite report: {run_dir.name}", "",
              "Accuracy in % with 95 % intervals (normal approximation over problems); before = the model the run "
              "started from, after = its last checkpoint.", "",
              "## Evaluation", "", "| benchmark | before | after | change (points) |", "|---|---|---|---|"]
     lines += (heldout_rows(train_dir) if train_dir else []) + eval_rows(run_dir) + [""]
+    if ladder.is_file():
+        lines += ["## Ablation ladder", "", ladder.read_text(), ""]
+        lines += [f"![{rung.name}]({_relative(rung, run_dir)})" for rung in sorted(run_dir.glob("*/training_dynamics.png"))]
+        lines.append("")
     lines += data_section(run_dir, train_config)
     if train_dir:
         lines += training_section(train_dir, run_dir)

@@ -82,7 +82,7 @@ def test_a_rerun_of_the_demo_resumes_instead_of_redoing(demo_run):
 
 def test_report_of_a_directory_without_a_run_names_what_it_needs(tmp_path):
     result = dapo_suite("report", str(tmp_path))
-    assert result.returncode == 2 and "metrics.jsonl" in result.stderr
+    assert result.returncode == 2 and "metrics.jsonl" in result.stderr and "ladder.md" in result.stderr
 
 
 def test_ladder_runs_each_rung_once_with_the_same_starting_measurement(tmp_path):
@@ -100,6 +100,9 @@ def test_ladder_runs_each_rung_once_with_the_same_starting_measurement(tmp_path)
     assert table.count("\n| grpo |") == 1 and table.count("\n| dapo |") == 1
     again = dapo_suite(*args)
     assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 2
+    assert dapo_suite("report", str(out)).returncode == 0
+    report = (out / "report.md").read_text()
+    assert "## Ablation ladder" in report and "| dapo |" in report and "(dapo/training_dynamics.png)" in report
 
 
 def test_ladder_refuses_to_override_the_switches_it_compares(tmp_path):
