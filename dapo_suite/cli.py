@@ -78,7 +78,7 @@ def main() -> None:
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          assignments: tuple[str, ...]) -> None:
-    """The whole chain on the embedded model on a CPU (`make demo`, about 30 minutes on 2 cores).
+    """The whole chain on the embedded model on a CPU (`make demo`, about 22 minutes on 2 cores).
 
     \b
     data build (shipped raw problems) -> AIME 2024 eval -> DAPO training with held-out accuracy before and

@@ -46,11 +46,15 @@ class Chain:
 
     def run(self, name: str, command: str, action) -> None:
         click.echo(f"\n== {name}: {command}")
+        # A resumed stage adds to the time it had already spent; while it runs, its time is not yet known.
+        previous = self.stages.get(name, {}).get("seconds") or 0.0
+        self._save(name, command, None)
         start = time.monotonic()
         action()
-        previous = self.stages.get(name, {}).get("seconds") or 0.0
-        # A resumed stage adds to the time it had already spent.
-        self.stages[name] = {"name": name, "command": command, "seconds": previous + time.monotonic() - start}
+        self._save(name, command, previous + time.monotonic() - start)
+
+    def _save(self, name: str, command: str, seconds: float | None) -> None:
+        self.stages[name] = {"name": name, "command": command, "seconds": seconds}
         self.record["stages"] = list(self.stages.values())
         self.path.write_text(json.dumps(self.record, indent=2))
 

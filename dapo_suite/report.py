@@ -149,6 +149,12 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "(running)"
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
 def provenance_section(run_dir: Path) -> list[str]:
     lines = ["## How this was produced", ""]
     chain_path = run_dir / CHAIN_FILE
@@ -157,9 +163,9 @@ def provenance_section(run_dir: Path) -> list[str]:
         chain = json.loads(chain_path.read_text())
         lines += ["| stage | command | wall time |", "|---|---|---|"]
         for stage in chain["stages"]:
-            seconds = stage.get("seconds")
-            lines.append(f"| {stage['name']} | `{stage['command']}` | "
-                         f"{'' if seconds is None else f'{seconds / 60:.1f} min'} |")
+            lines.append(f"| {stage['name']} | `{stage['command']}` | {_duration(stage.get('seconds'))} |")
+        total = sum(stage.get("seconds") or 0.0 for stage in chain["stages"])
+        lines.append(f"| total | | {_duration(total)} |")
         versions = chain.get("versions", versions)
         lines.append("")
     lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", ""]
