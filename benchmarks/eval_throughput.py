@@ -80,7 +80,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="hf: GSM8K prompts")
     parser.add_argument("--max-tokens", type=int, default=32, help="hf: new tokens per prompt")
     parser.add_argument("--batch-size", type=int, default=16, help="hf: engine batch size")
-    parser.add_argument("--requests", type=int, default=640, help="endpoint: requests sent")
+    parser.add_argument("--requests", type=int, default=1920,
+                        help="endpoint: requests sent (30 waves at the defaults, so connection set-up is amortised)")
     parser.add_argument("--concurrency", type=int, default=64, help="endpoint: requests in flight")
     parser.add_argument("--latency", type=float, default=0.5, help="endpoint: server latency in seconds")
     args = parser.parse_args()
