@@ -25,7 +25,7 @@ def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("chain") / "demo"
-    result = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-max-tokens", "4",
+    result = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-n", "1", "--aime-max-tokens", "4",
                         *TOY_FLAGS)
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
@@ -71,7 +71,7 @@ def test_a_rerun_of_the_demo_resumes_instead_of_redoing(demo_run):
     out, _ = demo_run
     metrics_before = (out / "train" / "metrics.jsonl").read_text()
     generations = (out / "eval" / "aime24-before" / "generations.jsonl").read_text()
-    again = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-max-tokens", "4",
+    again = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-n", "1", "--aime-max-tokens", "4",
                        *TOY_FLAGS)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "All 2 samples are on disk" in again.stdout
