@@ -39,7 +39,7 @@ class Chain:
     """Runs stages in order, timing each and recording the command that does the same by hand in chain.json."""
 
     def __init__(self, out: Path, config: DemoConfig) -> None:
-        self.out, self.path = out, out / CHAIN_FILE
+        self.path = out / CHAIN_FILE
         saved = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.stages = {stage["name"]: stage for stage in saved.get("stages", [])}
         self.record = {"config": asdict(config), "versions": package_versions(), "stages": []}

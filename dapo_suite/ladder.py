@@ -16,7 +16,7 @@ import click
 
 from dapo_suite.config import LADDER, resolve_config
 from dapo_suite.metrics import read_metrics
-from dapo_suite.report import Z95
+from eval.metrics import confidence_interval_95
 
 TABLE_FILE = "ladder.md"
 
@@ -88,8 +88,7 @@ def ladder_table(rows: list[dict[str, Any]], overrides: dict[str, Any]) -> str:
              "| entropy | train acc (%) | upper clip frac | minutes |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        low = max(0.0, row["after"] - Z95 * row["after_stderr"])
-        high = min(1.0, row["after"] + Z95 * row["after_stderr"])
+        low, high = confidence_interval_95(row["after"], row["after_stderr"])
         lines.append(
             f"| {row['rung']} | {100 * row['before']:.1f} -> **{100 * row['after']:.1f}** ({100 * low:.0f}-"
             f"{100 * high:.0f}) | {100 * (row['after'] - row['before']):+.1f} | {row['heldout_len']:.1f} | "

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from dapo_suite.metrics import read_metrics
 from dapo_suite.plots import plot_run
+from eval.metrics import confidence_interval_95
 
 CHAIN_FILE = "chain.json"
 PACKAGES = ("dapo-suite", "torch", "transformers", "verl", "vllm", "math-verify", "datasets", "gradio")
-Z95 = 1.96
 
 
 def package_versions() -> dict[str, str]:
@@ -47,9 +48,13 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
-def _interval(mean: float, stderr: float) -> str:
-    low, high = max(0.0, mean - Z95 * stderr), min(1.0, mean + Z95 * stderr)
+def _with_interval(mean: float, interval: tuple[float, float]) -> str:
+    low, high = interval
     return f"{_pct(mean)} ({_pct(low)}-{_pct(high)})"
+
+
+def _heldout_cell(result: dict) -> str:
+    return _with_interval(result["acc"], confidence_interval_95(result["acc"], result["acc_stderr"]))
 
 
 def heldout_rows(train_dir: Path) -> list[str]:
@@ -61,9 +66,9 @@ def heldout_rows(train_dir: Path) -> list[str]:
         return []
     before, after = summary["before"], summary.get("after")
     label = f"held-out split, avg@{int(before['samples_per_problem'])} ({int(before['problems'])} problems)"
-    cells = [_interval(before["acc"], before["acc_stderr"])]
+    cells = [_heldout_cell(before)]
     if after:
-        cells += [_interval(after["acc"], after["acc_stderr"]), f"{100 * (after['acc'] - before['acc']):+.1f}"]
+        cells += [_heldout_cell(after), f"{100 * (after['acc'] - before['acc']):+.1f}"]
     else:
         cells += ["(training not finished)", ""]
     return [f"| {label} | " + " | ".join(cells) + " |"]
@@ -82,10 +87,7 @@ def eval_rows(run_dir: Path) -> list[str]:
                  f"({reference['num_problems']} problems, max {config.get('max_tokens')} tokens)")
 
         def cell(result):
-            if result is None:
-                return ""
-            low, high = result["avg@k_ci95"]
-            return f"{_pct(result['avg@k'])} ({_pct(low)}-{_pct(high)})"
+            return "" if result is None else _with_interval(result["avg@k"], result["avg@k_ci95"])
 
         delta = f"{100 * (after['avg@k'] - before['avg@k']):+.1f}" if before and after else ""
         rows.append(f"| {label} | {cell(before)} | {cell(after)} | {delta} |")
@@ -117,8 +119,7 @@ def data_section(run_dir: Path, train_config: dict) -> list[str]:
 
 def training_section(train_dir: Path, run_dir: Path) -> list[str]:
     config = yaml.safe_load((train_dir / "config.yaml").read_text())
-    records = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in records if "reward/acc" in r]
+    steps = [r for r in read_metrics(train_dir) if "reward/acc" in r]
     png = plot_run(train_dir)
     lines = ["## Training", "",
              f"Presets {', '.join(config.get('presets') or [])}; model `{config['model']}`; {len(steps)} of "
