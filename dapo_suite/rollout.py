@@ -62,27 +62,30 @@ def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generat
 
 @torch.no_grad()
 def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                  temperature: float, top_p: float, eos_ids: set[int], pad_id: int, prefix_cache=None,
+                  temperature: float, top_p: float, eos_ids: set[int], pad_id: int, samples_per_prompt: int = 1,
                   generator: torch.Generator | None = None) -> SampledBatch:
     """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
     that is most of the work when answers are short and a few responses ramble to the limit. Here, once a
-    quarter of the rows in the batch have finished, they are cut out of the KV cache. `prefix_cache`, when
-    given, already holds every prompt column but the last. Log-probs are of the temperature-scaled
-    distribution before top-p, which is what the trainer recomputes as log pi.
+    quarter of the rows in the batch have finished, they are cut out of the KV cache. With
+    `samples_per_prompt` = G, each prompt is run once and its KV cache copied G times (the G samples of a group
+    share it), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
+    before top-p, which is what the trainer recomputes as log pi.
     """
+    prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
+    cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=prefix_positions,
+                  use_cache=True, logits_to_keep=1).past_key_values
+    if samples_per_prompt > 1:
+        cache.batch_repeat_interleave(samples_per_prompt)
+        input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
+        attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
     count, device = input_ids.shape[0], input_ids.device
     tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(count, max_new_tokens, device=device)
     lengths = torch.zeros(count, dtype=torch.long, device=device)
     stopped = torch.zeros(count, dtype=torch.bool, device=device)
     positions = (attention_mask.sum(-1) - 1).unsqueeze(-1)  # position of each row's last prompt token
-    cache = prefix_cache
-    if cache is None:
-        prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
-        cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
-                      position_ids=prefix_positions, use_cache=True, logits_to_keep=1).past_key_values
     eos = torch.tensor(sorted(eos_ids), device=device)
     rows = torch.arange(count, device=device)  # which output row each batch row is
     alive = torch.ones(count, dtype=torch.bool, device=device)
@@ -143,22 +146,18 @@ class HFRollout:
         ids, attention = encoded["input_ids"], encoded["attention_mask"]
         was_training = model.training
         model.eval()
-        # The G copies of a prompt share its prefix: run the prompt once and copy its KV cache G times, which
-        # halves the cost of a generation batch on a CPU (the prompt is longer than the answers).
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        prefix = model(input_ids=ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
-                       use_cache=True, logits_to_keep=1).past_key_values
-        prefix.batch_repeat_interleave(group_size)
-        ids, attention = ids.repeat_interleave(group_size, 0), attention.repeat_interleave(group_size, 0)
+        # The G samples of a prompt share its prefix: sample_tokens runs the prompt once and copies its KV cache,
+        # which halves the cost of a generation batch on a CPU (the prompt is longer than the answers).
         sampled = sample_tokens(model, ids, attention, max_new_tokens, temperature, top_p, {tokenizer.eos_token_id},
-                                tokenizer.pad_token_id, prefix_cache=prefix, generator=generator)
+                                tokenizer.pad_token_id, samples_per_prompt=group_size, generator=generator)
         model.train(was_training)
+        prompt_ids = [ids[group][attention[group].bool()].cpu() for group in range(ids.shape[0])]
         rollouts = []
-        for row in range(ids.shape[0]):
+        for row in range(sampled.tokens.shape[0]):
             length = int(sampled.lengths[row])
             response = sampled.tokens[row, :length]
             rollouts.append(Rollout(
-                group=row // group_size, prompt_ids=ids[row][attention[row].bool()].cpu(), response_ids=response.cpu(),
+                group=row // group_size, prompt_ids=prompt_ids[row // group_size], response_ids=response.cpu(),
                 old_log_prob=sampled.log_probs[row, :length].cpu(), truncated=not bool(sampled.stopped[row]),
                 text=tokenizer.decode(response, skip_special_tokens=True),
             ))

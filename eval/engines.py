@@ -102,15 +102,15 @@ class HFEngine:
                                         sampling.temperature, sampling.top_p, self.eos_ids, self.tokenizer.pad_token_id,
                                         generator=generator)
                 for row, index in enumerate(batch):
-                    emit(self._completion(requests[index], sampled.tokens[row, : int(sampled.lengths[row])].tolist()))
+                    tokens = sampled.tokens[row, : int(sampled.lengths[row])].tolist()
+                    emit(self._completion(requests[index], tokens, bool(sampled.stopped[row])))
                 bar.update(len(batch))
 
-    def _completion(self, request: Request, tokens: list[int]) -> Completion:
-        end = next((i for i, token in enumerate(tokens) if token in self.eos_ids), None)
-        finish, kept = ("length", tokens) if end is None else ("stop", tokens[:end])
-        text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        return Completion(request.problem_id, request.sample_index, text, finish,
-                          len(kept) + (0 if end is None else 1))
+    def _completion(self, request: Request, tokens: list[int], stopped: bool) -> Completion:
+        """`tokens` end with the end-of-sequence token when `stopped` (it is counted, not decoded)."""
+        text = self.tokenizer.decode(tokens[:-1] if stopped else tokens, skip_special_tokens=True)
+        return Completion(request.problem_id, request.sample_index, text, "stop" if stopped else "length",
+                          len(tokens))
 
 
 class VLLMEngine:
