@@ -38,8 +38,15 @@ def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem]
     problems = arithmetic_problems()
     if not 0 < heldout_size < len(problems):
         raise ValueError(f"heldout_size must be between 1 and {len(problems) - 1} for the arithmetic task")
-    random.Random(seed).shuffle(problems)
-    return problems[heldout_size:], problems[:heldout_size]
+    return split_heldout(problems, heldout_size, seed)
+
+
+def split_heldout(problems: list[Problem], heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out): a seeded shuffle, then the first `heldout_size` held out. Files are often sorted by
+    source or difficulty, so a plain cut would not be a fair sample."""
+    shuffled = problems.copy()
+    random.Random(seed).shuffle(shuffled)
+    return shuffled[heldout_size:], shuffled[:heldout_size]
 
 
 def load_problems(path: str | Path) -> list[Problem]:

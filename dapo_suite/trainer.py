@@ -42,7 +42,7 @@ from dapo_suite.models import load_model_and_tokenizer
 from dapo_suite.prompts import chat_messages
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, make_engine
-from dapo_suite.tasks import Problem, builtin_task, load_problems
+from dapo_suite.tasks import Problem, builtin_task, load_problems, split_heldout
 
 log = logging.getLogger("dapo_suite.train")
 
@@ -121,11 +121,8 @@ class DAPOTrainer:
         if config.train_file:
             train = load_problems(config.train_file)
             heldout = load_problems(config.val_file) if config.val_file else []
-            if not heldout:  # a seeded random split: files are often sorted by source or difficulty
-                cut = min(config.heldout_size, len(train) // 5)
-                train = train.copy()
-                random.Random(config.seed).shuffle(train)
-                train, heldout = train[cut:], train[:cut]
+            if not heldout:
+                train, heldout = split_heldout(train, min(config.heldout_size, len(train) // 5), config.seed)
             return train, heldout
         train, heldout = builtin_task(config.task, config.heldout_size, config.seed)
         if config.val_file:
