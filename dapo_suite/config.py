@@ -50,6 +50,7 @@ class TrainConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     rollout_engine: str = "auto"  # "hf", "vllm", or "auto" (vLLM when installed and a GPU is present)
+    rollout_gpu_memory_utilization: float = 0.3  # embedded trainer + vLLM: vLLM's share of the one GPU
 
     # The DAPO switches (Table 1 of the paper)
     dynamic_sampling: bool = True  # eq. 11: keep only groups with 0 < accuracy < 1
@@ -115,6 +116,9 @@ class TrainConfig:
             problems.append("backend must be 'embedded' or 'verl'")
         if self.rollout_engine not in ("auto", "hf", "vllm"):
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
+        if not 0 < self.rollout_gpu_memory_utilization < 1:
+            problems.append("rollout_gpu_memory_utilization must be in (0, 1): vLLM's share of the GPU, the rest "
+                            "holds the policy, its gradients and AdamW state")
         if self.gen_batch_size < 1 or self.max_steps < 1 or self.micro_batch_size < 1:
             problems.append("gen_batch_size, max_steps and micro_batch_size must be >= 1")
         if problems:

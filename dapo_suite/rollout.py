@@ -1,17 +1,22 @@
 """Rollout engines: sample G responses per prompt and return them as `Rollout` records.
 
-The trainer talks to one protocol (`RolloutEngine.generate`); engines are thin adapters that hold no algorithm
-code. `HFRollout` is batched, KV-cached sampling with transformers (CPU or one GPU) and returns the behaviour
-log-probs from the same forward passes, so no extra forward is needed for pi_old. `VLLMRollout` (GPU) samples
-with vLLM and leaves pi_old to the trainer, as verl does, because vLLM's kernels differ numerically.
+The trainer talks to one protocol (`RolloutEngine`: `generate`, and `sync_weights` after each update); engines are
+thin adapters that hold no algorithm code. `HFRollout` is batched, KV-cached sampling with transformers (CPU or one
+GPU) on the trainer's own module, and returns the behaviour log-probs from the same forward passes, so no extra
+forward is needed for pi_old. `VLLMRollout` (one GPU) samples with vLLM in the trainer's process, takes the policy's
+weights after every update, and leaves pi_old to the trainer, as verl does, because vLLM's kernels differ
+numerically from the ones the trainer differentiates.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from dapo_suite.models import require_vllm, vllm_usable
 
 
 @dataclass
@@ -37,6 +42,9 @@ class Rollout:
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int | None = None) -> list[Rollout]: ...
+
+    def sync_weights(self) -> None:
+        """Make the next samples come from the policy's current weights."""
 
 
 @dataclass
@@ -124,6 +132,9 @@ class HFRollout:
     def __init__(self, model, tokenizer, chunk_size: int = 128) -> None:
         self.model, self.tokenizer, self.chunk_size = model, tokenizer, chunk_size
 
+    def sync_weights(self) -> None:
+        """Nothing to copy: this engine samples with the trainer's own module."""
+
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None) -> list[Rollout]:
@@ -164,10 +175,60 @@ class HFRollout:
         return rollouts
 
 
-def make_engine(kind: str, model, tokenizer) -> RolloutEngine:
-    """"hf", or "auto" (vLLM needs weight syncing from the trainer each step, which the embedded trainer does
-    not do yet: on GPUs at scale use `--backend verl`, whose rollouts are vLLM)."""
-    if kind in ("auto", "hf"):
+class VLLMRollout:
+    """vLLM on the trainer's GPU, in the trainer's process, sampling from the policy's latest weights.
+
+    vLLM's `external_launcher` executor runs the model in this process instead of an engine subprocess, so
+    `sync_weights` can hand the policy's tensors to vLLM's own `load_weights` (which maps Hugging Face names onto
+    its fused layers) with no copy through the host. The returned rollouts carry no log-probs: the trainer
+    recomputes pi_old with its own forward pass before any update."""
+
+    def __init__(self, model, tokenizer, max_model_len: int, gpu_memory_utilization: float, seed: int = 0) -> None:
+        require_vllm("rollout_engine 'vllm'", "On a CPU machine use rollout_engine=hf (or auto).")
+        from vllm import LLM
+
+        from serve.endpoint import free_port
+
+        # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                            ("MASTER_PORT", str(free_port()))):
+            os.environ.setdefault(name, value)
+        self.model, self.tokenizer = model, tokenizer
+        self.llm = LLM(model=model.name_or_path, dtype=str(model.dtype).removeprefix("torch."), seed=seed,
+                       max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                       distributed_executor_backend="external_launcher", enable_prefix_caching=True)
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        vllm_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        vllm_model.load_weights((name, tensor.detach()) for name, tensor in self.model.state_dict().items())
+        self.llm.reset_prefix_cache()  # cached prefixes hold keys and values computed with the old weights
+
+    def generate(self, prompts: list[str], group_size: int, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int | None = None) -> list[Rollout]:
+        from vllm import SamplingParams
+
+        prompt_ids = [self.tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+        params = SamplingParams(n=group_size, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                                seed=seed)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        rollouts = []
+        for group, output in enumerate(outputs):
+            prompt = torch.tensor(prompt_ids[group])
+            for sample in output.outputs:
+                rollouts.append(Rollout(group=group, prompt_ids=prompt, response_ids=torch.tensor(sample.token_ids),
+                                        old_log_prob=None, truncated=sample.finish_reason == "length",
+                                        text=sample.text))
+        return rollouts
+
+
+def make_engine(config, model, tokenizer) -> RolloutEngine:
+    """The engine `config.rollout_engine` names: "hf"; "vllm" (one GPU); or "auto", which is vLLM when it is
+    installed and the policy is on a GPU, else "hf"."""
+    kind = config.rollout_engine
+    if kind == "auto":
+        kind = "vllm" if vllm_usable() and model.device.type == "cuda" else "hf"
+    if kind == "hf":
         return HFRollout(model, tokenizer)
-    raise ValueError("rollout_engine 'vllm' is used through `--backend verl` (Ray + vLLM with weight sync); "
-                     "the embedded trainer samples with transformers ('hf' or 'auto')")
+    max_model_len = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)
+    return VLLMRollout(model, tokenizer, max_model_len, config.rollout_gpu_memory_utilization, config.seed)

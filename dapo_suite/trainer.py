@@ -97,7 +97,7 @@ class DAPOTrainer:
         device = None if config.device == "auto" else config.device
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
         self.model.config.use_cache = True
-        self.engine = make_engine(config.rollout_engine, self.model, self.tokenizer)
+        self.engine = make_engine(config, self.model, self.tokenizer)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),
                                            weight_decay=config.weight_decay, fused=True)
         warmup = max(config.warmup_steps, 0)
@@ -168,6 +168,9 @@ class DAPOTrainer:
             start = time.monotonic()
             rollouts = self.engine.generate([self.prompt_text(p) for p in problems], config.group_size,
                                             config.max_response_length, config.temperature, config.top_p)
+            # Now, while the policy still has the weights these were sampled with (surplus groups kept for a
+            # later step must carry the behaviour policy's log-probs, not the later policy's).
+            self.fill_old_log_probs(rollouts)
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
@@ -229,6 +232,19 @@ class DAPOTrainer:
             entropy = entropy_from_logits(logits)
         return log_prob, entropy, attention[:, prompt_len:].float()
 
+    @torch.no_grad()
+    def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:
+        """log pi_old for rollouts whose engine did not return it (vLLM), from the trainer's own forward pass."""
+        missing = [r for r in rollouts if r.old_log_prob is None]
+        was_training = self.model.training
+        self.model.eval()
+        for start in range(0, len(missing), self.config.micro_batch_size):
+            micro = missing[start : start + self.config.micro_batch_size]
+            log_prob, _, _ = self.forward_log_probs(micro)
+            for row, rollout in enumerate(micro):
+                rollout.old_log_prob = log_prob[row, : rollout.length].cpu()
+        self.model.train(was_training)
+
     def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
         """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
         config = self.config
@@ -280,6 +296,7 @@ class DAPOTrainer:
         rollout_done = time.monotonic()
         if groups:
             metrics.update(self.update(groups))
+            self.engine.sync_weights()
         else:
             log.warning("step %d: no prompt had mixed outcomes; no update this step", self.step_index + 1)
         update_seconds = time.monotonic() - rollout_done
@@ -360,4 +377,5 @@ class DAPOTrainer:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.step_index = state["step"]
+        self.engine.sync_weights()
         log.info("resumed from %s (step %d)", checkpoint, self.step_index)

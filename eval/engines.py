@@ -120,17 +120,10 @@ class VLLMEngine:
     chunk = 2048
 
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", seed: int = 0):
-        try:
-            import torch
-            from vllm import LLM
-        except ImportError as error:
-            raise RuntimeError(
-                f"The vllm engine needs vLLM ({error}). On a GPU machine: pip install 'dapo-suite[gpu]'. "
-                "On a CPU machine use --engine hf, or --endpoint URL of a running server."
-            ) from None
-        if not torch.cuda.is_available():
-            raise RuntimeError("The vllm engine needs a CUDA GPU and none is visible: use --engine hf on CPU.")
-        from dapo_suite.models import resolve_model
+        from dapo_suite.models import require_vllm, resolve_model
+
+        require_vllm("The vllm engine", "On a CPU machine use --engine hf, or --endpoint URL of a running server.")
+        from vllm import LLM
 
         self.llm = LLM(model=resolve_model(model), dtype="bfloat16" if dtype == "float32" else dtype, seed=seed)
 
@@ -233,7 +226,9 @@ def make_engine(config) -> Engine:
     """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else hf."""
     engine = config.engine
     if engine == "auto":
-        engine = "openai" if config.endpoint else ("vllm" if _vllm_usable() else "hf")
+        from dapo_suite.models import vllm_usable
+
+        engine = "openai" if config.endpoint else ("vllm" if vllm_usable() else "hf")
     if engine == "openai":
         return OpenAIEngine(config.endpoint, config.model, config.concurrency, config.max_retries,
                             config.request_timeout)
@@ -241,12 +236,3 @@ def make_engine(config) -> Engine:
         return VLLMEngine(config.model, config.dtype, config.seed)
     return HFEngine(config.model, config.dtype, config.batch_size, config.seed)
 
-
-def _vllm_usable() -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()

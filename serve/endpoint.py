@@ -13,7 +13,6 @@ exits, and on Linux also dies with its parent if the parent is killed outright.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -70,11 +69,9 @@ def pick_engine(engine: str = "auto") -> str:
     """'vllm' when asked for, or on auto when vLLM is installed and a GPU is visible; else 'transformers'."""
     if engine != "auto":
         return engine
-    if importlib.util.find_spec("vllm") is None:
-        return "transformers"
-    import torch
+    from dapo_suite.models import vllm_usable
 
-    return "vllm" if torch.cuda.is_available() else "transformers"
+    return "vllm" if vllm_usable() else "transformers"
 
 
 def server_command(engine: str, model: str, host: str, port: int) -> list[str]:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from dapo_suite.rollout import Rollout
@@ -186,3 +187,71 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
             logits = model(input_ids=sequence).logits[:, r.prompt_ids.numel() - 1 : -1]
         expected = token_log_probs(logits.float(), r.response_ids.unsqueeze(0))[0]
         torch.testing.assert_close(r.old_log_prob, expected, atol=2e-4, rtol=0)
+
+
+def _tiny_trainer(out: Path, **overrides):
+    from dapo_suite.config import resolve_config
+    from dapo_suite.trainer import DAPOTrainer
+
+    values = {"out": str(out), "heldout_size": 2, "group_size": 2, "gen_batch_size": 2, "train_batch_size": 2,
+              "mini_batch_size": 1, "micro_batch_size": 3, "max_response_length": 8, "overlong_buffer_len": 4}
+    return DAPOTrainer(resolve_config(["dapo"], {**values, **overrides}))
+
+
+def test_trainer_recomputes_behaviour_log_probs_an_engine_does_not_return(tmp_path):
+    # vLLM returns no log pi_old (its kernels differ from the trainer's); the trainer scores the samples itself,
+    # in micro-batches, and must get what the sampler recorded.
+    trainer = _tiny_trainer(tmp_path / "run", temperature=0.7)  # pi_old is of the temperature-scaled policy
+    problems = trainer.sampler.next(2)
+    torch.manual_seed(0)
+    rollouts = trainer.engine.generate([trainer.prompt_text(p) for p in problems], 3, 8, 0.7, 1.0)
+    recorded = [r.old_log_prob for r in rollouts]
+    for r in rollouts:
+        r.old_log_prob = None
+    trainer.model.train()
+    trainer.fill_old_log_probs(rollouts)
+    assert trainer.model.training  # left as it was found
+    for r, expected in zip(rollouts, recorded, strict=True):
+        torch.testing.assert_close(r.old_log_prob, expected, atol=2e-4, rtol=0)
+
+
+def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
+    import importlib.util
+
+    from dapo_suite.models import vllm_usable
+    from dapo_suite.rollout import HFRollout
+
+    if vllm_usable():
+        pytest.skip("vLLM and a GPU are here: test_vllm_rollout_follows_the_policy covers this machine")
+    assert isinstance(_tiny_trainer(tmp_path / "auto").engine, HFRollout)
+    with pytest.raises(RuntimeError) as error:
+        _tiny_trainer(tmp_path / "vllm", rollout_engine="vllm")
+    expected = ("pip install 'dapo-suite[gpu]'" if importlib.util.find_spec("vllm") is None
+                else "needs a CUDA GPU")
+    assert expected in str(error.value) and "rollout_engine=hf" in str(error.value)
+
+
+def test_vllm_rollout_follows_the_policy(tmp_path):
+    """GPU machines with vLLM only: after each update vLLM samples from the trainer's weights."""
+    from dapo_suite.models import vllm_usable
+
+    if not vllm_usable():
+        pytest.skip("needs vLLM and a CUDA GPU (pip install 'dapo-suite[gpu]' on a GPU machine)")
+    from dapo_suite.rollout import VLLMRollout
+
+    trainer = _tiny_trainer(tmp_path / "run", rollout_engine="vllm", dtype="bfloat16", lr=1e-3, warmup_steps=0,
+                            max_steps=2, rollout_gpu_memory_utilization=0.2)
+    assert isinstance(trainer.engine, VLLMRollout)
+
+    def vllm_embeddings() -> torch.Tensor:
+        model = trainer.engine.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        return model.model.embed_tokens.weight.detach().float().cpu().clone()
+
+    before = vllm_embeddings()
+    trainer.fit(progress=False)
+    after = vllm_embeddings()
+    policy = trainer.model.model.embed_tokens.weight.detach().float().cpu()
+    assert not torch.equal(before, after)  # the updates reached vLLM
+    torch.testing.assert_close(after, policy)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("actor/pg_loss" in m for m in metrics)
