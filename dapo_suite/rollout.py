@@ -214,9 +214,10 @@ class VLLMRollout:
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         rollouts = []
         for group, output in enumerate(outputs):
-            prompt = torch.tensor(prompt_ids[group])
+            prompt = torch.tensor(prompt_ids[group], dtype=torch.long)
             for sample in output.outputs:
-                rollouts.append(Rollout(group=group, prompt_ids=prompt, response_ids=torch.tensor(sample.token_ids),
+                response = torch.tensor(list(sample.token_ids), dtype=torch.long)  # may be empty
+                rollouts.append(Rollout(group=group, prompt_ids=prompt, response_ids=response,
                                         old_log_prob=None, truncated=sample.finish_reason == "length",
                                         text=sample.text))
         return rollouts
