@@ -94,7 +94,10 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     run_dir = Path(config.out)
     if not resume and (run_dir / "metrics.jsonl").is_file():
         raise click.UsageError(f"{run_dir} already holds a run: add --resume to continue it, or pick another --out")
-    trainer = DAPOTrainer(config, resume=resume)
+    try:
+        trainer = DAPOTrainer(config, resume=resume)
+    except (FileNotFoundError, RuntimeError) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
+        raise click.ClickException(str(error)) from error
     summary = trainer.fit()
     from dapo_suite.plots import plot_run
 

@@ -229,6 +229,8 @@ def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
     expected = ("pip install 'dapo-suite[gpu]'" if importlib.util.find_spec("vllm") is None
                 else "needs a CUDA GPU")
     assert expected in str(error.value) and "rollout_engine=hf" in str(error.value)
+    result = run_train(tmp_path / "cli", "--set", "rollout_engine=vllm")  # the CLI says it, without a traceback
+    assert result.returncode != 0 and expected in result.stderr and "Traceback" not in result.stderr
 
 
 def test_vllm_rollout_follows_the_policy(tmp_path):
