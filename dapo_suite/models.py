@@ -124,25 +124,25 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
     return model, tokenizer
 
 
-def vllm_usable() -> bool:
-    """vLLM is installed and a CUDA GPU is visible (there is no CPU build of vLLM on PyPI)."""
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot run here, or None when it can (there is no CPU build of vLLM on PyPI)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return False
+        return "needs vLLM, which is not installed. On a GPU machine: pip install 'dapo-suite[gpu]'."
     import torch
 
-    return torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU and none is visible."
+    return None
+
+
+def vllm_usable() -> bool:
+    """vLLM is installed and a CUDA GPU is visible."""
+    return vllm_unavailable_reason() is None
 
 
 def require_vllm(what: str, on_cpu: str) -> None:
     """Raise a RuntimeError that says how to get `what` working, unless vLLM and a GPU are both there."""
-    import importlib.util
-
-    import torch
-
-    if importlib.util.find_spec("vllm") is None:
-        raise RuntimeError(f"{what} needs vLLM, which is not installed. On a GPU machine: "
-                           f"pip install 'dapo-suite[gpu]'. {on_cpu}")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} needs a CUDA GPU and none is visible. {on_cpu}")
+    if (reason := vllm_unavailable_reason()) is not None:
+        raise RuntimeError(f"{what} {reason} {on_cpu}")
