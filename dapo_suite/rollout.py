@@ -10,6 +10,7 @@ numerically from the ones the trainer differentiates.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,6 +18,8 @@ from typing import Protocol
 import torch
 
 from dapo_suite.models import require_vllm, vllm_usable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -225,11 +228,17 @@ class VLLMRollout:
 
 def make_engine(config, model, tokenizer) -> RolloutEngine:
     """The engine `config.rollout_engine` names: "hf"; "vllm" (one GPU); or "auto", which is vLLM when it is
-    installed and the policy is on a GPU, else "hf"."""
-    kind = config.rollout_engine
-    if kind == "auto":
-        kind = "vllm" if vllm_usable() and model.device.type == "cuda" else "hf"
-    if kind == "hf":
+    installed and the policy is on a GPU, else "hf". On "auto", a vLLM that fails to start falls back to "hf"
+    with a warning that carries the error; on "vllm" the error stops the run."""
+    if config.rollout_engine == "hf" or (config.rollout_engine == "auto"
+                                         and not (vllm_usable() and model.device.type == "cuda")):
         return HFRollout(model, tokenizer)
     max_model_len = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)
-    return VLLMRollout(model, tokenizer, max_model_len, config.rollout_gpu_memory_utilization, config.seed)
+    try:
+        return VLLMRollout(model, tokenizer, max_model_len, config.rollout_gpu_memory_utilization, config.seed)
+    except Exception as error:
+        if config.rollout_engine == "vllm":
+            raise
+        log.warning("vLLM did not start (%s: %s); sampling with transformers instead. Set rollout_engine=vllm "
+                    "to stop on this error, or rollout_engine=hf to skip vLLM.", type(error).__name__, error)
+        return HFRollout(model, tokenizer)
