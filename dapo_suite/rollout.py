@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from dapo_suite.models import require_vllm, vllm_usable
+from dapo_suite.models import eval_mode, require_vllm, vllm_usable
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +158,12 @@ class HFRollout:
         tokenizer, model = self.tokenizer, self.model
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         ids, attention = encoded["input_ids"], encoded["attention_mask"]
-        was_training = model.training
-        model.eval()
         # The G samples of a prompt share its prefix: sample_tokens runs the prompt once and copies its KV cache,
         # which halves the cost of a generation batch on a CPU (the prompt is longer than the answers).
-        sampled = sample_tokens(model, ids, attention, max_new_tokens, temperature, top_p, {tokenizer.eos_token_id},
-                                tokenizer.pad_token_id, samples_per_prompt=group_size, generator=generator)
-        model.train(was_training)
+        with eval_mode(model):
+            sampled = sample_tokens(model, ids, attention, max_new_tokens, temperature, top_p,
+                                    {tokenizer.eos_token_id}, tokenizer.pad_token_id, samples_per_prompt=group_size,
+                                    generator=generator)
         prompt_ids = [ids[group][attention[group].bool()].cpu() for group in range(ids.shape[0])]
         rollouts = []
         for row in range(sampled.tokens.shape[0]):

@@ -38,7 +38,7 @@ from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_ch
 from dapo_suite.config import TrainConfig
 from dapo_suite.evaluate import heldout_accuracy
 from dapo_suite.metrics import MetricsLogger
-from dapo_suite.models import load_model_and_tokenizer
+from dapo_suite.models import eval_mode, load_model_and_tokenizer
 from dapo_suite.prompts import chat_messages
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, make_engine
@@ -236,14 +236,12 @@ class DAPOTrainer:
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:
         """log pi_old for rollouts whose engine did not return it (vLLM), from the trainer's own forward pass."""
         missing = [r for r in rollouts if r.old_log_prob is None]
-        was_training = self.model.training
-        self.model.eval()
-        for start in range(0, len(missing), self.config.micro_batch_size):
-            micro = missing[start : start + self.config.micro_batch_size]
-            log_prob, _, _ = self.forward_log_probs(micro)
-            for row, rollout in enumerate(micro):
-                rollout.old_log_prob = log_prob[row, : rollout.length].cpu()
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            for start in range(0, len(missing), self.config.micro_batch_size):
+                micro = missing[start : start + self.config.micro_batch_size]
+                log_prob, _, _ = self.forward_log_probs(micro)
+                for row, rollout in enumerate(micro):
+                    rollout.old_log_prob = log_prob[row, : rollout.length].cpu()
 
     def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
         """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
