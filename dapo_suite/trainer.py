@@ -168,9 +168,6 @@ class DAPOTrainer:
             start = time.monotonic()
             rollouts = self.engine.generate([self.prompt_text(p) for p in problems], config.group_size,
                                             config.max_response_length, config.temperature, config.top_p)
-            # Now, while the policy still has the weights these were sampled with (surplus groups kept for a
-            # later step must carry the behaviour policy's log-probs, not the later policy's).
-            self.fill_old_log_probs(rollouts)
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
@@ -184,6 +181,9 @@ class DAPOTrainer:
         kept = kept[: config.train_batch_size]
         if config.reuse_surplus_groups:
             self.surplus = surplus
+        # Only for the groups that will train, and before any update: surplus groups kept for a later step must
+        # carry the behaviour policy's log-probs, not the later policy's (groups reused from earlier have theirs).
+        self.fill_old_log_probs([r for group in kept + self.surplus for r in group])
         lengths = torch.tensor([r.length for r in all_rollouts], dtype=torch.float32)
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
