@@ -46,8 +46,13 @@ from serve.endpoint import connect_endpoint, free_port, start_endpoint, stop_pro
 QUESTION = "What is 7 + 5?"
 
 
+def figures(first: float, end: float, tokens: int) -> tuple[float, float, int]:
+    """(time to first token, tokens/s after it, tokens) from the times of the first token and of the end."""
+    return first, (tokens - 1) / (end - first), tokens
+
+
 def direct(client, endpoint, max_tokens: int) -> tuple[float, float, int]:
-    """(time to first token, tokens/s after it, tokens) over openai streaming."""
+    """The figures over openai streaming."""
     start = time.perf_counter()
     first, tokens = None, 0
     stream = client.chat.completions.create(
@@ -57,13 +62,12 @@ def direct(client, endpoint, max_tokens: int) -> tuple[float, float, int]:
         if chunk.choices and chunk.choices[0].delta.content:
             tokens += 1
             first = first or time.perf_counter() - start
-    end = time.perf_counter() - start
-    return first, (tokens - 1) / (end - first), tokens
+    return figures(first, time.perf_counter() - start, tokens)
 
 
-def _reply_tokens(messages: list[dict]) -> int:
+def _reply_tokens(figures_line: str) -> int:
     """The app's own token count, from the figures line of its final message."""
-    return int(re.search(r"(\d+) tokens", messages[-1]["content"])[1])
+    return int(re.search(r"(\d+) tokens", figures_line)[1])
 
 
 def _shows_text(messages: list[dict] | None) -> bool:
@@ -97,8 +101,7 @@ def through_api(http: httpx.Client, fn_index: int, max_tokens: int) -> tuple[flo
                 messages = event["output"]["data"][0]
                 break
     end = time.perf_counter() - start
-    tokens = _reply_tokens(messages)
-    return first, (tokens - 1) / (end - first), tokens
+    return figures(first, end, _reply_tokens(messages[-1]["content"]))
 
 
 def through_gradio_client(client, max_tokens: int) -> tuple[float, float, int]:
@@ -113,8 +116,7 @@ def through_gradio_client(client, max_tokens: int) -> tuple[float, float, int]:
         if first is None and _shows_text(update):
             first = time.perf_counter() - start
     end = time.perf_counter() - start
-    tokens = _reply_tokens(job.result())  # result() raises the app's error, if any
-    return first, (tokens - 1) / (end - first), tokens
+    return figures(first, end, _reply_tokens(job.result()[-1]["content"]))  # result() raises the app's error
 
 
 # Page clock (performance.now(), ms) of Enter, of the first reply text shown and of the figures line; the
@@ -149,9 +151,8 @@ def through_browser(browser, url: str) -> tuple[float, float, int]:
         marks = page.evaluate("() => window.replyMarks")
     finally:
         page.close()
-    first, end = (marks["first"] - marks["enter"]) / 1000, (marks["end"] - marks["enter"]) / 1000
-    tokens = int(re.search(r"(\d+) tokens", marks["stats"])[1])
-    return first, (tokens - 1) / (end - first), tokens
+    return figures((marks["first"] - marks["enter"]) / 1000, (marks["end"] - marks["enter"]) / 1000,
+                   _reply_tokens(marks["stats"]))
 
 
 def measure_rounds(paths: dict, rounds: int) -> dict[str, list[tuple[float, float, int]]]:
