@@ -76,12 +76,14 @@ def keeps_group(group: list[Rollout], metric: str) -> bool:
 
 def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: str
                   ) -> tuple[list[list[Rollout]], dict[str, int]]:
-    """The groups a generation batch contributes, and how many were all-correct, all-wrong or mixed."""
-    counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0}
+    """The groups a generation batch contributes, and how many were all-correct, all-wrong or mixed, and how
+    many had zero advantage (a constant reward: no gradient), all counted before filtering."""
+    counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0, "zero_advantage": 0}
     kept = []
     for group in groups:
         accuracy = sum(r.acc for r in group) / len(group)
         counts["all_correct" if accuracy == 1 else "all_wrong" if accuracy == 0 else "mixed"] += 1
+        counts["zero_advantage"] += not keeps_group(group, "score")
         if not dynamic_sampling or keeps_group(group, metric):
             kept.append(group)
     return kept, counts
@@ -155,7 +157,7 @@ class DAPOTrainer:
         config = self.config
         kept, reused = list(self.surplus), len(self.surplus)
         self.surplus = []
-        counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0}
+        counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0, "zero_advantage": 0}
         gen_batches, generated_tokens, rollout_seconds, all_rollouts = 0, 0, 0.0, []
         while len(kept) < config.train_batch_size:
             if config.max_num_gen_batches and gen_batches >= config.max_num_gen_batches:
@@ -197,6 +199,7 @@ class DAPOTrainer:
             "sampling/groups_all_correct": counts["all_correct"],
             "sampling/groups_all_wrong": counts["all_wrong"],
             "sampling/groups_mixed": counts["mixed"],
+            "sampling/groups_zero_advantage": counts["zero_advantage"],
             "sampling/groups_reused": reused,
             "sampling/groups_surplus_kept": len(self.surplus),
             "sampling/groups_surplus_dropped": len(surplus) - len(self.surplus),

@@ -39,7 +39,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_counts_the_rest():
               [rollout(2, True), rollout(2, False)]]
     kept, counts = filter_groups(groups, dynamic_sampling=True, metric="acc")
     assert [g[0].group for g in kept] == [2]
-    assert counts == {"all_correct": 1, "all_wrong": 1, "mixed": 1}
+    assert counts == {"all_correct": 1, "all_wrong": 1, "mixed": 1, "zero_advantage": 2}
     kept, _ = filter_groups(groups, dynamic_sampling=False, metric="acc")
     assert len(kept) == 3
 
@@ -49,6 +49,8 @@ def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits()
     group = [rollout(0, False, reward=-1.0), rollout(0, False, reward=-1.5)]
     assert filter_groups([group], True, "acc")[0] == []
     assert filter_groups([group], True, "score")[0] == [group]
+    # All wrong, yet not zero-advantage: the penalty gives the group a gradient.
+    assert filter_groups([group], True, "acc")[1] == {"all_correct": 0, "all_wrong": 1, "mixed": 0, "zero_advantage": 0}
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
