@@ -8,6 +8,7 @@ import importlib
 import click
 
 from dapo_suite import __version__
+from dapo_suite.errors import UserError
 
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
 STAGES = {
@@ -35,6 +36,22 @@ class StageGroup(click.Group):
                 raise
             return _not_built(name, help_text)
 
+    def invoke(self, ctx: click.Context):
+        """The one place user errors become a message: UserError -> its message and exit 1; any other exception
+        is a bug -> one line saying so, or its traceback under --debug."""
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except UserError as error:
+            raise click.ClickException(str(error)) from None
+        except Exception as error:
+            if ctx.params.get("debug"):
+                raise
+            raise click.ClickException(
+                f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your input: rerun "
+                "with `dapo-suite --debug ...` for the traceback and report it.") from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in STAGES.items()]
         rows += [(name, self.commands[name].get_short_help_str(80)) for name in sorted(self.commands)]
@@ -53,7 +70,8 @@ def _not_built(name: str, help_text: str) -> click.Command:
 
 @click.group(cls=StageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dapo-suite")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the full traceback of an unexpected error.")
+def main(debug: bool) -> None:
     """dapo-suite: DAPO (arXiv 2503.14476) end to end, on a laptop or on 128 GPUs.
 
     \b

@@ -19,12 +19,45 @@ from typing import Any
 
 import yaml
 
+from dapo_suite.errors import UserError
+from dapo_suite.fields import typed_value
+
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
 SCALE_PRESETS = ("tiny-cpu",)
 # The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
 SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",
             "overlong_filter")
+
+
+# The allowed interval of every numeric field (a test checks that none is missing), and why when it is not obvious.
+RANGES: dict[str, tuple[str, str]] = {
+    "heldout_size": ("[1, inf)", ""), "seed": ("[0, inf)", ""),
+    "train_batch_size": ("[1, inf)", ""), "gen_batch_size": ("[1, inf)", ""),
+    "group_size": ("[2, inf)", "G: a group of one has no relative advantage"),
+    "max_prompt_length": ("[1, inf)", ""), "max_response_length": ("[1, inf)", ""),
+    "temperature": ("[0, inf)", "0 = greedy"), "top_p": ("(0, 1]", ""),
+    "rollout_gpu_memory_utilization": ("(0, 1)", "vLLM's share of the GPU; the rest holds the policy, its "
+                                                 "gradients and AdamW state"),
+    "max_num_gen_batches": ("[0, inf)", "0 = no limit"),
+    "clip_low": ("[0, 1)", "eps_low"), "clip_high": ("[0, inf)", "eps_high"),
+    "clip_c": ("(1, inf)", "dual-clip bound; null disables it"),
+    "overlong_buffer_len": ("[0, inf)", "L_cache"), "overlong_penalty_factor": ("[0, inf)", ""),
+    "lr": ("(0, inf)", "DAPO: 1e-6"), "warmup_steps": ("[0, inf)", ""), "weight_decay": ("[0, inf)", ""),
+    "grad_clip": ("(0, inf)", ""), "mini_batch_size": ("[1, inf)", ""), "micro_batch_size": ("[1, inf)", ""),
+    "ppo_epochs": ("[1, inf)", ""), "max_steps": ("[1, inf)", ""), "eval_every": ("[0, inf)", "0 = before and after only"),
+    "val_n": ("[1, inf)", ""), "val_temperature": ("[0, inf)", "0 = greedy"), "val_top_p": ("(0, 1]", ""),
+    "val_max_response_length": ("[1, inf)", "or null for max_response_length"),
+    "save_every": ("[1, inf)", ""), "keep_checkpoints": ("[1, inf)", ""),
+}
+
+
+def _within(value: float, interval: str) -> bool:
+    """value in an interval written "[a, b)", "(a, inf)" ...; NaN is in none."""
+    low, high = (float(part) for part in interval[1:-1].split(","))
+    above = value >= low if interval[0] == "[" else value > low
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below
 
 
 @dataclass
@@ -92,21 +125,17 @@ class TrainConfig:
     presets: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [f"{name}={getattr(self, name)}: must be in {interval}" + (f" ({why})" if why else "")
+                    for name, (interval, why) in RANGES.items()
+                    if getattr(self, name, None) is not None and not _within(getattr(self, name), interval)]
         if self.train_batch_size % self.mini_batch_size:
             problems.append(f"train_batch_size ({self.train_batch_size}) must be a multiple of mini_batch_size "
                             f"({self.mini_batch_size})")
         if self.mini_batch_size > self.train_batch_size:
             problems.append("mini_batch_size must not exceed train_batch_size")
-        if self.group_size < 2:
-            problems.append("group_size (G) must be >= 2: a group of one has no relative advantage")
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
             problems.append(f"loss_agg {self.loss_agg!r} is not one of token-mean, seq-mean-token-mean, "
                             "seq-mean-token-sum, seq-mean-token-sum-norm")
-        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            problems.append("need 0 <= clip_low < 1 and clip_high >= 0")
-        if self.clip_c is not None and self.clip_c <= 1:
-            problems.append("clip_c must be > 1 (or null to disable dual-clip)")
         if self.overlong_penalty and not 0 < self.overlong_buffer_len <= self.max_response_length:
             problems.append(f"overlong_buffer_len ({self.overlong_buffer_len}) must be in (0, max_response_length "
                             f"= {self.max_response_length}]")
@@ -116,13 +145,8 @@ class TrainConfig:
             problems.append("backend must be 'embedded' or 'verl'")
         if self.rollout_engine not in ("auto", "hf", "vllm"):
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
-        if not 0 < self.rollout_gpu_memory_utilization < 1:
-            problems.append("rollout_gpu_memory_utilization must be in (0, 1): vLLM's share of the GPU, the rest "
-                            "holds the policy, its gradients and AdamW state")
-        if self.gen_batch_size < 1 or self.max_steps < 1 or self.micro_batch_size < 1:
-            problems.append("gen_batch_size, max_steps and micro_batch_size must be >= 1")
         if problems:
-            raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
+            raise UserError("invalid training config:\n  - " + "\n  - ".join(problems))
 
     @property
     def updates_per_step(self) -> int:
@@ -161,11 +185,11 @@ def load_preset(name: str) -> dict[str, Any]:
         raise ValueError(f"preset {name!r} sets unknown keys {sorted(unknown)}")
     if name in LADDER and set(values) - set(SWITCHES):
         raise ValueError(f"ablation preset {name!r} may only set the switches {SWITCHES}")
-    return values
+    return {key: typed_value(TrainConfig, key, value, where=f"preset {name}:") for key, value in values.items()}
 
 
 def parse_override(assignment: str) -> tuple[str, Any]:
-    """`key=value` with the value read as YAML (numbers, booleans, null, lists); the key must be a field."""
+    """`key=value` with the value typed against the field (dapo_suite/fields.py); the key must be a field."""
     if "=" not in assignment:
         raise ValueError(f"--set {assignment!r}: expected key=value")
     key, raw = assignment.split("=", 1)
@@ -175,7 +199,7 @@ def parse_override(assignment: str) -> tuple[str, Any]:
         close = [n for n in names if key in n or n in key]
         hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""
         raise ValueError(f"--set {assignment!r}: unknown key {key!r}{hint}")
-    return key, yaml.safe_load(raw) if raw.strip() else None
+    return key, typed_value(TrainConfig, key, raw.strip())
 
 
 def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[str, Any] | None = None) -> TrainConfig:

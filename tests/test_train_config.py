@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
+import typing
+
 import pytest
 import yaml
 
-from dapo_suite.config import LADDER, SWITCHES, TrainConfig, load_preset, parse_override, resolve_config
+from dapo_suite.config import (
+    LADDER,
+    RANGES,
+    SWITCHES,
+    TrainConfig,
+    load_preset,
+    parse_override,
+    resolve_config,
+)
+from dapo_suite.fields import field_types
 
 
 def test_dapo_preset_on_a_large_model_carries_the_papers_32b_settings():
@@ -73,3 +85,35 @@ def test_unknown_preset_lists_the_available_ones(tmp_path):
     custom = tmp_path / "mine.yaml"
     custom.write_text(yaml.safe_dump({"clip_high": 0.35}))
     assert resolve_config([str(custom)]).clip_high == 0.35
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("lr=abc", "lr takes a float"),
+    ("dynamic_sampling=maybe", "dynamic_sampling takes true/false"),
+    ("group_size=2.5", "group_size takes an integer"),
+    ("clip_c=big", "clip_c takes a float (or null)"),
+])
+def test_set_values_are_typed_against_the_field(assignment, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_override(assignment)
+
+
+def test_set_values_of_the_right_type_are_converted():
+    assert parse_override("lr=3e-5") == ("lr", 3e-5)  # YAML 1.1 would read "3e-5" as a string
+    assert parse_override("dynamic_sampling=off") == ("dynamic_sampling", False)
+    assert parse_override("group_size=8") == ("group_size", 8)
+    assert parse_override("model=123") == ("model", "123")
+    assert parse_override("val_max_response_length=null") == ("val_max_response_length", None)
+
+
+def test_every_numeric_field_has_a_range():
+    numeric = {name for name, hint in field_types(TrainConfig).items()
+               if {int, float} & {hint, *typing.get_args(hint)} and hint is not bool}
+    assert numeric - set(RANGES) == set()
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+@pytest.mark.parametrize("bad", [float("nan"), -1e9])  # every range starts at 0 or above
+def test_out_of_range_values_are_refused_naming_the_field(name, bad):
+    with pytest.raises(ValueError, match=f"{name}="):
+        resolve_config([], {name: bad})

@@ -1,0 +1,112 @@
+"""Typing a user's value (`--set key=value`, a YAML preset or config file) against a dataclass field's type hint.
+
+Driven by the hints alone, so a field added to a config is covered without a line here: `lr: float` takes
+`3e-5` or `1` and refuses `abc` ("lr takes a float"), `dynamic_sampling: bool` takes true/false (yes/no, on/off,
+1/0) and refuses `maybe`, `clip_c: float | None` also takes null, `model: str` takes any text as written,
+`Literal["a", "b"]` takes one of its values, `list[str]` a YAML list or a comma-separated string.
+Ranges are the dataclass's own business (`__post_init__`); this only decides the type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from dapo_suite.errors import UserError
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_NULL = {"null", "none", "~", ""}
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """{field name: resolved type hint} of a dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def typed_value(cls: type, key: str, value: Any, where: str = "--set") -> Any:
+    """`value` (a raw string from the command line, or what YAML read) as the type of `cls.key`.
+
+    Raises UserError naming `where`, the key, the type it takes and the value given."""
+    hint = field_types(cls)[key]
+    try:
+        return _coerce(hint, value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where} {key}={value}: {key} takes {_describe(hint)}") from None
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if _is_null(value) and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(option, value)
+            except (TypeError, ValueError):
+                continue
+        raise ValueError(value)
+    if origin is typing.Literal:
+        if value in args or str(value) in map(str, args):
+            return next(a for a in args if a == value or str(a) == str(value))
+        raise ValueError(value)
+    if origin is list:
+        items = value if isinstance(value, list) else _parse(value) if isinstance(value, str) else value
+        if isinstance(items, str):
+            items = [part.strip() for part in items.split(",") if part.strip()]
+        if not isinstance(items, list):
+            raise TypeError(value)
+        return [_coerce(args[0], item) if args else item for item in items]
+    if hint is bool:
+        text = str(value).strip().lower()
+        if isinstance(value, bool):
+            return value
+        if text in _TRUE | _FALSE and not isinstance(value, float):
+            return text in _TRUE
+        raise ValueError(value)
+    if hint is int:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            number = float(value.strip().replace("_", ""))
+            if number.is_integer():
+                return int(number)
+        raise ValueError(value)
+    if hint is float:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        return float(value.strip()) if isinstance(value, str) else float(value)
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise TypeError(value)
+        return str(value)
+    return _parse(value) if isinstance(value, str) else value
+
+
+def _parse(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or isinstance(value, str) and value.strip().lower() in _NULL
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(a) for a in args if a is not type(None)]
+        return " or ".join(parts) + (" (or null)" if type(None) in args else "")
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin is list:
+        return "a list (a, b, c or [a, b, c])"
+    names = {bool: "true/false", int: "an integer", float: "a float", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
