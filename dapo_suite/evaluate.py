@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from tqdm.auto import tqdm
+
 from dapo_suite.reward import compute_score, extract_answer
 
 
@@ -18,10 +20,19 @@ def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max
     Sampling uses its own generator seeded with `seed`: the same model gives the same measurement, and
     measuring does not move the training run's random stream."""
     start = time.monotonic()
-    rollouts = engine.generate(prompts, n, max_new_tokens, temperature, top_p, seed=seed)
-    per_problem = [0.0] * len(prompts)
-    for rollout in rollouts:
-        per_problem[rollout.group] += compute_score("heldout", rollout.text, answers[rollout.group])["acc"] / n
+    # Generate in the engine's own chunk size (whole groups), so the progress bar moves without smaller batches;
+    # each chunk's generator is seeded from `seed` and its first problem.
+    chunk = max(1, getattr(engine, "chunk_size", len(prompts) * n) // n)
+    rollouts, per_problem = [], [0.0] * len(prompts)
+    with tqdm(total=len(prompts) * n, desc="held-out eval", unit="sample", leave=False) as bar:
+        for first in range(0, len(prompts), chunk):
+            part = engine.generate(prompts[first : first + chunk], n, max_new_tokens, temperature, top_p,
+                                   seed=seed + first)
+            for rollout in part:
+                problem = first + rollout.group
+                per_problem[problem] += compute_score("heldout", rollout.text, answers[problem])["acc"] / n
+            rollouts += part
+            bar.update(len(part))
     count = len(per_problem)
     mean = sum(per_problem) / count
     variance = sum((p - mean) ** 2 for p in per_problem) / max(count - 1, 1)

@@ -11,9 +11,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from dapo_suite.errors import UserError
+
 EMBEDDED_MODEL = "embedded"  # the name users pass (or omit) to get the default model
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GROUPED_SDPA = "sdpa_grouped"  # the attention implementation load_model_and_tokenizer selects
+# Any one of these makes a directory's tokenizer loadable (fast, sentencepiece, BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
 def cache_dir() -> Path:
@@ -70,8 +74,15 @@ def resolve_model(name_or_path: str | None) -> str:
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"--model {name_or_path}: {path} has no config.json; pass a Hugging Face model directory.")
+            raise UserError(f"--model {name_or_path}: {path} has no config.json; pass a Hugging Face model directory.")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise UserError(f"--model {name_or_path}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                            "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR)).")
         return str(path)
+    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+        raise UserError(f"--model {name_or_path}: no such directory, and not a hub id of the form OWNER/NAME; pass a "
+                        "model directory (e.g. runs/dapo/checkpoint-last), a hub id, or leave --model out for the "
+                        "embedded model.")
     return name_or_path  # a hub id: transformers finds it in the local HF cache or downloads it
 
 
@@ -127,13 +138,21 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
 
     resolved = resolve_model(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(resolved)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+    except (OSError, ValueError) as error:  # a hub id that is neither cached nor reachable, a broken tokenizer
+        raise UserError(f"--model {name_or_path}: could not load its tokenizer ({str(error).splitlines()[0]})") \
+            from error
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     _register_grouped_sdpa()
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype),
-                                                 attn_implementation=GROUPED_SDPA).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype),
+                                                     attn_implementation=GROUPED_SDPA).to(device)
+    except OSError as error:  # no weights in the directory, or a hub id without them in the cache
+        raise UserError(f"--model {name_or_path}: could not load its weights ({str(error).splitlines()[0]})") \
+            from error
     return model, tokenizer
 
 

@@ -36,6 +36,7 @@ from dapo_suite.algorithm import (
 )
 from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from dapo_suite.config import TrainConfig
+from dapo_suite.errors import UserError
 from dapo_suite.evaluate import heldout_accuracy
 from dapo_suite.metrics import MetricsLogger
 from dapo_suite.models import eval_mode, load_model_and_tokenizer
@@ -332,8 +333,10 @@ class DAPOTrainer:
             if self.step_index % config.save_every == 0 or self.step_index == config.max_steps:
                 self.save()
             bar.update(1)
+            # A step without mixed groups makes no update: it has no loss to show, so say so instead of nan.
+            loss = metrics.get("actor/pg_loss", math.nan)
             bar.set_postfix(acc=f"{metrics['reward/acc']:.2f}", kept=metrics["sampling/groups_kept"],
-                            loss=f"{metrics.get('actor/pg_loss', math.nan):+.3f}")
+                            loss="no update" if math.isnan(loss) else f"{loss:+.3f}")
         bar.close()
         if self.heldout and "after" not in summary:
             summary["after"] = self.evaluate()
@@ -365,6 +368,13 @@ class DAPOTrainer:
         from safetensors.torch import load_file
 
         weights = load_file(checkpoint / "model.safetensors")
+        own = self.model.state_dict()
+        differ = [f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}" for name, tensor in weights.items()
+                  if name in own and tensor.shape != own[name].shape]
+        if differ:
+            raise UserError(f"--resume: {checkpoint} was written by another model ({len(differ)} tensors differ in "
+                            f"shape, e.g. {differ[0]}, checkpoint vs --model {self.config.model}); resume with that "
+                            "run's --model, or pick another --out for a new run.")
         # Tied embeddings are stored once; strict=False lets the tied lm_head keep pointing at them.
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or any("lm_head" not in key for key in missing):

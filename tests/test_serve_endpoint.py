@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dapo_suite.errors import UserError
 from serve.endpoint import (
     EndpointError,
     connect_endpoint,
@@ -52,6 +53,7 @@ def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
 
 def test_a_child_that_cannot_load_the_model_fails_fast_with_its_log(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    (tmp_path / "tokenizer_config.json").write_text("{}")
     started = time.monotonic()
     with pytest.raises(EndpointError, match=r"exited before becoming healthy[\s\S]*exited with code"):
         with start_endpoint(str(tmp_path), startup_timeout_s=120):
@@ -60,7 +62,7 @@ def test_a_child_that_cannot_load_the_model_fails_fast_with_its_log(tmp_path):
 
 
 def test_missing_model_directory_says_what_to_pass(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(UserError, match="no config.json"):
         with start_endpoint(str(tmp_path)):
             pass
 
