@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_suite.errors import UserError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -54,25 +56,41 @@ def load_problems(path: str | Path) -> list[Problem]:
     `problem`/`question` and `answer` columns. Errors name the file, row and missing field."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"training data {path} does not exist")
+        raise UserError(f"training data {path} does not exist; pass a .parquet or .jsonl file")
     if path.suffix == ".parquet":
         import pandas as pd
 
         rows = pd.read_parquet(path).to_dict("records")
+        where = "row"
     elif path.suffix in (".jsonl", ".json"):
-        with path.open() as handle:
-            rows = [json.loads(line) for line in handle if line.strip()]
+        rows = read_jsonl(path)
+        where = "line"
     else:
-        raise ValueError(f"{path}: expected .parquet or .jsonl")
+        raise UserError(f"{path}: expected .parquet or .jsonl")
     problems = []
-    for number, row in enumerate(rows):
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise UserError(f"{path} {where} {number}: expected a JSON object, got {type(row).__name__}")
         problem, answer = _problem_text(row), _answer(row)
-        if not problem or answer in (None, ""):
-            raise ValueError(f"{path} row {number}: needs a problem (prompt/problem/question) and an answer "
-                             "(reward_model.ground_truth/answer)")
+        if not problem or answer is None or not str(answer).strip():
+            raise UserError(f"{path} {where} {number}: needs a problem (prompt/problem/question) and an answer "
+                            f"(reward_model.ground_truth/answer); its fields are {sorted(row)}")
         row_id = str((row.get("extra_info") or {}).get("index", number)) if isinstance(row.get("extra_info"), dict) else str(number)
         problems.append(Problem(id=row_id, problem=problem, answer=str(answer)))
     return problems
+
+
+def read_jsonl(path: Path) -> list:
+    """The records of a jsonl file (blank lines skipped); a line that is not JSON is named by its number."""
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise UserError(f"{path} line {number}: not valid JSON ({error.msg}); fix or remove it") from None
+    return rows
 
 
 def _problem_text(row: dict) -> str | None:

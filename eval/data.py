@@ -7,10 +7,12 @@ form `dapo_suite.reward.compute_score` grades against. Provenance of the shipped
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+from dapo_suite.errors import UserError
+from dapo_suite.tasks import read_jsonl
 
 # name -> (rows, what it is); the rows are checked by tests/test_eval_data.py
 BENCHMARKS = {
@@ -49,13 +51,12 @@ def read_rows(path: str | Path) -> list[dict]:
     """Rows of a .jsonl or .parquet file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--file {path}: no such file.")
+        raise UserError(f"--file {path}: no such file.")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return read_jsonl(path)
 
 
 def _lookup(row: dict, key: str):
@@ -83,12 +84,16 @@ def load_problems(
         try:
             text, answer = _lookup(row, problem_key), _lookup(row, answer_key)
         except KeyError as missing:
-            raise ValueError(
-                f"Row {index} of {file or benchmark} has no field {missing}; its fields are {sorted(row)}. "
+            raise UserError(
+                f"Row {index + 1} of {file or benchmark} has no field {missing}; its fields are {sorted(row)}. "
                 "Pass --problem-key and --answer-key."
             ) from None
         if isinstance(text, list):  # a verl chat prompt: take the last user message
             text = [m["content"] for m in text if m.get("role") == "user"][-1]
+        if answer is None or not answer_text(answer):
+            where = "row" if str(file).endswith(".parquet") else "line"
+            raise UserError(f"{file or benchmark} {where} {index + 1}: the answer ({answer_key}) is empty, so every "
+                            "sample would be graded wrong; fill it in or remove the row.")
         problem_id = row.get(id_key, index)
         extra = {k: row[k] for k in ("subject", "level") if k in row}
         problems.append(Problem(str(problem_id), str(text), answer_text(answer), extra))
