@@ -15,7 +15,7 @@ def paired_bootstrap(acc_a: list[float], acc_b: list[float], resamples: int = 10
     min(1, 2 min(P(Delta* <= 0), P(Delta* >= 0))). Significant at 5 % when the interval excludes 0."""
     import numpy as np
 
-    diffs = np.asarray(acc_b, dtype=float) - np.asarray(acc_a, dtype=float)
+    diffs = np.asarray(metrics.paired_differences(acc_a, acc_b), dtype=float)
     rng = np.random.default_rng(seed)
     index = rng.integers(0, len(diffs), size=(resamples, len(diffs)))
     boot = diffs[index].mean(axis=1)
