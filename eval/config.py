@@ -65,6 +65,10 @@ class EvalConfig:
             raise ValueError("Name a benchmark (aime24, amc23, math500, gsm8k) or pass --file PATH.")
         if self.batch_size < 1 or self.concurrency < 1:
             raise ValueError("batch_size and concurrency must be at least 1.")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries={self.max_retries}: retries per request must be >= 0 (0 = no retry).")
+        if self.request_timeout <= 0:
+            raise ValueError(f"request_timeout={self.request_timeout}: seconds per request must be > 0.")
 
     @property
     def dataset_name(self) -> str:

@@ -19,6 +19,8 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
+from dapo_suite.errors import UserError
+
 
 @dataclass(frozen=True)
 class Request:
@@ -171,14 +173,25 @@ class OpenAIEngine:
 
     async def _generate_all(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         client = self.openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
-                                    timeout=self.timeout)
+                                         timeout=self.timeout)
         limit = asyncio.Semaphore(self.concurrency)
         tasks = [asyncio.ensure_future(self._one(client, limit, r, sampling)) for r in requests]
+        emitted: set[tuple[str, int]] = set()
         try:
             with tqdm(total=len(tasks), desc="generate (openai)", unit="sample") as bar:
                 for finished in asyncio.as_completed(tasks):
-                    emit(await finished)
+                    completion = await finished
+                    emit(completion)
+                    emitted.add((completion.problem_id, completion.sample_index))
                     bar.update(1)
+        except Exception:
+            # Giving up on one request: every sample that did finish still reaches disk, so a rerun resumes.
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    completion = task.result()
+                    if (completion.problem_id, completion.sample_index) not in emitted:
+                        emit(completion)
+            raise
         finally:
             for task in tasks:
                 task.cancel()
@@ -186,33 +199,37 @@ class OpenAIEngine:
             await client.close()
 
     async def _one(self, client, limit: asyncio.Semaphore, request: Request, sampling: Sampling) -> Completion:
-        async with limit:
-            response = await self._with_retries(client, request, sampling)
-        choice = response.choices[0]
-        text = (choice.message.content if sampling.chat_template else choice.text) or ""
-        tokens = response.usage.completion_tokens if response.usage else 0
-        return Completion(request.problem_id, request.sample_index, text,
-                          "length" if choice.finish_reason == "length" else "stop", tokens)
-
-    async def _with_retries(self, client, request: Request, sampling: Sampling):
+        """One sample, retried with exponential backoff on connection faults, timeouts, retryable statuses and
+        malformed responses (a body that is not JSON, or no choices)."""
         openai = self.openai
         common = {"model": self.model, "temperature": sampling.temperature, "top_p": sampling.top_p,
                   "max_tokens": sampling.max_tokens, "seed": request.seed}
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             try:
-                if sampling.chat_template:
-                    return await client.chat.completions.create(
-                        messages=[{"role": "user", "content": request.prompt}], **common)
-                return await client.completions.create(prompt=request.prompt, **common)
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError) as error:
+                async with limit:
+                    if sampling.chat_template:
+                        response = await client.chat.completions.create(
+                            messages=[{"role": "user", "content": request.prompt}], **common)
+                    else:
+                        response = await client.completions.create(prompt=request.prompt, **common)
+                choice = response.choices[0]
+                text = (choice.message.content if sampling.chat_template else choice.text) or ""
+                tokens = response.usage.completion_tokens if response.usage else 0
+                return Completion(request.problem_id, request.sample_index, text,
+                                  "length" if choice.finish_reason == "length" else "stop", tokens)
+            except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError,
+                    openai.APIResponseValidationError, ValueError, TypeError, AttributeError, IndexError) as error:
                 status = getattr(error, "status_code", None)
                 if (status is not None and status not in RETRYABLE_STATUS) or attempt == self.max_retries:
-                    raise RuntimeError(
-                        f"Request for {request.problem_id}#{request.sample_index} to {self.base_url} failed after "
-                        f"{attempt + 1} attempt(s): {error}"
-                    ) from error
-                await asyncio.sleep(min(self.backoff * 2**attempt, 60.0) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+                    kind = f"HTTP {status}" if status is not None else type(error).__name__
+                    raise UserError(
+                        f"--endpoint {self.base_url}: the request for sample {request.sample_index} of problem "
+                        f"{request.problem_id} (model {self.model}) failed after {attempt + 1} attempt(s): {kind}: "
+                        f"{str(error).splitlines()[0] if str(error) else '(no message)'}. Finished samples are on "
+                        "disk: rerun the same command to resume.") from error
+            await asyncio.sleep(min(self.backoff * 2**attempt, 60.0) * (0.5 + random.random()))
+            attempt += 1
 
 
 def sample_seed(seed: int, problem_id: str, sample_index: int) -> int:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from dapo_suite.cli import main
+from dapo_suite.errors import UserError
 from eval.engines import OpenAIEngine, Request, Sampling
 from eval.scoring import read_generations
 from serve.scripted_server import ScriptedServer
@@ -56,11 +57,11 @@ def test_retries_with_backoff_after_429_and_503():
 def test_gives_up_with_a_clear_message():
     with ScriptedServer(script=["400"]) as server:
         engine = OpenAIEngine(server.base_url, model="scripted", max_retries=3, backoff=0.01)
-        with pytest.raises(RuntimeError, match=r"p#0 to .* failed after 1 attempt"):
+        with pytest.raises(UserError, match=r"sample 0 of problem p .* failed after 1 attempt"):
             engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
     with ScriptedServer(script=["503"] * 3) as server:
         engine = OpenAIEngine(server.base_url, model="scripted", max_retries=2, backoff=0.01)
-        with pytest.raises(RuntimeError, match="failed after 3 attempt"):
+        with pytest.raises(UserError, match="failed after 3 attempt"):
             engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), lambda c: None)
         assert server.stats["requests"] == 3
 
@@ -71,3 +72,23 @@ def test_unreachable_endpoint_says_what_to_do():
         port = sock.getsockname()[1]
     with pytest.raises(RuntimeError, match="pass --model NAME"):
         OpenAIEngine(f"http://127.0.0.1:{port}")
+
+
+def test_malformed_responses_are_retried_like_other_faults():
+    with ScriptedServer(script=["malformed", "drop", "malformed"]) as server:
+        engine = OpenAIEngine(server.base_url, model="scripted", concurrency=1, max_retries=3, backoff=0.01)
+        done = []
+        engine.generate([Request("p", 0, "q", 0)], Sampling(1.0, 0.7, 16), done.append)
+    assert [c.text for c in done] == ["Answer: 42"] and server.stats["requests"] == 4
+
+
+def test_giving_up_keeps_every_finished_sample_and_names_endpoint_and_request():
+    # concurrency 1: samples 0 and 1 finish, sample 2 meets a malformed body every time
+    with ScriptedServer(script=["ok", "ok"], default="malformed") as server:
+        engine = OpenAIEngine(server.base_url, model="scripted", concurrency=1, max_retries=1, backoff=0.01)
+        done = []
+        with pytest.raises(UserError) as raised:
+            engine.generate([Request("p", i, "q", i) for i in range(3)], Sampling(1.0, 0.7, 16), done.append)
+    assert sorted(c.sample_index for c in done) == [0, 1]
+    message = str(raised.value)
+    assert server.base_url in message and "sample 2 of problem p" in message and "JSONDecodeError" in message
