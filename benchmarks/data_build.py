@@ -22,12 +22,12 @@ def bench_dedup_decontam() -> None:
     from data_pipeline.decontam import ContaminationIndex, decontaminate
     from data_pipeline.dedup import exact_duplicates, near_duplicates
     from data_pipeline.sources import EVAL_SETS, load_eval_set, load_source
-    from data_pipeline.text import normalise_text
+    from data_pipeline.text import repair_text
 
     start = time.perf_counter()
     rows, _ = load_source("dapo_math_17k")
     loaded = time.perf_counter()
-    rows = [{**r, "problem": normalise_text(r["problem"])} for r in rows]
+    rows = [{**r, "problem": repair_text(r["problem"])} for r in rows]
     kept, _, exact = exact_duplicates(rows)
     kept, _, near = near_duplicates(kept)
     deduped = time.perf_counter()

@@ -46,7 +46,10 @@ def data() -> None:
 @click.option("--model", help="Model name sent to --base-url.")
 @click.option("--api-key", help="API key for --base-url (default: EMPTY, enough for local servers).")
 @click.option("--concurrency", type=int, help="LLM requests in flight at once. [8]")
-@click.option("--max-tokens", type=int, help="LLM completion budget per problem. [1024]")
+@click.option("--max-tokens", type=int, help="LLM completion budget per problem (>= 1). [1024]")
+@click.option("--max-failed-fraction", type=float,
+              help="Share of LLM requests that may fail for good (connection refused, 5xx after every retry) with "
+                   "their rows rejected; beyond it the build stops. [0: any failure stops it]")
 @click.option("--decontaminate", help="Comma-separated evaluation sets to remove from training: aime24,amc23,math500,"
                                       "gsm8k [all four]; '' for none.")
 @click.option("--contamination-threshold", type=float, help="Fraction of an eval problem's 30-grams that marks a "
@@ -64,8 +67,15 @@ def data() -> None:
 def build(config_path: str | None, **flags) -> None:
     """Build integer-answer RL data from one or more sources into --out.
 
-    Writes train.parquet (verl, DAPO-Math-17K schema), stats.json, README.md (dataset card), rejected.jsonl
-    (every row not exported, with the reason) and reports/ (duplicate clusters, contamination matches).
+    \b
+    Writes into --out:
+      train.parquet   verl, DAPO-Math-17K schema; each problem as the source gives it, except the repairs of
+                      docs/data.md (a "\\frac" read as form feed + "rac", stray control characters, outer blanks)
+      rejected.jsonl  every input row not exported, with its stage (load, repair, dedup, decontaminate, verify)
+                      and reason ("missing_answer: ...", "exact_duplicate", "contaminated_near", ...)
+      stats.json      counts per stage, and the ledger: input rows = exported + rejected, per reason
+      README.md       dataset card; reports/: duplicate clusters, contamination matches, dropped rows per stage
+    The ledger is printed at the end. A build in which every row is rejected for the same reason stops with it.
     """
     from data_pipeline.build import run_build
     from data_pipeline.config import BuildConfig
@@ -82,7 +92,8 @@ def build(config_path: str | None, **flags) -> None:
     except (ValueError, SourceError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"exported {stats['exported_rows']} rows to {Path(config.out) / 'train.parquet'}; "
-               f"rejected {sum(stats['rejection_reasons'].values())} (see rejected.jsonl)")
+               f"rejected {stats['ledger']['dropped_rows']} (each with its reason in "
+               f"{Path(config.out) / 'rejected.jsonl'})")
 
 
 @data.command()

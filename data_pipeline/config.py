@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_suite.errors import UserError
+from dapo_suite.fields import typed_value, within
+
 REWRITERS = ("rules", "llm", "rules+llm")
+# The allowed interval of every numeric field (None = unset is always allowed).
+RANGES = {
+    "limit": "[1, inf)", "near_dup_threshold": "(0, 1]", "num_perm": "[1, inf)", "near_dup_bands": "[1, inf)",
+    "contamination_ngram": "[1, inf)", "contamination_threshold": "(0, 1]", "concurrency": "[1, inf)",
+    "max_retries": "[0, inf)", "request_timeout_s": "(0, inf)", "temperature": "[0, inf)", "max_tokens": "[1, inf)",
+    "max_failed_fraction": "[0, 1]",
+}
 
 
 @dataclass
@@ -39,6 +49,7 @@ class BuildConfig:
     request_timeout_s: float = 120.0
     temperature: float = 0.0
     max_tokens: int = 1024
+    max_failed_fraction: float = 0.0  # LLM requests that may fail for good (their rows are rejected) before the build stops
     allow_unverified: bool = False  # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
     # export (DAPO-Math-17K schema, reference doc section 4)
     data_source: str = "math_dapo"
@@ -49,15 +60,15 @@ class BuildConfig:
         if isinstance(self.decontaminate, str):
             self.decontaminate = [s for s in self.decontaminate.split(",") if s.strip()]
         if self.rewriter not in REWRITERS:
-            raise ValueError(f"rewriter={self.rewriter!r}: choose one of {', '.join(REWRITERS)}.")
+            raise UserError(f"rewriter={self.rewriter!r}: choose one of {', '.join(REWRITERS)}.")
         if "llm" in self.rewriter and not (self.base_url and self.model):
-            raise ValueError("rewriter uses the LLM: set --base-url (e.g. http://127.0.0.1:8000/v1) and --model.")
-        if not 0 < self.near_dup_threshold <= 1 or not 0 < self.contamination_threshold <= 1:
-            raise ValueError("near_dup_threshold and contamination_threshold are fractions in (0, 1].")
+            raise UserError("rewriter uses the LLM: set --base-url (e.g. http://127.0.0.1:8000/v1) and --model.")
         if self.num_perm % self.near_dup_bands:
-            raise ValueError(f"num_perm ({self.num_perm}) must be a multiple of near_dup_bands ({self.near_dup_bands}).")
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be >= 1.")
+            raise UserError(f"num_perm ({self.num_perm}) must be a multiple of near_dup_bands ({self.near_dup_bands}).")
+        problems = [f"{name}={getattr(self, name)}: must be in {interval}" for name, interval in RANGES.items()
+                    if getattr(self, name) is not None and not within(getattr(self, name), interval)]
+        if problems:
+            raise UserError("invalid data build config: " + "; ".join(problems) + ".")
 
     @classmethod
     def from_sources(cls, yaml_path: str | Path | None = None, **overrides: Any) -> BuildConfig:
@@ -69,8 +80,9 @@ class BuildConfig:
             loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
             unknown = set(loaded) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
-                raise ValueError(f"{yaml_path}: unknown keys {sorted(unknown)}")
-            values.update(loaded)
+                raise UserError(f"--config {yaml_path}: unknown keys {sorted(unknown)}")
+            values.update({key: typed_value(cls, key, value, where=f"--config {yaml_path}:")
+                           for key, value in loaded.items()})
         values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
         return cls(**values)
 

@@ -67,7 +67,8 @@ def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], co
         },
         "answer_types": {"analysed": analysed, "exported": dict(Counter(r["answer_type"] for r in rows))},
         "rewriters": dict(Counter(r["rewrite"]["rewriter"] for r in rows)),
-        "rejection_reasons": metas.get("verify", {}).get("report", {}).get("rejection_reasons", {}),
+        "ledger": (book := ledger(metas, len(rows))),
+        "rejection_reasons": book["dropped"],
         "duplicates": metas.get("dedup", {}).get("report", {}),
         "contamination": metas.get("decontaminate", {}).get("report", {}),
         "llm": metas.get("rewrite", {}).get("report", {}).get("llm"),
@@ -75,6 +76,23 @@ def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], co
         "unverified_rows": sum(not r.get("verified", False) for r in rows),
         "git_revision": _git_revision(),
     }
+
+
+def ledger(metas: dict[str, dict[str, Any]], exported: int) -> dict[str, Any]:
+    """Where every input row went: input_rows == exported_rows + the sum of `dropped` (per reason, all steps)."""
+    load = metas.get("load", {})
+    input_rows = load.get("count", 0) + sum(load.get("dropped", {}).values())
+    dropped: Counter[str] = Counter()
+    for meta in metas.values():
+        dropped.update(meta["dropped"])
+    return {"input_rows": input_rows, "exported_rows": exported, "dropped_rows": sum(dropped.values()),
+            "dropped": dict(dropped), "balanced": input_rows == exported + sum(dropped.values())}
+
+
+def format_ledger(book: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{kind} {count}" for kind, count in sorted(book["dropped"].items(), key=lambda x: -x[1]))
+    return (f"{book['input_rows']} input rows = {book['exported_rows']} exported + {book['dropped_rows']} rejected"
+            + (f" ({reasons})" if reasons else ""))
 
 
 def _git_revision() -> str | None:
@@ -110,8 +128,10 @@ original answer{'' if not stats['unverified_rows'] else f"; {stats['unverified_r
 - `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config['data_source']}), `prompt` (one user
   message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index, source,
   source_row, original_problem, original_answer, answer_type, form, params, target, rewriter, verified}}.
-- `stats.json`: every count below; `rejected.jsonl`: rows not exported and why; `reports/`: duplicate clusters,
-  contamination matches, dropped rows per stage.
+- `stats.json`: every count below; `rejected.jsonl`: every row not exported, with its stage and reason;
+  `reports/`: duplicate clusters, contamination matches, dropped rows per stage.
+
+Ledger: {format_ledger(stats['ledger'])}.
 
 ## Stages
 

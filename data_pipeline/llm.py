@@ -19,9 +19,10 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from data_pipeline.config import BuildConfig
 from data_pipeline.forms import Rewrite
@@ -147,28 +148,27 @@ class LLMRewriter:
         return {"model": self.model, "messages": build_messages(problem, answer),
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
 
-    def rewrite_many(self, items: list[tuple[str, str]],
-                     log: Callable[[str], None] | None = None) -> list[tuple[Rewrite | None, str]]:
+    def rewrite_many(self, items: list[tuple[str, str]]) -> list[tuple[Rewrite | None, str]]:
         """[(rewrite or None, reason)] in the order of `items` ((problem, original answer) pairs)."""
         start = time.perf_counter()
-        contents = asyncio.run(self._complete_all([self.request_for(p, a) for p, a in items], log))
+        contents = asyncio.run(self._complete_all([self.request_for(p, a) for p, a in items]))
         self.stats["seconds"] = round(self.stats["seconds"] + time.perf_counter() - start, 3)
         return [parse_reply(c) if c is not None else (None, f"llm_request_failed: {err}") for c, err in contents]
 
-    async def _complete_all(self, requests: list[dict[str, Any]], log) -> list[tuple[str | None, str]]:
+    async def _complete_all(self, requests: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
         import openai
 
         client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
                                     timeout=self.timeout_s)
         semaphore = asyncio.Semaphore(self.concurrency)
-        done = 0
+        bar = tqdm(total=len(requests), desc="llm rewrite", unit="problem")
 
         async def one(request: dict[str, Any]) -> tuple[str | None, str]:
-            nonlocal done
             key = self.cache.key(request)
             cached = self.cache.get(key)
             if cached is not None:
                 self.stats["cache_hits"] += 1
+                bar.update(1)
                 return cached, ""
             async with semaphore:
                 result = await self._complete(client, request)
@@ -176,14 +176,14 @@ class LLMRewriter:
                 self.cache.put(key, result[0])
             else:
                 self.stats["failed"] += 1
-            done += 1
-            if log and done % 50 == 0:
-                log(f"  llm: {done} requests done")
+            bar.update(1)
+            bar.set_postfix(failed=self.stats["failed"], retries=self.stats["retries"], refresh=False)
             return result
 
         try:
             return await asyncio.gather(*(one(r) for r in requests))
         finally:
+            bar.close()
             await client.close()
 
     async def _complete(self, client, request: dict[str, Any]) -> tuple[str | None, str]:
@@ -204,11 +204,12 @@ class LLMRewriter:
                     continue
                 return content, ""
             except openai.APIStatusError as status_error:
-                error = f"http_{status_error.status_code}"
+                error = f"http_{status_error.status_code} ({status_error.message})"
                 if status_error.status_code not in RETRYABLE_STATUS:
                     return None, error
             except (openai.APITimeoutError, openai.APIConnectionError) as connection_error:
-                error = type(connection_error).__name__
+                cause = connection_error.__cause__
+                error = f"{type(connection_error).__name__}" + (f" ({cause})" if cause else "")
             except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError, AttributeError,
                     IndexError, TypeError) as bad_response:
                 error = f"bad_response: {type(bad_response).__name__}"

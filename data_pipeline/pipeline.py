@@ -4,7 +4,8 @@ Each step writes its rows to DIR/stages/NN_name.jsonl and a DIR/stages/NN_name.m
 report, fingerprint) last; a rerun skips every step whose fingerprint (its inputs' fingerprint plus the config
 fields it reads) is unchanged and resumes at the first one that changed or never finished. The LLM step also keeps
 an append-only request cache (DIR/llm_cache.jsonl), so a crash inside it loses no paid-for answer.
-Dropped rows go to DIR/reports/NAME.dropped.jsonl with a reason; reasons are counted in stats.json.
+Dropped rows go to DIR/reports/NAME.dropped.jsonl with a reason ("kind: detail"); kinds are counted in stats.json,
+and DIR/rejected.jsonl gathers every step's dropped rows (build.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class Step:
     def salt(self, config: BuildConfig) -> str:
         """Extra fingerprint input beyond the config fields (e.g. source file sizes)."""
         return ""
+
+
+def reason_kind(reason: str) -> str:
+    """The counter a reason goes to: its text before the first colon ("missing_answer: no field ..." ->
+    "missing_answer"); the rest is the detail rejected.jsonl keeps."""
+    return reason.split(":", 1)[0]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -94,7 +101,7 @@ def run_pipeline(steps: list[Step], ctx: Context) -> list[dict[str, Any]]:
         write_jsonl(reports / f"{step.name}.dropped.jsonl", result.dropped)
         meta = {
             "step": step.name, "fingerprint": fingerprint, "count_in": rows_in, "count": len(rows),
-            "dropped": dict(Counter(d["reason"] for d in result.dropped)), "report": result.report,
+            "dropped": dict(Counter(reason_kind(d["reason"]) for d in result.dropped)), "report": result.report,
         }
         tmp = meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=1, default=str))

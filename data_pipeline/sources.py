@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dapo_suite.errors import UserError
 from data_pipeline.answers import gsm8k_final_answer
 
 DATA_ENV = "DAPO_SUITE_DATA"
@@ -38,7 +39,7 @@ PROBLEM_FIELDS = ("problem", "question", "prompt.0.content", "prompt", "input")
 ANSWER_FIELDS = ("answer", "reward_model.ground_truth", "ground_truth", "final_answer", "solution")
 
 
-class SourceError(ValueError):
+class SourceError(UserError):
     """A source that cannot be read; the message says which flag or variable to set."""
 
 
@@ -158,9 +159,15 @@ def load_source(
             answer = gsm8k_final_answer(answer)
         problem = "" if problem is None else str(problem)
         answer = "" if answer is None else str(answer)
-        missing = [f for f, v in (("problem", problem), ("answer", answer)) if not v.strip()]
+        missing = [(f, flag, named or " / ".join(tried)) for f, v, flag, named, tried in (
+            ("problem", problem, "--problem-field", problem_field, PROBLEM_FIELDS),
+            ("answer", answer, "--answer-field", answer_field, ANSWER_FIELDS)) if not v.strip()]
         if missing:
-            invalid.append({"source": name, "row": number, "reason": "missing_" + "_and_".join(missing)})
+            detail = "; ".join(f"no usable {what} in field {fields}" for what, _, fields in missing)
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            invalid.append({"source": name, "row": number, "keys": keys, "reason":
+                            f"missing_{'_and_'.join(m[0] for m in missing)}: {detail}; the row has keys {keys} "
+                            f"(pass {' and '.join(m[1] for m in missing)} to name the right one)"})
             continue
         rows.append({"id": f"{name}:{number}", "source": name, "row": number, "problem": problem, "answer": answer})
     return rows, invalid

@@ -7,12 +7,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dapo_suite.errors import UserError
 from data_pipeline.answers import analyse_answer
 from data_pipeline.config import BuildConfig
 from data_pipeline.forms import Rewrite, verify_rewrite
 from data_pipeline.pipeline import Context, Step, StepResult, write_jsonl
 from data_pipeline.sources import load_eval_set, load_source, resolve_source
-from data_pipeline.text import normalise_text
+from data_pipeline.text import REPAIRS, repair_text
 
 
 def _data_root(config: BuildConfig) -> Path | None:
@@ -47,18 +48,22 @@ class Load(Step):
         return StepResult(loaded, invalid, {"per_source": per_source})
 
 
-class Normalise(Step):
-    name = "normalise"
+class Repair(Step):
+    """The documented repairs only (text.REPAIRS); the text is otherwise exported as the source gives it."""
+
+    name = "repair"
 
     def run(self, rows: list[dict[str, Any]], ctx: Context) -> StepResult:
         kept, dropped = [], []
+        changed: Counter[str] = Counter()
         for row in rows:
-            problem, answer = normalise_text(row["problem"]), normalise_text(row["answer"])
+            changed.update(name for name, pattern, _ in REPAIRS if pattern.search(row["problem"]))
+            problem, answer = repair_text(row["problem"]), repair_text(row["answer"])
             if not problem or not answer:
-                dropped.append({**row, "reason": "empty_after_normalisation"})
+                dropped.append({**row, "reason": "empty_after_repair: only whitespace and control characters"})
                 continue
             kept.append({**row, "problem": problem, "answer": answer})
-        return StepResult(kept, dropped, {"changed": sum(a["problem"] != b["problem"] for a, b in zip(rows, kept, strict=False))})
+        return StepResult(kept, dropped, {"rows_repaired": dict(changed)})
 
 
 class Dedup(Step):
@@ -127,13 +132,32 @@ class RewriteStep(Step):
             from data_pipeline.llm import LLMRewriter
 
             rewriter = LLMRewriter.from_config(ctx.config, ctx.out / "llm_cache.jsonl")
-            results = rewriter.rewrite_many([(out[i]["problem"], out[i]["answer"]) for i in for_llm], log=ctx.log)
+            results = rewriter.rewrite_many([(out[i]["problem"], out[i]["answer"]) for i in for_llm])
+            _check_failures([why for rewrite, why in results if rewrite is None], len(for_llm), ctx)
             for i, (rewrite, why) in zip(for_llm, results, strict=True):
                 out[i]["rewrite"] = rewrite.__dict__ if rewrite else None
                 out[i]["rewrite_error"] = None if rewrite else why
             report["llm"] = rewriter.stats
         report["by_rewriter"] = dict(Counter((r["rewrite"] or {}).get("rewriter", "none") for r in out))
         return StepResult(out, [], report)
+
+
+def _check_failures(reasons: list[str], requests: int, ctx: Context) -> None:
+    """Stop the build when LLM requests failed for good (not answers the verifier refused) beyond what
+    --max-failed-fraction allows; answers already received are cached, so a rerun only repeats the failures."""
+    failed = [why for why in reasons if why.startswith("llm_request_failed")]
+    if not failed:
+        return
+    config = ctx.config
+    last = failed[-1].split(": ", 1)[-1]
+    if len(failed) == requests:
+        raise UserError(f"--base-url {config.base_url}: all {requests} LLM requests failed (model {config.model}); "
+                        f"the last error: {last}. Check that the server is up and serves --model.")
+    message = f"{len(failed)} of {requests} LLM requests failed (last error: {last})"
+    if len(failed) > config.max_failed_fraction * requests:
+        raise UserError(f"{message}. Rerun to retry only those (answers are cached), or pass --max-failed-fraction "
+                        f"{len(failed) / requests:.2f} to export without them.")
+    ctx.log(f"  warning: {message}; their rows are rejected (--max-failed-fraction {config.max_failed_fraction})")
 
 
 class Verify(Step):
@@ -157,11 +181,7 @@ class Verify(Step):
                 kept.append({**row, "verified": False, "verify_error": why})
             else:
                 rejected.append({**row, "reason": why})
-        write_jsonl(ctx.out / "rejected.jsonl", rejected)
-        # the counter groups reasons by their kind ("integer_mismatch: target gives 5..." -> "integer_mismatch")
-        reasons = Counter(r["reason"].split(":")[0] for r in rejected)
-        return StepResult(kept, [{**r, "reason": r["reason"].split(":")[0]} for r in rejected],
-                          {"rejection_reasons": dict(reasons), "kept_unverified": sum(not r["verified"] for r in kept)})
+        return StepResult(kept, rejected, {"kept_unverified": sum(not r["verified"] for r in kept)})
 
 
 class Export(Step):
@@ -176,4 +196,4 @@ class Export(Step):
 
 
 def build_steps() -> list[Step]:
-    return [Load(), Normalise(), Dedup(), Decontaminate(), Analyse(), RewriteStep(), Verify(), Export()]
+    return [Load(), Repair(), Dedup(), Decontaminate(), Analyse(), RewriteStep(), Verify(), Export()]

@@ -1,9 +1,10 @@
 """Text keys for the data pipeline: the cleaned problem text that ships, and the aggressive matching keys that
 duplicate removal and decontamination compare.
 
-Two normalisations, on purpose:
-- `normalise_text` cleans what the model will read (Unicode NFKC, no control characters, single spaces, no
-  trailing blanks); it keeps case and LaTeX so no problem changes meaning.
+The exported problem is the source's text: `repair_text` applies only the repairs listed in REPAIRS, each one
+undoing damage done before the data reached us. Unicode (NFKC) and whitespace normalisation happen only in the
+matching keys, never in what the model reads: NFKC would turn the circled labels ①②③ of DAPO-Math-17k into
+digits, giving `=0\\quad1` for `=0\\quad①`.
 - `dedup_key` (lowercase, single spaces) decides exact duplicates: it must never merge `a+b` with `a-b`.
 - `match_key` (lowercase, every run of non-alphanumerics becomes one space, `\\dfrac`/`\\tfrac` -> `\\frac`, no
   `\\left`/`\\right`) is for contamination and near duplicates, where a false alarm only drops a training row.
@@ -18,20 +19,27 @@ import zlib
 
 import numpy as np
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SPACES = re.compile(r"[ \t\u00a0]+")
-_BLANK_LINES = re.compile(r"\n{3,}")
+# The repairs, in order; docs/data.md lists them and tests/test_data_rules.py tests each one.
+REPAIRS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    # "\frac" written into JSON unescaped is read back as a form feed followed by "rac" (606 DAPO-Math-17k rows)
+    ("form feed for \\f", re.compile(r"\x0c(?=rac|orall)"), r"\\f"),
+    # likewise "\beta", "\begin", "\binom", "\boxed" read as a backspace followed by "eta", "egin", ...
+    ("backspace for \\b", re.compile(r"\x08(?=eta|egin|inom|oxed)"), r"\\b"),
+    ("line endings", re.compile(r"\r\n?"), "\n"),
+    # any other control character is invisible debris of PDF extraction (`fi\x0cnd`, `\le\x14`)
+    ("control characters", re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"), ""),
+    ("outer whitespace", re.compile(r"^\s+|\s+$"), ""),
+)
 _FRAC_VARIANTS = re.compile(r"\\[dt]frac")
 _SIZERS = re.compile(r"\\left|\\right")
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 
 
-def normalise_text(text: str) -> str:
-    """The shipped form of a problem or answer: NFKC, no control characters, single spaces, at most one blank line."""
-    text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub("", text)
-    lines = [_SPACES.sub(" ", line).strip() for line in text.split("\n")]
-    return _BLANK_LINES.sub("\n\n", "\n".join(lines)).strip()
+def repair_text(text: str) -> str:
+    """The exported form of a problem or answer: the source's text with only the REPAIRS applied."""
+    for _, pattern, replacement in REPAIRS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def dedup_key(text: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from data_fixtures import shared_data_dir
 
+from dapo_suite.errors import UserError
 from data_pipeline.build import run_build
 from data_pipeline.cli import data
 from data_pipeline.config import BuildConfig
@@ -62,14 +63,17 @@ def test_formats_invalid_rows_and_partial_resume(tmp_path: Path) -> None:
     for suffix in ("csv", "parquet", "json"):
         good, bad = load_source(str(tmp_path / f"s.{suffix}"), problem_field="q", answer_field="a")
         assert [r["row"] for r in good] == [0, 3]
-        assert bad == [{"source": "s", "row": 1, "reason": "missing_problem"},
-                       {"source": "s", "row": 2, "reason": "missing_answer"}]
+        assert [(r["row"], r["reason"].split(":")[0], r["keys"]) for r in bad] == [
+            (1, "missing_problem", ["a", "q"]), (2, "missing_answer", ["a", "q"])]
+        assert "no usable answer in field a; the row has keys ['a', 'q']" in bad[1]["reason"]
     logs: list[str] = []
     config = BuildConfig(inputs=[str(tmp_path / "s.json")], out=str(tmp_path / "out"), problem_field="q",
                          answer_field="a", decontaminate=[])
     stats = run_build(config, log=logs.append)
     assert stats["exported_rows"] == 2 and stats["invalid_rows"] == {"missing_problem": 1, "missing_answer": 1}
     assert any("row 1: missing_problem" in line for line in logs)
+    assert stats["ledger"] == {"input_rows": 4, "exported_rows": 2, "dropped_rows": 2, "balanced": True,
+                               "dropped": {"missing_problem": 1, "missing_answer": 1}}
     # a change that only touches export reruns export alone
     logs.clear()
     run_build(BuildConfig(**{**config.__dict__, "data_source": "mine"}), log=logs.append)
@@ -105,3 +109,63 @@ def test_dapo_math_17k_duplicates_and_contamination(shared_data: Path) -> None:
     assert per_set["amc23"]["eval_problems_exact"] == 8 and 15 <= per_set["amc23"]["eval_problems_near_corpus"] <= 23
     assert per_set["math500"]["eval_problems_exact"] in (7, 8)
     assert 15 <= per_set["math500"]["eval_problems_near_corpus"] <= 23
+
+
+# A DAPO-Math-17k-style problem whose circled equation labels NFKC would turn into digits (`=0\quad1`).
+CIRCLED = ("已知 $x^2-3x+2=0\\quad①$ 与 $x-1=0\\quad②$，由 ① ② 得 $x=1$；③ 求 $x+1$ 的值。\n\n"
+           "Note:  two  spaces and a full-width ＡＢ stay as written.")
+
+
+def test_a_dapo_17k_row_with_circled_labels_is_exported_unchanged(tmp_path: Path) -> None:
+    row = {"data_source": "DAPO-17k", "prompt": [{"content": CIRCLED, "role": "user"}], "ability": "math",
+           "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"answer": "", "index": 0, "split": "train"}}
+    pd.DataFrame([row]).to_parquet(tmp_path / "dapo.parquet")
+    run_build(BuildConfig(inputs=[str(tmp_path / "dapo.parquet")], out=str(tmp_path / "out"), decontaminate=[]),
+              log=lambda _: None)
+    exported = pd.read_parquet(tmp_path / "out" / "train.parquet").iloc[0]
+    assert exported["prompt"][0]["content"] == PROMPT_TEMPLATE.format(problem=CIRCLED)
+    assert exported["extra_info"]["original_problem"] == CIRCLED
+
+
+def _ledger_rows() -> list[dict]:
+    aime = load_eval_set("aime24")[0]["problem"]
+    return [
+        {"problem": "What is 2+3?", "answer": "5"},
+        {"problem": "What is  2+3?", "answer": "5"},  # exact duplicate (spacing)
+        {"problem": "What is 4+4?", "answer": "8"}, {"problem": "What is 4+4?", "answer": "9"},  # conflicting answers
+        {"problem": aime, "answer": "1"},  # contaminated
+        {"problem": "Name the colour of the sky.", "answer": "blue"},  # no integer rewrite
+        {"problem": "What is 1/2 + 1/4?", "answer": "\\frac{3}{4}"},  # rewritten to m+n
+        {"problem": "", "answer": "3"}, {"question": "What is 6*7?", "solution_text": "42"},  # invalid
+        {"problem": "\x0c\x01 ", "answer": "3"},  # empty after the repairs
+    ]
+
+
+@pytest.mark.parametrize("source", ["arithmetic", "crafted"])
+def test_every_input_row_is_exported_or_in_rejected_jsonl_with_its_reason(source: str, tmp_path: Path) -> None:
+    spec = source
+    if source == "crafted":
+        spec = str(tmp_path / "crafted.jsonl")
+        Path(spec).write_text("".join(json.dumps(row) + "\n" for row in _ledger_rows()))
+    logs: list[str] = []
+    stats = run_build(BuildConfig(inputs=[spec], out=str(tmp_path / "out")), log=logs.append)
+    book = stats["ledger"]
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
+    assert book["balanced"] and book["input_rows"] == book["exported_rows"] + sum(book["dropped"].values())
+    assert len(rejected) == book["dropped_rows"] and all(r["reason"] and r["stage"] for r in rejected)
+    assert stats["rejection_reasons"] == book["dropped"]
+    assert any(line.startswith(f"ledger: {book['input_rows']} input rows = ") for line in logs)
+    if source == "crafted":
+        assert book["input_rows"] == 10 and book["exported_rows"] == 2
+        assert book["dropped"] == {"exact_duplicate": 1, "conflicting_answers": 2, "contaminated_exact": 1,
+                                   "missing_problem": 1, "missing_answer": 1, "empty_after_repair": 1,
+                                   "no_rule_for_text": 1}
+        missing = next(r for r in rejected if r["reason"].startswith("missing_answer"))
+        assert "['question', 'solution_text']" in missing["reason"] and "--answer-field" in missing["reason"]
+
+
+def test_every_row_rejected_for_one_reason_stops_the_build(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"What is {i}+1?", "result": i + 1}) + "\n" for i in range(3)))
+    with pytest.raises(UserError, match=r"every one of the 3 input rows .* missing_answer: .*\['question', 'result'\]"):
+        run_build(BuildConfig(inputs=[str(rows)], out=str(tmp_path / "out"), decontaminate=[]), log=lambda _: None)

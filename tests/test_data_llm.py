@@ -49,7 +49,7 @@ def test_gives_up_after_max_retries_and_caches_nothing(tmp_path: Path) -> None:
     with ScriptedServer(reply=REWRITE_REPLY, default="503") as server:
         rewriter = LLMRewriter(server.base_url, "m", tmp_path / "cache.jsonl", max_retries=2, backoff_s=0.01)
         [(rewrite, reason)] = rewriter.rewrite_many([("p", "1/2")])
-        assert rewrite is None and reason == "llm_request_failed: http_503"
+        assert rewrite is None and reason.startswith("llm_request_failed: http_503 (")
         assert len(server.requests) == 3 and RequestCache(tmp_path / "cache.jsonl").entries == {}
 
 

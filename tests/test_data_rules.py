@@ -11,7 +11,7 @@ from data_pipeline.decontam import ContaminationIndex, decontaminate
 from data_pipeline.dedup import exact_duplicates, near_duplicates
 from data_pipeline.forms import FormError, Rewrite, parse_expression, verify_rewrite
 from data_pipeline.rules import rewrite_with_rules
-from data_pipeline.text import match_key, normalise_text
+from data_pipeline.text import match_key, repair_text
 
 PROBLEM = "Compute the value of the expression. Express your answer as a common fraction."
 
@@ -105,7 +105,7 @@ def test_form_parser_refuses_anything_but_arithmetic(text: str) -> None:
 
 def test_gsm8k_answer_and_text_normalisation() -> None:
     assert gsm8k_final_answer("48/2 = 24\n#### 1,072") == "1072"
-    assert normalise_text("  A\u00a0 problem\r\n\n\n\nwith  spaces\x07 ") == "A problem\n\nwith spaces"
+    assert repair_text("  A\u00a0 problem\r\n\n\nwith  spaces\x07 ") == "A\u00a0 problem\n\n\nwith  spaces"
     assert match_key("Find $\\dfrac{1}{2}$!") == match_key("find \\frac{1}{2}")
 
 
@@ -145,3 +145,15 @@ def test_decontamination_exact_and_near() -> None:
     assert dropped[1]["matches"][0]["overlap"] >= 0.6
     assert [r["id"] for r in kept] == ["t:2"]
     assert report["per_eval_set"]["amc23"]["eval_problems_exact"] == 1
+
+
+@pytest.mark.parametrize("source, exported", [
+    ("rm \x0crac{m}{n} and \x0corall x", "rm \\frac{m}{n} and \\forall x"),  # "\frac" read as form feed + "rac"
+    ("$A_1P=\x08eta$, \x08egin{cases}", "$A_1P=\\beta$, \\begin{cases}"),  # "\beta" read as backspace + "eta"
+    ("a\r\nb\rc", "a\nb\nc"),  # line endings
+    ("fi\x0cnd $x \\le\x14 2$, the \x0cfirst", "find $x \\le 2$, the first"),  # other control characters
+    ("  \n Find x.\n\n ", "Find x."),  # outer whitespace
+    ("①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines", "①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines"),  # no NFKC
+])
+def test_repairs_are_the_documented_list_and_nothing_else(source: str, exported: str) -> None:
+    assert repair_text(source) == exported
