@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from dapo_suite.errors import UserError
-from dapo_suite.fields import typed_value
+from dapo_suite.fields import typed_value, within
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
@@ -50,14 +50,6 @@ RANGES: dict[str, tuple[str, str]] = {
     "val_max_response_length": ("[1, inf)", "or null for max_response_length"),
     "save_every": ("[1, inf)", ""), "keep_checkpoints": ("[1, inf)", ""),
 }
-
-
-def _within(value: float, interval: str) -> bool:
-    """value in an interval written "[a, b)", "(a, inf)" ...; NaN is in none."""
-    low, high = (float(part) for part in interval[1:-1].split(","))
-    above = value >= low if interval[0] == "[" else value > low
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below
 
 
 @dataclass
@@ -127,7 +119,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         problems = [f"{name}={getattr(self, name)}: must be in {interval}" + (f" ({why})" if why else "")
                     for name, (interval, why) in RANGES.items()
-                    if getattr(self, name, None) is not None and not _within(getattr(self, name), interval)]
+                    if getattr(self, name, None) is not None and not within(getattr(self, name), interval)]
         if self.train_batch_size % self.mini_batch_size:
             problems.append(f"train_batch_size ({self.train_batch_size}) must be a multiple of mini_batch_size "
                             f"({self.mini_batch_size})")

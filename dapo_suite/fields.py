@@ -4,7 +4,7 @@ Driven by the hints alone, so a field added to a config is covered without a lin
 `3e-5` or `1` and refuses `abc` ("lr takes a float"), `dynamic_sampling: bool` takes true/false (yes/no, on/off,
 1/0) and refuses `maybe`, `clip_c: float | None` also takes null, `model: str` takes any text as written,
 `Literal["a", "b"]` takes one of its values, `list[str]` a YAML list or a comma-separated string.
-Ranges are the dataclass's own business (`__post_init__`); this only decides the type.
+Ranges are the dataclass's own business (`__post_init__`, with `within` for intervals written "[0, 1)").
 """
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ def typed_value(cls: type, key: str, value: Any, where: str = "--set") -> Any:
         return _coerce(hint, value)
     except (TypeError, ValueError):
         raise UserError(f"{where} {key}={value}: {key} takes {_describe(hint)}") from None
+
+
+def within(value: float, interval: str) -> bool:
+    """value in an interval written "[a, b)", "(a, inf)" ...; NaN is in none."""
+    low, high = (float(part) for part in interval[1:-1].split(","))
+    above = value >= low if interval[0] == "[" else value > low
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below
 
 
 def _coerce(hint: Any, value: Any) -> Any:
