@@ -4,7 +4,12 @@ Every trainer of this project (the embedded one and the verl extension) computes
 penalties and filters here. Shapes: B responses, T response tokens (right-padded, `response_mask` 1 on real
 tokens), V vocabulary. Equations are numbered as in the DAPO paper (arXiv 2503.14476).
 
-Conventions the paper leaves open, chosen to match verl 0.9.1 (tests/test_algorithm.py checks each):
+Besides DAPO's objective, its successors are registered by verl's names in `POLICY_LOSSES` (GSPO, CISPO, SAPO,
+GMPO, Clip-Cov, KL-Cov) and other advantage estimators in `ADVANTAGE_ESTIMATORS` (RLOO, REINFORCE++-baseline,
+pass@k, Lite PPO's batch-level std); each function gives its paper's equation and arXiv id.
+
+Conventions the papers leave open, chosen to match verl 0.9.1 (tests/test_algorithm.py and
+tests/test_successors.py check each):
 - the log-ratio is clamped to [-20, 20] before `exp` (numerical safety; never active in a healthy run);
 - the group standard deviation is the unbiased (N-1) one; a group of one response gets mean 0 and std 1;
 - under gradient accumulation the token-mean divides by the token count of the whole mini-batch, passed as
@@ -13,17 +18,249 @@ Conventions the paper leaves open, chosen to match verl 0.9.1 (tests/test_algori
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LOSS_AGGREGATIONS = (
+    "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_LIMIT = 20.0
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` where `mask` is 1 (0 when the mask is empty)."""
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+    """Mean of `values` where `mask` is 1 (0 when the mask is empty). The 1e-8 is verl's: in float32 it leaves
+    any count >= 1 unchanged, so Clip-Cov's covariance window selects bit-identically."""
+    return (values * mask).sum() / (mask.sum() + 1e-8)
+
+
+@dataclass(frozen=True)
+class LossHyperparameters:
+    """Every policy-loss knob, under verl 0.9.1's config names (`clip_ratio_low` -> `clip_low`, the rest as
+    verl spells them in `actor.policy_loss.*` / `actor.*`); each mode reads the ones its equation has."""
+
+    clip_low: float = 0.2  # eps_low (vanilla, gspo, cispo, clip_cov; geo_mean in log space)
+    clip_high: float = 0.28  # eps_high
+    clip_c: float | None = None  # dual-clip bound (vanilla only); None = off
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: share r of tokens whose gradient is detached
+    clip_cov_lb: float = 1.0  # Clip-Cov: covariance window (omega_low, omega_high)
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # KL-Cov: share k of tokens that get the KL penalty
+    ppo_kl_coef: float = 0.1  # KL-Cov: beta
+    tau_pos: float = 1.0  # SAPO: gate temperature for A > 0
+    tau_neg: float = 1.05  # SAPO: gate temperature for A <= 0
+
+
+def _clip_fractions(ratio, advantages, mask, hp: LossHyperparameters) -> dict[str, float]:
+    """Tokens whose ratio left the trust region in the direction the advantage pushes it (plots, ladder)."""
+    upper = (ratio > 1 + hp.clip_high) & (advantages > 0)
+    lower = (ratio < 1 - hp.clip_low) & (advantages < 0)
+    return {"actor/clipfrac_upper": masked_mean(upper.to(mask.dtype), mask).item(),
+            "actor/clipfrac_lower": masked_mean(lower.to(mask.dtype), mask).item()}
+
+
+def vanilla_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """DAPO's clipped surrogate with decoupled clip (DAPO eq. 8, arXiv 2503.14476; PPO arXiv 1707.06347):
+
+        r_it = exp(log pi_theta - log pi_old),  L_it = -min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it)
+
+    With `clip_c`, dual-clip PPO (arXiv 1912.09729) bounds the loss of A < 0 tokens at -clip_c * A.
+    Token losses (B, T); metrics `actor/pg_clipfrac` (either side, as verl counts it) and `actor/dual_clipfrac`.
+    """
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - hp.clip_low, 1.0 + hp.clip_high)
+    token_loss = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
+    if hp.clip_c is not None:
+        if hp.clip_c <= 1.0:
+            raise ValueError(f"clip_c (dual-clip bound) must be > 1, got {hp.clip_c}")
+        dual_bound = -advantages * hp.clip_c
+        dual_clipped = (token_loss > dual_bound) & (advantages < 0)
+        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, dual_bound), token_loss)
+    return token_loss, {
+        "actor/pg_clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask).item(),
+        "actor/dual_clipfrac": masked_mean(dual_clipped.to(mask.dtype), mask).item(),
+        **_clip_fractions(ratio, advantages, mask, hp),
+    }
+
+
+def gspo_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """GSPO (arXiv 2507.18071, eqs. 5-7 and GSPO-token eq. 13): one length-normalised ratio per sequence,
+
+        s_i = exp( (1/|y_i|) sum_t (log pi_theta - log pi_old)_it )
+        s_it = sg[s_i] * pi_theta(y_it) / sg[pi_theta(y_it)]     (value s_i, gradient of log pi_theta(y_it))
+        L_it = -min(s_it A_it, clip(s_it, 1 - eps_low, 1 + eps_high) A_it)
+
+    log s_it is capped at 10 (verl's guard); |y_i| >= 1. The paper clips at eps 3e-4 / 4e-4 and averages over
+    sequences (`seq-mean-token-mean`); any aggregation works. Token losses (B, T).
+    """
+    seq_log_ratio = ((log_prob - old_log_prob) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    log_seq_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    seq_ratio = torch.exp(log_seq_ratio.clamp(max=10.0))
+    unclipped = -advantages * seq_ratio
+    clipped = -advantages * seq_ratio.clamp(1.0 - hp.clip_low, 1.0 + hp.clip_high)
+    return torch.maximum(unclipped, clipped), {
+        "actor/pg_clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask).item(),
+        **_clip_fractions(seq_ratio.detach(), advantages, mask, hp),
+    }
+
+
+def cispo_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4): clip the importance weight, never the gradient,
+
+        L_it = -sg[clip(r_it, 1 - eps_low, 1 + eps_high)] * A_it * log pi_theta(y_it)
+
+    so every token keeps a gradient (PPO-clip zeroes it outside the trust region). The paper sets eps_low
+    large (no lower bound) and tunes eps_high. Token losses (B, T); `actor/pg_clipfrac`: weights clipped.
+    """
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    weight = ratio.clamp(1.0 - hp.clip_low, 1.0 + hp.clip_high)
+    return -weight.detach() * advantages * log_prob, {
+        "actor/pg_clipfrac": masked_mean((ratio != weight).to(mask.dtype), mask).item(),
+        **_clip_fractions(ratio, advantages, mask, hp),
+    }
+
+
+def sapo_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """SAPO (arXiv 2511.20347, eqs. 3-5): a smooth, temperature-controlled gate instead of a hard clip,
+
+        f(r; tau) = sigmoid(tau (r - 1)) * 4 / tau,   tau_it = tau_pos if A_it > 0 else tau_neg
+        L_it = -f(r_it; tau_it) * A_it
+
+    (gradient 4 r sigma(1 - sigma) A: r at r = 1, fading smoothly off-policy; tau_neg > tau_pos damps
+    negative updates faster). Sequence-level mean only (`seq-mean-token-mean`, as verl forces). Token losses.
+    """
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    tau = torch.where(advantages > 0, advantages.new_tensor(hp.tau_pos), advantages.new_tensor(hp.tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    return -gate * advantages, {"actor/pg_clipfrac": 0.0}
+
+
+def geo_mean_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """GMPO (arXiv 2507.20673, eq. 4): the geometric mean of token ratios, each clipped in log space,
+
+        l_it = sgn(A) * min(sgn(A) (log r_it), sgn(A) clip(log r_it, -eps_low, eps_high))
+        L_i  = -A_i * exp( (1/|o_i|) sum_t l_it )          A_i = mean of A over o_i's tokens
+
+    (paper: eps 0.4 on each side). Sequence losses (B,); their mean counts every row of the batch, an empty
+    response (L_i = 0) included, as verl does. `actor/pg_clipfrac`: clipped with A > 0.
+    """
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    clipped = log_ratio.clamp(-hp.clip_low, hp.clip_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    tokens = mask.sum(-1) + 1e-8
+    seq_ratio = torch.exp((pessimistic * mask).sum(-1) / tokens)
+    seq_advantage = (advantages * mask).sum(-1) / tokens
+    was_clipped = (log_ratio != clipped).to(mask.dtype)
+    return -seq_advantage * seq_ratio, {
+        "actor/pg_clipfrac": masked_mean(was_clipped * (advantages > 0), mask).item(),
+        "actor/clipfrac_upper": masked_mean(was_clipped * (advantages > 0), mask).item(),
+        "actor/clipfrac_lower": masked_mean(was_clipped * (advantages < 0), mask).item(),
+    }
+
+
+def _covariance(advantages: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token centred product (A - mean A)(log pi - mean log pi) over the batch's response tokens: the
+    covariance whose sum drives the entropy change (arXiv 2505.22617, eq. 8). (B, T), no gradient."""
+    log_prob = log_prob.detach()
+    return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
+
+
+def clip_cov_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """Clip-Cov (arXiv 2505.22617, eq. 11): PPO-clip, plus the gradient of a few high-covariance tokens cut,
+
+        candidates = { t unclipped by PPO : omega_low < Cov_t < omega_high }
+        drop       = max(1, floor(r * N)) of them, drawn uniformly (torch.randperm on torch's global generator)
+        L_it = PPO-clip_it * (0 if t in drop else 1)
+
+    N = response tokens of the batch; paper and verl: r 2e-4, omega 1 and 5. No dual clip, ratio unclamped (as
+    verl). Token losses (B, T); `actor/pg_clipfrac`: share dropped.
+    """
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - hp.clip_low, 1.0 + hp.clip_high)
+    with torch.no_grad():
+        covariance = _covariance(advantages, log_prob, mask)
+        real = mask > 0
+        window = (covariance > hp.clip_cov_lb) & (covariance < hp.clip_cov_ub) & real & ~(clipped > unclipped)
+        candidates = torch.nonzero(window)
+        budget = max(int(hp.clip_cov_ratio * mask.sum().item()), 1)
+        if len(candidates):
+            candidates = candidates[torch.randperm(len(candidates))[:budget]]
+        keep = torch.ones_like(advantages)
+        keep[candidates[:, 0], candidates[:, 1]] = 0
+    return torch.maximum(unclipped, clipped) * keep, {
+        "actor/pg_clipfrac": masked_mean((keep == 0).to(mask.dtype), mask).item(),
+        **_clip_fractions(ratio.detach(), advantages, mask, hp),
+    }
+
+
+def kl_cov_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
+    """KL-Cov (arXiv 2505.22617, eq. 12): the plain policy gradient, plus a KL penalty on the top-k tokens by
+    covariance:
+
+        L_it = -r_it A_it + (beta |log r_it| if t in top-k Cov else 0),    k = max(1, floor(kl_cov_ratio * N))
+
+    beta = `ppo_kl_coef` (paper 1; verl's default 0.1), kl_cov_ratio 2e-3 (7B) / 2e-4 (32B). No clipping.
+    Token losses (B, T); `actor/ppo_kl_abs` = mean |log r|.
+    """
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    policy_gradient = -advantages * ratio
+    with torch.no_grad():
+        real = mask > 0
+        flat_real = torch.nonzero(real.reshape(-1), as_tuple=True)[0]
+        penalised = torch.zeros(mask.numel(), dtype=torch.bool)
+        if len(flat_real):
+            # Centred over the real tokens' own values (the same numbers verl ranks), on the CPU.
+            adv = advantages[real].reshape(-1).cpu()
+            logp = log_prob.detach()[real].reshape(-1).cpu()
+            covariance = (adv - adv.mean()) * (logp - logp.mean())
+            top = torch.topk(covariance, max(1, int(len(covariance) * hp.kl_cov_ratio)), largest=True).indices
+            penalised[flat_real.cpu()[top]] = True
+        penalised = penalised.reshape(mask.shape).to(log_prob.device)
+    token_loss = torch.where(penalised, policy_gradient + hp.ppo_kl_coef * log_ratio.abs(), policy_gradient)
+    return token_loss, {
+        "actor/pg_clipfrac": masked_mean(penalised.to(mask.dtype), mask).item(),
+        "actor/ppo_kl_abs": masked_mean(log_ratio.detach().abs(), mask).item(),
+    }
+
+
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossHyperparameters],
+                        tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class PolicyLossMode:
+    """A registered objective: its function (token losses (B, T), or sequence losses (B,) when `per_sequence`),
+    the aggregations it is defined for, and its paper."""
+
+    fn: PolicyLossFn
+    aggregations: tuple[str, ...] = LOSS_AGGREGATIONS
+    per_sequence: bool = False
+    paper: str = ""
+
+
+# verl 0.9.1's names (`actor_rollout_ref.actor.policy_loss.loss_mode`).
+POLICY_LOSSES: dict[str, PolicyLossMode] = {
+    "vanilla": PolicyLossMode(vanilla_loss, paper="2503.14476"),
+    "gspo": PolicyLossMode(gspo_loss, paper="2507.18071"),
+    "cispo": PolicyLossMode(cispo_loss, paper="2506.13585"),
+    "sapo": PolicyLossMode(sapo_loss, aggregations=("seq-mean-token-mean",), paper="2511.20347"),
+    "geo_mean": PolicyLossMode(geo_mean_loss, aggregations=("seq-mean-token-mean",), per_sequence=True,
+                               paper="2507.20673"),
+    "clip_cov": PolicyLossMode(clip_cov_loss, paper="2505.22617"),
+    "kl_cov": PolicyLossMode(kl_cov_loss, paper="2505.22617"),
+}
+
+
+def policy_loss_mode(name: str) -> PolicyLossMode:
+    """The registered objective `name`; an unknown name lists the valid ones."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown loss_mode {name!r}; valid: {', '.join(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
 
 
 def policy_loss(
@@ -32,62 +269,65 @@ def policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
+    loss_mode: str = "vanilla",
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     clip_c: float | None = None,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 0.1,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
     agg: str = "token-mean",
     num_global_tokens: float | None = None,
     num_global_sequences: float | None = None,
     seq_sum_norm: float | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """DAPO's clipped surrogate with decoupled clip (eq. 8, negated into a loss to minimise).
+    """The policy loss of `loss_mode` (a name of `POLICY_LOSSES`, verl's), reduced to a scalar to minimise.
 
-        r_it = pi_theta(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)
-        L_it = -min( r_it * A_it , clip(r_it, 1 - eps_low, 1 + eps_high) * A_it )
-        loss = sum_i sum_t L_it / sum_i |o_i|                               (token-mean, eq. 8)
-
-    Clip-Higher (sec. 3.1) is `clip_high > clip_low` (paper: eps_low 0.2, eps_high 0.28). With `clip_c` set,
-    dual-clip PPO bounds the loss of negative-advantage tokens at `-clip_c * A` (the 32B recipe uses 10).
-    `agg` chooses the reduction: `token-mean` (DAPO, sec. 3.3), `seq-mean-token-mean` (GRPO's sample-level
-    mean), `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`,
-    default T). `num_global_tokens` / `num_global_sequences` replace this batch's own counts as denominators
-    when it is one micro-batch of a larger mini-batch.
+    Default: DAPO's clipped surrogate (`vanilla_loss`, eq. 8): Clip-Higher is `clip_high > clip_low` (paper 0.2 /
+    0.28); `clip_c` adds dual-clip. The other modes' equations are in their functions; hyperparameters beyond the
+    clip bounds carry verl's names (see `LossHyperparameters`). `agg` chooses the reduction: `token-mean` (DAPO,
+    sec. 3.3), `token-sum` (no denominator), `seq-mean-token-mean` (GRPO's sample-level mean),
+    `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`, default T);
+    a mode defined for fewer aggregations rejects the others. `num_global_tokens` / `num_global_sequences` replace this batch's own counts as denominators when it
+    is one micro-batch of a larger mini-batch. `rollout_is_weights` (B, T), rollout-correction weights (see
+    `rollout_correction.py`), multiply each token's loss (per-sequence modes: their geometric mean per sequence).
 
     Shapes: `log_prob`, `old_log_prob`, `response_mask` (B, T); `advantages` (B, T) or (B,).
-    Returns the scalar loss and metrics: clip fractions (`actor/pg_clipfrac` any side, as verl counts it;
-    `actor/clipfrac_upper`: r > 1 + eps_high with A > 0; `actor/clipfrac_lower`: r < 1 - eps_low with A < 0;
-    `actor/dual_clipfrac`), `actor/ppo_kl` (mean of log pi_old - log pi_theta, verl's approx KL) and ratio
-    statistics over response tokens.
+    Returns the scalar loss and metrics: the mode's clip fractions (`actor/pg_clipfrac` as verl counts it;
+    `actor/clipfrac_upper` / `actor/clipfrac_lower`: tokens held back going up with A > 0 / down with A < 0),
+    `actor/ppo_kl` (mean of log pi_old - log pi_theta, verl's approx KL) and ratio statistics over response tokens.
     """
-    if agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"agg must be one of {LOSS_AGGREGATIONS}, got {agg!r}")
+    mode = policy_loss_mode(loss_mode)
+    if agg not in mode.aggregations:
+        raise ValueError(f"loss_mode {loss_mode!r} aggregates only as {' / '.join(mode.aggregations)} (as verl "
+                         f"0.9.1 does), got agg={agg!r}")
     mask = response_mask.to(log_prob.dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_prob)
-    log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    ratio = torch.exp(log_ratio)
-
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    token_loss = torch.maximum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
-    if clip_c is not None:
-        if clip_c <= 1.0:
-            raise ValueError(f"clip_c (dual-clip bound) must be > 1, got {clip_c}")
-        dual_bound = -advantages * clip_c
-        dual_clipped = (token_loss > dual_bound) & (advantages < 0)
-        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, dual_bound), token_loss)
-
-    loss = aggregate_loss(token_loss, mask, agg, num_global_tokens, num_global_sequences, seq_sum_norm)
+    hyper = LossHyperparameters(clip_low, clip_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
+                                ppo_kl_coef, tau_pos, tau_neg)
+    losses, metrics = mode.fn(log_prob, old_log_prob, advantages, mask, hyper)
+    if mode.per_sequence:
+        if rollout_is_weights is not None:  # geometric mean of the token weights, as the ratio is one
+            log_weights = (torch.log(rollout_is_weights + 1e-10) * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+            losses = losses * torch.exp(log_weights)
+        loss = losses.sum() / (losses.shape[0] if num_global_sequences is None else num_global_sequences)
+    else:
+        if rollout_is_weights is not None:
+            losses = losses * rollout_is_weights
+        loss = aggregate_loss(losses, mask, agg, num_global_tokens, num_global_sequences, seq_sum_norm)
 
     with torch.no_grad():
+        log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         real = mask.bool()
-        ratio_real = ratio[real] if real.any() else ratio.new_ones(1)
+        ratio_real = torch.exp(log_ratio[real]) if real.any() else log_prob.new_ones(1)
         metrics = {
-            "actor/pg_clipfrac": masked_mean((clipped > unclipped).to(mask.dtype), mask).item(),
-            "actor/clipfrac_upper": masked_mean(((ratio > 1 + clip_high) & (advantages > 0)).to(mask.dtype), mask).item(),
-            "actor/clipfrac_lower": masked_mean(((ratio < 1 - clip_low) & (advantages < 0)).to(mask.dtype), mask).item(),
-            "actor/dual_clipfrac": masked_mean(dual_clipped.to(mask.dtype), mask).item(),
+            "actor/clipfrac_upper": 0.0, "actor/clipfrac_lower": 0.0, **metrics,
             "actor/ppo_kl": masked_mean(-log_ratio, mask).item(),
             "actor/ratio_mean": ratio_real.mean().item(),
             "actor/ratio_min": ratio_real.min().item(),
@@ -111,6 +351,8 @@ def aggregate_loss(
     if agg == "token-mean":
         denominator = mask.sum() if num_global_tokens is None else num_global_tokens
         return (token_loss * mask).sum() / denominator
+    if agg == "token-sum":
+        return (token_loss * mask).sum()
     seq_tokens = mask.sum(-1)
     seq_loss = (token_loss * mask).sum(-1)
     if agg == "seq-mean-token-mean":
@@ -133,26 +375,140 @@ def group_index(group_ids: Sequence | torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.tensor(indices, dtype=torch.long), len(dense)
 
 
-def group_advantages(
-    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, eps: float = 1e-6, norm_by_std: bool = True
-) -> torch.Tensor:
-    """Group-relative advantage (eq. 9): A_i = (R_i - mean(R_group)) / (std(R_group) + eps).
-
-    `scores` (B,) are the rewards R_i of G responses per prompt; responses sharing a `group_ids` entry form one
-    group. std is unbiased (N-1); a group of one gets mean 0 and std 1 (verl's convention). With
-    `norm_by_std=False` the advantage is R_i - mean (Dr. GRPO). Returns (B,); constant-reward groups get 0.
-    """
+def _group_moments(scores: torch.Tensor, group_ids: Sequence | torch.Tensor):
+    """Per-group statistics of `scores` (B,): (index (B,) of each response's group, count, mean, std (K,)).
+    std is unbiased (N-1); a group of one gets mean 0 and std 1 (verl's convention)."""
     index, num_groups = group_index(group_ids)
-    scores = scores.to(torch.float32)
     count = torch.zeros(num_groups).index_add_(0, index, torch.ones_like(scores))
     mean = torch.zeros(num_groups).index_add_(0, index, scores) / count
     squared_dev = torch.zeros(num_groups).index_add_(0, index, (scores - mean[index]) ** 2)
     std = (squared_dev / (count - 1).clamp(min=1)).sqrt()
     singleton = count == 1
-    mean = torch.where(singleton, torch.zeros_like(mean), mean)
-    std = torch.where(singleton, torch.ones_like(std), std)
+    return index, count, torch.where(singleton, 0.0, mean), torch.where(singleton, 1.0, std)
+
+
+def group_advantages(
+    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
+    norm: str = "group", eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-relative advantage (DAPO eq. 9, GRPO): A_i = (R_i - mean(R_group)) / (std + eps), where std is
+
+        "group": the std of the response's group (GRPO, DAPO);
+        "batch": the std of all rewards of the batch (Lite PPO, arXiv 2508.08221: group mean, batch std);
+        "none":  no division, A_i = R_i - mean (Dr. GRPO, arXiv 2503.20783).
+
+    `scores` (B,) are the rewards R_i of G responses per prompt; responses sharing a `group_ids` entry form one
+    group (groups of one: mean 0, std 1). `lengths` is not used (the shared signature's). Returns (B,).
+    """
+    scores = scores.to(torch.float32)
+    index, _, mean, std = _group_moments(scores, group_ids)
     centred = scores - mean[index]
-    return centred / (std[index] + eps) if norm_by_std else centred
+    divisors = {"group": lambda: std[index] + eps, "batch": lambda: scores.std() + eps, "none": lambda: 1.0}
+    return centred / divisors[norm]()
+
+
+def rloo_advantages(
+    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
+    norm: str = "none", eps: float = 1e-6,
+) -> torch.Tensor:
+    """RLOO (arXiv 2402.14740, eq. 6): the baseline of response i is the mean of the other G-1 of its group,
+
+        A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) * (R_i - mean(R_group))
+
+    A group of one keeps A_i = R_i (verl). No std division (`norm` "none" only); `lengths`, `eps` unused. (B,).
+    """
+    scores = scores.to(torch.float32)
+    index, count, mean, _ = _group_moments(scores, group_ids)
+    scale = torch.where(count > 1, count / (count - 1).clamp(min=1), 1.0)
+    return (scores - mean[index]) * scale[index]
+
+
+def reinforce_pp_baseline_advantages(
+    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
+    norm: str = "batch", eps: float = 1e-6,
+) -> torch.Tensor:
+    """REINFORCE++-baseline (arXiv 2501.03262, sec. 3): subtract the group mean, then whiten over the batch's
+    tokens (each response counts once per response token, as verl's `masked_whiten`):
+
+        c_i = R_i - mean(R_group),   mu = sum_i |o_i| c_i / sum_i |o_i|,
+        var = sum_i |o_i| (c_i - mu)^2 / (sum_i |o_i| - 1),   A_i = (c_i - mu) / sqrt(var + 1e-8)
+
+    `lengths` (B,) are |o_i| (at least 2 tokens in all); `norm` "batch" only; `eps` unused. Returns (B,).
+    """
+    scores = scores.to(torch.float32)
+    index, _, mean, _ = _group_moments(scores, group_ids)
+    centred = scores - mean[index]
+    weight = lengths.to(torch.float32)
+    tokens = weight.sum()
+    if tokens < 2:
+        raise ValueError(f"reinforce_plus_plus_baseline whitens over the batch's tokens and needs >= 2, got {tokens}")
+    mu = (centred * weight).sum() / (tokens + 1e-8)
+    var = ((centred - mu) ** 2 * weight).sum() / (tokens + 1e-8) * tokens / (tokens - 1)
+    return (centred - mu) * torch.rsqrt(var + 1e-8)
+
+
+def passk_advantages(
+    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
+    norm: str = "group", eps: float = 1e-6,
+) -> torch.Tensor:
+    """Pass@k training (arXiv 2503.19595, leave-one-out max): only each group's best response learns,
+
+        A_best = (R_max - R_second_max) / (std(R_group) + eps)   (no division with `norm` "none"),  others 0.
+
+    Every group needs >= 2 responses; ties for the best give 0. `lengths` unused. Returns (B,).
+    """
+    scores = scores.to(torch.float32)
+    index, count, _, std = _group_moments(scores, group_ids)
+    if (count < 2).any():
+        raise ValueError("grpo_passk needs at least 2 responses per group")
+    advantages = torch.zeros_like(scores)
+    for group in range(len(count)):
+        members = torch.nonzero(index == group).squeeze(-1)
+        top, position = torch.topk(scores[members], 2)
+        gap = top[0] - top[1]
+        advantages[members[position[0]]] = gap / (std[group] + eps) if norm == "group" else gap
+    return advantages
+
+
+AdvantageFn = Callable[[torch.Tensor, Sequence, torch.Tensor | None, str, float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator: its function (scores (B,), group ids, lengths (B,), norm, eps) -> (B,), the
+    normalisations it is defined for (the first is its own), and its paper."""
+
+    fn: AdvantageFn
+    norms: tuple[str, ...]
+    paper: str
+
+
+# verl 0.9.1's names (`algorithm.adv_estimator`).
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": AdvantageEstimator(group_advantages, ("group", "batch", "none"), "2402.03300"),
+    "rloo": AdvantageEstimator(rloo_advantages, ("none",), "2402.14740"),
+    "reinforce_plus_plus_baseline": AdvantageEstimator(reinforce_pp_baseline_advantages, ("batch",), "2501.03262"),
+    "grpo_passk": AdvantageEstimator(passk_advantages, ("group", "none"), "2503.19595"),
+}
+
+
+def advantage_estimator(name: str) -> AdvantageEstimator:
+    """The registered estimator `name`; an unknown name lists the valid ones."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown adv_estimator {name!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def compute_advantages(
+    name: str, scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor,
+    norm: str | None = None, eps: float = 1e-6,
+) -> torch.Tensor:
+    """Outcome advantages (B,) of estimator `name` (see `ADVANTAGE_ESTIMATORS`); `norm` None = its own."""
+    estimator = advantage_estimator(name)
+    norm = norm or estimator.norms[0]
+    if norm not in estimator.norms:
+        raise ValueError(f"adv_estimator {name!r} normalises only as {' / '.join(estimator.norms)}, got {norm!r}")
+    return estimator.fn(scores, group_ids, lengths, norm, eps)
 
 
 def overlong_penalty(
