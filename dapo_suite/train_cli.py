@@ -57,7 +57,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite train export runs/dapo-32b              # verl FSDP checkpoint -> Hugging Face directory
 
     Presets: tiny-cpu, grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss, dapo.
-    Run outputs: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-N (Hugging Face format),
+    Run outputs: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-000001 ... (Hugging Face format),
     checkpoint-last, summary.json, training_dynamics.png.
     """
     if ctx.invoked_subcommand is not None:
