@@ -1,5 +1,6 @@
 """The chat in a real browser (Debian's chromium driven by Playwright, headless): type a question, watch tokens
-stream into "Thinking", see the answer badge, and save the page to docs/screenshots/serve.png for the README."""
+stream into "Thinking", see the answer badge, and save the page as a PNG (under pytest's tmp_path: a test never
+writes into the repository; copy it to docs/screenshots/serve.png to refresh the README's picture)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from serve.config import ServeConfig
 from serve.endpoint import free_port, start_endpoint
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "serve.png"
 QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -36,9 +36,10 @@ def app_url():
             demo.close()
 
 
-def test_browser_chat_streams_and_shows_the_answer_badge(app_url):
+def test_browser_chat_streams_and_shows_the_answer_badge(app_url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
+    screenshot = tmp_path / "serve.png"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
@@ -70,8 +71,7 @@ def test_browser_chat_streams_and_shows_the_answer_badge(app_url):
             page.locator("#chat .thought-group .title").first.click()
             expect(page.locator("#chat .thought-group .message-content").first).to_contain_text("5", timeout=10_000)
             time.sleep(0.5)  # let the unfold animation finish before the screenshot
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=False)
+            page.screenshot(path=str(screenshot), full_page=False)
         finally:
             browser.close()
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000
