@@ -281,3 +281,87 @@ def test_unknown_estimator_and_normalisation_say_what_is_valid():
         compute_advantages("ppo", torch.ones(2), [0, 0], torch.ones(2))
     with pytest.raises(ValueError, match="'rloo' normalises only as none"):
         compute_advantages("rloo", torch.ones(2), [0, 0], torch.ones(2), norm="group")
+
+
+# ---- rollout correction ---------------------------------------------------------------------------------------
+
+rollout_corr = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
+
+
+def mismatch(seed: int, batch: int = 12, length: int = 16, spread: float = 0.25):
+    """Trainer and sampler log-probs that differ by a random amount per token; ragged masks, one row empty."""
+    gen = torch.Generator().manual_seed(seed)
+    rollout = -torch.rand(batch, length, generator=gen) * 3
+    old = rollout + spread * torch.randn(batch, length, generator=gen)
+    lengths = torch.randint(0, length + 1, (batch,), generator=gen)
+    lengths[0], lengths[1] = length, 0
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    return old, rollout, mask
+
+
+IS_CASES = [("token", 1.3), ("token", "0.8_1.25"), ("token", "1.1"), ("sequence", 1.5), ("sequence", "0.7_1.4")]
+
+
+@pytest.mark.parametrize(("level", "threshold"), IS_CASES)
+@pytest.mark.parametrize("batch_normalize", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_correction_weights_equal_verl(level, threshold, batch_normalize, seed):
+    from dapo_suite.rollout_correction import correction_weights
+
+    old, rollout, mask = mismatch(seed)
+    ours, metrics = correction_weights(old - rollout, mask, level, threshold, batch_normalize)
+    theirs, verl_metrics = rollout_corr.compute_rollout_correction_weights(old - rollout, mask, level, threshold,
+                                                                         batch_normalize)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    assert 0 < metrics["rollout_corr/is_clipped_frac"] < 1  # the bound acts on some tokens, not all
+    assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(verl_metrics["rollout_is_mean"], rel=1e-5)
+
+
+RS_CASES = [("token_k1", "0.8_1.25"), ("token_k1", 1.2), ("token_k2", 0.02), ("token_k3", 0.02),
+            ("seq_sum_k1", "0.4_2.5"), ("seq_sum_k2", 0.3), ("seq_sum_k3", 0.3), ("seq_mean_k1", "0.95_1.05"),
+            ("seq_mean_k2", 0.03), ("seq_mean_k3", 0.03), ("seq_max_k2", 0.1), ("seq_max_k3", 0.1),
+            ("token_k1,seq_mean_k3", "0.7_1.4,0.03"), ("seq_sum_k2,seq_max_k3,token_k2", 0.1)]
+
+
+@pytest.mark.parametrize(("criteria", "threshold"), RS_CASES)
+@pytest.mark.parametrize("seed", range(4))
+def test_rejection_mask_equals_verl(criteria, threshold, seed):
+    from dapo_suite.rollout_correction import rejection_mask
+
+    old, rollout, mask = mismatch(seed)
+    ours, metrics = rejection_mask(old - rollout, mask, criteria, threshold)
+    theirs, _ = rollout_corr.compute_rollout_rejection_mask(old - rollout, mask, criteria, threshold)
+    assert torch.equal(ours, theirs)
+    assert 0 < metrics["rollout_corr/rejected_frac"] < 1
+
+
+def test_every_rejection_criterion_is_one_of_verls():
+    from dapo_suite.rollout_correction import REJECTION_CRITERIA
+
+    assert set(REJECTION_CRITERIA) == rollout_corr.SUPPORTED_ROLLOUT_RS_OPTIONS
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda rc, lr, m: rc.rejection_mask(lr, m, "seq_max_k1", 2.0), "valid criteria are token_k1"),
+    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", "0.5_2"), "takes one upper bound"),
+    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2,token_k3", "1,2,3"), "one per criterion"),
+    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", None), "rollout_rs_threshold is required"),
+    (lambda rc, lr, m: rc.correction_weights(lr, m, "sequence", "5_0.5"), "lower <= upper"),
+    (lambda rc, lr, m: rc.correction_weights(lr, m, "sentence", 2.0), "token, sequence"),
+])
+def test_bad_correction_settings_say_what_to_write(call, message):
+    from dapo_suite import rollout_correction
+
+    old, rollout, mask = mismatch(0)
+    with pytest.raises(ValueError, match=message):
+        call(rollout_correction, old - rollout, mask)
+
+
+def test_no_mismatch_means_no_correction():
+    from dapo_suite.rollout_correction import rollout_correction
+
+    _, rollout, mask = mismatch(1)
+    weights, kept, metrics = rollout_correction(rollout, rollout, mask, "sequence", "0.5_2.0",
+                                                rollout_rs="seq_mean_k3", rollout_rs_threshold=1e-4)
+    assert torch.equal(weights, mask) and torch.equal(kept, mask)
+    assert metrics["rollout_corr/masked_frac"] == 0 and metrics["rollout_corr/kl"] == 0
