@@ -1,0 +1,119 @@
+"""Every bad input a user can give gets one clear message and a non-zero exit, never a traceback: the real
+`dapo-suite` command in a subprocess per case (issue 18). Inputs are tiny, so most cases stop before torch loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve.scripted_server import ScriptedServer
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (arguments, what the message must say); files are made here, in the test's own directory."""
+    (tmp / "no-tokenizer").mkdir()
+    (tmp / "no-tokenizer" / "config.json").write_text("{}")
+    fraction = [{"problem": "What is 1/2 + 1/4?", "answer": "\\frac34"}, {"problem": "Halve 1.", "answer": "1/2"}]
+    no_retry = tmp / "no-retry.yaml"
+    no_retry.write_text("max_retries: 0\nconcurrency: 1\n")
+    llm = ["--rewriter", "llm", "--model", "m", "--config", str(no_retry), "--decontaminate", ""]
+    return {
+        "set_type_float": (["train", "--set", "lr=abc"], "--set lr=abc: lr takes a float"),
+        "set_type_bool": (["train", "--set", "dynamic_sampling=maybe"], "dynamic_sampling takes true/false"),
+        "set_range": (["train", "--set", "lr=-1"], "lr=-1.0: must be in (0, inf)"),
+        "set_unknown": (["train", "--set", "clip_hi=0.3"], "unknown key 'clip_hi'"),
+        "train_model_missing": (["train", "--model", "/no/such/dir"], "--model /no/such/dir: no such directory"),
+        "train_malformed_line": (["train", "--train-file", write_jsonl(tmp / "bad.jsonl", [
+            {"problem": "What is 1+1?", "answer": "2"}, "{not json"])], "bad.jsonl line 2: not valid JSON"),
+        "train_no_answer": (["train", "--train-file", write_jsonl(tmp / "noanswer.jsonl", [
+            {"problem": "What is 1+1?", "solution": "2"}])], "noanswer.jsonl line 1: needs a problem"),
+        "eval_model_missing": (["eval", "aime24", "--model", "/no/such/dir", "--out", str(tmp / "e1")],
+                               "--model /no/such/dir: no such directory"),
+        "eval_no_tokenizer": (["eval", "aime24", "--model", str(tmp / "no-tokenizer"), "--out", str(tmp / "e2")],
+                              "has no tokenizer"),
+        "eval_empty_answer": (["eval", "--file", write_jsonl(tmp / "eval.jsonl", [
+            {"problem": "What is 1+1?", "answer": "2"}, {"problem": "What is 2+2?", "answer": " "}]),
+            "--out", str(tmp / "e3")], "eval.jsonl line 2: the answer (answer) is empty"),
+        "eval_max_retries": (["eval", "aime24", "--endpoint", "http://127.0.0.1:1/v1", "--model", "m",
+                              "--max-retries", "-1"], "max_retries=-1: retries per request must be >= 0"),
+        "data_no_answer_field": (["data", "build", "--input", write_jsonl(tmp / "rows.jsonl", [
+            {"question": "What is 1+1?", "result": 2}, {"question": "What is 2+2?", "result": 4}]),
+            "--out", str(tmp / "d1"), "--decontaminate", ""],
+            "every one of the 2 input rows was rejected for the same reason"),
+        "data_max_tokens": (["data", "build", "--input", "arithmetic", "--max-tokens", "0", "--out", str(tmp / "d2")],
+                            "max_tokens=0: must be in [1, inf)"),
+        "data_config_type": (["data", "build", "--input", "arithmetic", "--config", str(no_retry.with_name("t.yaml")),
+                              "--out", str(tmp / "d3")], "concurrency=many: concurrency takes an integer"),
+        "data_llm_unreachable": (["data", "build", "--input", write_jsonl(tmp / "frac.jsonl", fraction), *llm,
+                                  "--base-url", f"http://127.0.0.1:{closed_port()}/v1", "--out", str(tmp / "d4")],
+                                 "all 2 LLM requests failed (model m); the last error: APIConnectionError"),
+    }
+
+
+CASES = ["set_type_float", "set_type_bool", "set_range", "set_unknown", "train_model_missing", "train_malformed_line",
+         "train_no_answer", "eval_model_missing", "eval_no_tokenizer", "eval_empty_answer", "eval_max_retries",
+         "data_no_answer_field", "data_max_tokens", "data_config_type", "data_llm_unreachable"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_input_gets_one_clear_message_and_no_traceback(case: str, tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("concurrency: many\n")
+    args, message = _cases(tmp_path)[case]
+    result = run_cli(args, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert message in output, output
+    assert "Traceback" not in output and "unexpected" not in output, output
+
+
+def test_llm_endpoint_failing_every_request_with_500_names_the_last_error(tmp_path: Path) -> None:
+    rows = write_jsonl(tmp_path / "frac.jsonl", [{"problem": "What is 1/2 + 1/4?", "answer": "\\frac34"}])
+    (tmp_path / "c.yaml").write_text("max_retries: 1\n")
+    with ScriptedServer(default="500") as server:
+        result = run_cli(["data", "build", "--input", rows, "--rewriter", "llm", "--model", "m", "--base-url",
+                          server.base_url, "--config", str(tmp_path / "c.yaml"), "--decontaminate", "",
+                          "--out", str(tmp_path / "out")], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "all 1 LLM requests failed" in output and "http_500" in output, output
+    assert "Traceback" not in output
+
+
+def test_llm_partial_failure_stops_unless_allowed(tmp_path: Path) -> None:
+    rows = write_jsonl(tmp_path / "frac.jsonl", [{"problem": "What is 1/2 + 1/4?", "answer": "\\frac34"},
+                                                 {"problem": "Halve 1.", "answer": "1/2"}])
+    (tmp_path / "c.yaml").write_text("max_retries: 0\nconcurrency: 1\n")
+    base = ["data", "build", "--input", rows, "--rewriter", "llm", "--model", "m", "--config", str(tmp_path / "c.yaml"),
+            "--decontaminate", "", "--out", str(tmp_path / "out")]
+    reply = ('{"problem": "Find m+n.", "answer": 7, "form": "m/n", "params": {"m": 3, "n": 4}, "target": "m+n"}')
+    with ScriptedServer(script=["503"], reply=reply) as server:
+        stopped = run_cli([*base, "--base-url", server.base_url], tmp_path)
+    assert stopped.returncode != 0 and "1 of 2 LLM requests failed" in stopped.stderr + stopped.stdout
+    assert "--max-failed-fraction 0.50" in stopped.stderr + stopped.stdout
+    with ScriptedServer(script=["503"], reply=reply) as server:  # the cached answer is reused; the failure repeats
+        allowed = run_cli([*base, "--base-url", server.base_url, "--max-failed-fraction", "0.5"], tmp_path)
+    output = allowed.stdout + allowed.stderr
+    assert allowed.returncode == 0, output
+    assert "1 of 2 LLM requests failed" in output and "llm_request_failed 1" in output
