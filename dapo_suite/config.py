@@ -3,7 +3,9 @@
 A preset is a YAML file in `dapo_suite/presets/` (or any path). Two kinds exist:
 - scale presets (`tiny-cpu`): model, batch sizes, lengths, optimiser, budget;
 - ablation presets (`grpo`, `+overlong-filter`, `+clip-higher`, `+soft-overlong`, `+token-loss`, `dapo`):
-  only the algorithm switches, so a preset means the same thing at any scale and on both backends.
+  only the algorithm switches, so a preset means the same thing at any scale and on both backends;
+- successor presets (`gspo`, `cispo`, `sapo`, `gmpo`, `clip-cov`, `kl-cov`): DAPO's switches plus another
+  objective (`loss_mode` and its knobs), also scale-free.
 Resolution order: dataclass defaults (the paper), then `tiny-cpu` when the model is the embedded one and no
 scale preset is named, then each `--preset` in order, then `--set key=value` and flags. `__post_init__`
 rejects impossible values and says what to set.
@@ -25,6 +27,7 @@ from dapo_suite.fields import typed_value, within
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
 SCALE_PRESETS = ("tiny-cpu",)
+SUCCESSORS = ("gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov")
 # The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
 SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",
             "overlong_filter")
@@ -40,8 +43,12 @@ RANGES: dict[str, tuple[str, str]] = {
     "rollout_gpu_memory_utilization": ("(0, 1)", "vLLM's share of the GPU; the rest holds the policy, its "
                                                  "gradients and AdamW state"),
     "max_num_gen_batches": ("[0, inf)", "0 = no limit"),
-    "clip_low": ("[0, 1)", "eps_low"), "clip_high": ("[0, inf)", "eps_high"),
+    "clip_low": ("[0, 1]", "eps_low; 1 = no lower bound (CISPO)"), "clip_high": ("[0, inf)", "eps_high"),
     "clip_c": ("(1, inf)", "dual-clip bound; null disables it"),
+    "clip_cov_ratio": ("(0, 1]", ""), "clip_cov_lb": ("[0, inf)", "Clip-Cov cuts high positive covariance"),
+    "clip_cov_ub": ("[0, inf)", ""),
+    "kl_cov_ratio": ("(0, 1]", ""), "ppo_kl_coef": ("[0, inf)", ""), "tau_pos": ("(0, inf)", ""),
+    "tau_neg": ("(0, inf)", ""),
     "overlong_buffer_len": ("[0, inf)", "L_cache"), "overlong_penalty_factor": ("[0, inf)", ""),
     "lr": ("(0, inf)", "DAPO: 1e-6"), "warmup_steps": ("[0, inf)", ""), "weight_decay": ("[0, inf)", ""),
     "grad_clip": ("(0, inf)", ""), "mini_batch_size": ("[1, inf)", ""), "micro_batch_size": ("[1, inf)", ""),
@@ -91,6 +98,28 @@ class TrainConfig:
     overlong_penalty_factor: float = 1.0
     overlong_filter: bool = True  # mask the loss of truncated responses (sec. 3.4; Table 1 keeps it on)
 
+    # The objective: DAPO's (eq. 8 and 9) or a successor's, by verl's names (docs/train.md, "Methods").
+    # Defaults of the successors' knobs are verl 0.9.1's; each method's preset sets its paper's.
+    loss_mode: str = "vanilla"  # vanilla (DAPO), gspo, cispo, sapo, geo_mean (GMPO), clip_cov, kl_cov
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: share r of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # Clip-Cov: covariance window (omega_low, omega_high)
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # KL-Cov: share k of tokens given the KL penalty
+    ppo_kl_coef: float = 0.1  # KL-Cov: beta
+    tau_pos: float = 1.0  # SAPO: gate temperature for A > 0
+    tau_neg: float = 1.05  # SAPO: gate temperature for A <= 0
+    adv_estimator: str = "grpo"  # grpo (eq. 9), rloo, reinforce_plus_plus_baseline, grpo_passk
+    adv_norm: str | None = None  # null = the estimator's own; grpo: "group" std, "batch" (Lite PPO), "none"
+
+    # Rollout correction: importance weights between the sampler's log-probs and the trainer's recomputed pi_old
+    # (verl's algorithm.rollout_correction.*; see dapo_suite/rollout_correction.py).
+    rollout_correction: str = "auto"  # "auto": on when sampling runs in another dtype than training; "on"; "off"
+    rollout_is: str | None = "token"  # weights per "token" or per "sequence"; null = rejection only
+    rollout_is_threshold: str = "2.0"  # TIS upper bound C, or "lower_upper" (e.g. 0.5_5.0) for IcePop / MIS
+    rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
+    rollout_rs: str | None = None  # rejection criteria, e.g. "seq_mean_k3" or "token_k1,seq_max_k2"; null = none
+    rollout_rs_threshold: str | None = None  # one bound per criterion ("0.5_2.0" for k1, an upper bound for k2/k3)
+
     # Optimisation
     lr: float = 1e-6
     warmup_steps: int = 10  # linear warm-up, then constant (the recipe uses 10; the paper says 20)
@@ -125,9 +154,7 @@ class TrainConfig:
                             f"({self.mini_batch_size})")
         if self.mini_batch_size > self.train_batch_size:
             problems.append("mini_batch_size must not exceed train_batch_size")
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
-            problems.append(f"loss_agg {self.loss_agg!r} is not one of token-mean, seq-mean-token-mean, "
-                            "seq-mean-token-sum, seq-mean-token-sum-norm")
+        problems += self._objective_problems()
         if self.overlong_penalty and not 0 < self.overlong_buffer_len <= self.max_response_length:
             problems.append(f"overlong_buffer_len ({self.overlong_buffer_len}) must be in (0, max_response_length "
                             f"= {self.max_response_length}]")
@@ -139,6 +166,40 @@ class TrainConfig:
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
         if problems:
             raise UserError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+    def _objective_problems(self) -> list[str]:
+        """Loss mode, aggregation, advantage estimator and rollout correction, checked by the registries that
+        run them (imported here: they bring torch)."""
+        from dapo_suite.algorithm import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+        from dapo_suite.rollout_correction import parse_is_settings, parse_rs_settings
+
+        problems = []
+        mode = POLICY_LOSSES.get(self.loss_mode)
+        if mode is None:
+            problems.append(f"loss_mode {self.loss_mode!r} is not one of {', '.join(POLICY_LOSSES)}")
+        elif self.loss_agg not in mode.aggregations:
+            problems.append(f"loss_agg {self.loss_agg!r} is not one of {', '.join(mode.aggregations)}"
+                            + (f" (loss_mode {self.loss_mode} is defined for those only)"
+                               if mode.aggregations != LOSS_AGGREGATIONS else ""))
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            problems.append(f"clip_cov_lb ({self.clip_cov_lb}) must be below clip_cov_ub ({self.clip_cov_ub})")
+        estimator = ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
+        if estimator is None:
+            problems.append(f"adv_estimator {self.adv_estimator!r} is not one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+        elif self.adv_norm is not None and self.adv_norm not in estimator.norms:
+            problems.append(f"adv_norm {self.adv_norm!r}: adv_estimator {self.adv_estimator} normalises only as "
+                            f"{' / '.join(estimator.norms)} (or null for its own)")
+        if self.rollout_correction not in ("auto", "on", "off"):
+            problems.append("rollout_correction must be 'auto', 'on' or 'off'")
+        # The correction's own parsers say what is wrong with a level, criterion or threshold.
+        for parse, used, args in ((parse_is_settings, self.rollout_is, (self.rollout_is_threshold,)),
+                                  (parse_rs_settings, self.rollout_rs, (self.rollout_rs_threshold,))):
+            try:
+                if used is not None:
+                    parse(used, *args)
+            except ValueError as error:
+                problems.append(str(error))
+        return problems
 
     @property
     def updates_per_step(self) -> int:

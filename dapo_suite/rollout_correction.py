@@ -67,6 +67,13 @@ def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
     return upper, lower
 
 
+def parse_is_settings(level: str, threshold: str | float) -> tuple[float, float | None]:
+    """Check the IS level; returns the threshold's (upper, lower) (see `parse_is_threshold`)."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"rollout_is {level!r} is not one of {', '.join(IS_LEVELS)}")
+    return parse_is_threshold(threshold)
+
+
 def correction_weights(
     log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str = "token", threshold: str | float = 2.0,
     batch_normalize: bool = False,
@@ -83,9 +90,7 @@ def correction_weights(
     `_max` (over real tokens, before normalisation), `rollout_corr/is_clipped_frac` (tokens whose rho left
     [lower, upper]: truncated by TIS, zeroed by IcePop).
     """
-    if level not in IS_LEVELS:
-        raise ValueError(f"rollout_is {level!r} is not one of {', '.join(IS_LEVELS)}")
-    upper, lower = parse_is_threshold(threshold)
+    upper, lower = parse_is_settings(level, threshold)
     mask = response_mask.to(log_ratio.dtype)
     if level == "sequence":
         log_ratio = (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)
@@ -140,6 +145,15 @@ def parse_rs_thresholds(criteria: list[str], spec: str | float | None) -> dict[s
     return bounds
 
 
+def parse_rs_settings(criteria: str, thresholds: str | float | None) -> dict[str, tuple[float, float]]:
+    """Comma-separated criteria (duplicates dropped, order kept) -> {criterion: (lower, upper)}."""
+    names = list(dict.fromkeys(name.strip() for name in criteria.split(",") if name.strip()))
+    unknown = [name for name in names if name not in REJECTION_CRITERIA]
+    if unknown or not names:
+        raise ValueError(f"rollout_rs {criteria!r}: valid criteria are {', '.join(REJECTION_CRITERIA)}")
+    return parse_rs_thresholds(names, thresholds)
+
+
 def rejection_mask(
     log_ratio: torch.Tensor, response_mask: torch.Tensor, criteria: str, thresholds: str | float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -152,15 +166,11 @@ def rejection_mask(
     Returns the (B, T) mask and metrics `rollout_corr/rejected_frac` (tokens) and `rollout_corr/rejected_seq_frac`
     (responses with any token dropped).
     """
-    names = list(dict.fromkeys(name.strip() for name in criteria.split(",") if name.strip()))
-    unknown = [name for name in names if name not in REJECTION_CRITERIA]
-    if unknown or not names:
-        raise ValueError(f"rollout_rs {criteria!r}: valid criteria are {', '.join(REJECTION_CRITERIA)}")
-    bounds = parse_rs_thresholds(names, thresholds)
+    bounds = parse_rs_settings(criteria, thresholds)
     mask = response_mask.to(log_ratio.dtype)
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     keep = torch.ones_like(mask, dtype=torch.bool)
-    for name in names:
+    for name in bounds:
         pool, divergence = name.rsplit("_", 1)
         statistic = POOLINGS[pool](DIVERGENCES[divergence](safe), mask)
         lower, upper = bounds[name]

@@ -40,7 +40,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 REWARD_FILE = Path(__file__).resolve().parent / "reward.py"
 AIME24_JSONL = REPO_ROOT / "eval" / "benchmarks" / "aime24.jsonl"
 EXTENSION_MODULE = "dapo_suite.verl_extensions"
-OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # == verl_extensions.OVERLONG_FILTER_LOSS (that module imports verl)
+OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # verl_extensions registers it (that module imports verl)
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+# verl types these str | float: a "lower_upper" threshold is a string where verl's default is a number
+UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold")
 MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
 ENTRY_POINT = [sys.executable, "-m", "verl.trainer.main_ppo"]
 ACTOR = "actor_rollout_ref.actor"
@@ -55,6 +58,23 @@ class VerlConfigError(ValueError):
 
 def _same(value: Any, config: TrainConfig) -> Any:
     return value
+
+
+def overlong_filter_loss_name(loss_mode: str) -> str:
+    """The name verl_extensions registers for `loss_mode` restricted to non-truncated responses."""
+    return OVERLONG_FILTER_LOSS if loss_mode == "vanilla" else f"{OVERLONG_FILTER_LOSS}_{loss_mode}"
+
+
+def _corrects(config: TrainConfig) -> bool:
+    return config.rollout_correction != "off"
+
+
+def _number(threshold: str | None) -> float | str | None:
+    """A threshold as verl reads it: a number when it is one, else the "lower_upper" string."""
+    try:
+        return None if threshold is None else float(threshold)
+    except ValueError:
+        return threshold
 
 
 @dataclass(frozen=True)
@@ -99,8 +119,22 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("overlong_penalty", (f"{OVERLONG}.enable",)),
     VerlKey("overlong_buffer_len", (f"{OVERLONG}.len",)),
     VerlKey("overlong_penalty_factor", (f"{OVERLONG}.penalty_factor",)),
-    VerlKey("overlong_filter", (f"{ACTOR}.policy_loss.loss_mode",),
-            lambda v, c: OVERLONG_FILTER_LOSS if v else "vanilla"),
+    # the objective; with overlong filtering, verl_extensions' wrapper of the same loss
+    VerlKey("loss_mode", (f"{ACTOR}.policy_loss.loss_mode",),
+            lambda v, c: overlong_filter_loss_name(v) if c.overlong_filter else v),
+    *(VerlKey(name, (f"{ACTOR}.policy_loss.{name}",))
+      for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")),
+    VerlKey("tau_pos", (f"{ACTOR}.tau_pos",)),
+    VerlKey("tau_neg", (f"{ACTOR}.tau_neg",)),
+    VerlKey("adv_estimator", ("algorithm.adv_estimator",)),
+    # only grpo and grpo_passk read it; verl has no batch-level std (input_problems says so)
+    VerlKey("adv_norm", ("algorithm.norm_adv_by_std_in_grpo",), lambda v, c: v != "none"),
+    # rollout correction: verl samples with vLLM and trains with FSDP, so "auto" is on
+    VerlKey("rollout_is", (f"{ROLLOUT_CORRECTION}.rollout_is",), lambda v, c: v if _corrects(c) else None),
+    VerlKey("rollout_is_threshold", (f"{ROLLOUT_CORRECTION}.rollout_is_threshold",), lambda v, c: _number(v)),
+    VerlKey("rollout_is_batch_normalize", (f"{ROLLOUT_CORRECTION}.rollout_is_batch_normalize",)),
+    VerlKey("rollout_rs", (f"{ROLLOUT_CORRECTION}.rollout_rs",), lambda v, c: v if _corrects(c) else None),
+    VerlKey("rollout_rs_threshold", (f"{ROLLOUT_CORRECTION}.rollout_rs_threshold",), lambda v, c: _number(v)),
     # optimisation
     VerlKey("lr", (f"{ACTOR}.optim.lr",)),
     VerlKey("warmup_steps", (f"{ACTOR}.optim.lr_warmup_steps",)),
@@ -134,12 +168,12 @@ NOT_MAPPED = {
     "device": "verl uses the GPUs Ray gives it",
     "presets": "record only",
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
+    "overlong_filter": "selects the overlong-filter wrapper of loss_mode (see the loss_mode row)",
+    "rollout_correction": "on or off through rollout_is / rollout_rs (null = off); auto is on (vLLM vs FSDP)",
 }
 
 # The paper's run, fixed whatever the preset (reference doc section 2).
 PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
-    ("algorithm.adv_estimator", "grpo"),
-    ("algorithm.norm_adv_by_std_in_grpo", True),
     ("algorithm.use_kl_in_reward", False),
     ("algorithm.kl_ctrl.kl_coef", 0.0),
     (f"{ACTOR}.use_kl_loss", False),
@@ -325,6 +359,8 @@ def _default_types(cfg, keys: list[str]) -> list[str]:
     defaults = _defaults()
     for key in keys:
         plain = key.lstrip("+~")
+        if plain in UNION_TYPED_KEYS:
+            continue
         default = OmegaConf.select(defaults, plain, throw_on_missing=False, default=None)
         value = OmegaConf.select(cfg, plain, throw_on_missing=False, default=None)
         if default is None or value is None:
@@ -404,6 +440,9 @@ def input_problems(config: TrainConfig) -> list[str]:
     if config.rollout_engine == "hf":
         problems.append("rollout_engine 'hf' does not exist in verl 0.9.1's V1 trainer (its rollout registry "
                         "has vllm, sglang, trtllm): use rollout_engine=vllm")
+    if config.adv_norm == "batch":
+        problems.append("adv_norm 'batch' (Lite PPO's batch-level std) does not exist in verl 0.9.1: use the "
+                        "embedded backend, or adv_norm group / none")
     if config.val_max_response_length not in (None, config.max_response_length):
         problems.append("verl validates with data.max_response_length: unset val_max_response_length")
     return problems

@@ -1,8 +1,9 @@
-"""What verl imports from dapo-suite at run time: the overlong-filter policy loss (DAPO sec. 3.4).
+"""What verl imports from dapo-suite at run time: the overlong-filter policy losses (DAPO sec. 3.4).
 
 verl 0.9.1 has no overlong filtering. This module adds it through verl's documented extension points:
-- `register_policy_loss("dapo_overlong_filter")` adds a loss to verl's registry, selected by
-  `actor_rollout_ref.actor.policy_loss.loss_mode=dapo_overlong_filter`;
+- `register_policy_loss("dapo_overlong_filter")` adds DAPO's clipped loss over non-truncated responses to verl's
+  registry, selected by `actor_rollout_ref.actor.policy_loss.loss_mode=dapo_overlong_filter`; every successor
+  (`gspo`, `cispo`, ...) gets its own wrapper, `dapo_overlong_filter_<mode>` (`verl_backend.overlong_filter_loss_name`);
 - verl imports this module in every actor worker because the override list sets
   `actor_rollout_ref.model.external_lib=dapo_suite.verl_extensions` (`HFModelConfig.__post_init__` calls
   `verl.utils.import_utils.import_external_libs` on it), so dapo_suite must be importable on every node.
@@ -26,12 +27,10 @@ import os
 from typing import Any
 
 import torch
-from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
+from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
-from dapo_suite.algorithm import mask_truncated
-
-OVERLONG_FILTER_LOSS = "dapo_overlong_filter"
-MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
+from dapo_suite.algorithm import POLICY_LOSSES, mask_truncated
+from dapo_suite.verl_backend import MAX_RESPONSE_LENGTH_ENV, OVERLONG_FILTER_LOSS, overlong_filter_loss_name
 
 
 def max_response_length() -> int:
@@ -49,35 +48,34 @@ def truncated_rows(response_mask: torch.Tensor, max_len: int) -> torch.Tensor:
     return response_mask.sum(dim=-1) >= max_len
 
 
-@register_policy_loss(OVERLONG_FILTER_LOSS)
-def overlong_filter_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's clipped objective (`compute_policy_loss_vanilla`: clip-higher, dual-clip) over non-truncated rows.
+def overlong_filtered(loss_mode: str):
+    """verl's registered `loss_mode` over the non-truncated rows only: same signature and return value as verl's
+    losses (tensors (B, T)), plus the metric `actor/overlong_filtered_frac` (share of rows masked)."""
+    inner = get_policy_loss_fn(loss_mode)
 
-    Shapes (B, T) for every tensor; same signature and return value as verl's registered losses, plus the metric
-    `actor/overlong_filtered_frac` (share of rows masked).
-    """
-    truncated = truncated_rows(response_mask, max_response_length())
-    kept_mask = mask_truncated(response_mask, truncated)
-    filtered = {"actor/overlong_filtered_frac": truncated.float().mean().item()}
-    if not kept_mask.any():
-        # Every row was cut: nothing to learn from, and token-mean over zero tokens would be 0/0.
-        zero = (log_prob * 0.0).sum()
-        return zero, {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.0, "actor/pg_clipfrac_lower": 0.0, **filtered}
-    loss, metrics = compute_policy_loss_vanilla(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=kept_mask,
-        loss_agg_mode=loss_agg_mode,
-        config=config,
-        rollout_is_weights=rollout_is_weights,
-    )
-    return loss, {**metrics, **filtered}
+    def loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        truncated = truncated_rows(response_mask, max_response_length())
+        kept_mask = mask_truncated(response_mask, truncated)
+        filtered = {"actor/overlong_filtered_frac": truncated.float().mean().item()}
+        if not kept_mask.any():
+            # Every row was cut: nothing to learn from, and token-mean over zero tokens would be 0/0.
+            zero = (log_prob * 0.0).sum()
+            return zero, {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.0, "actor/pg_clipfrac_lower": 0.0, **filtered}
+        value, metrics = inner(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                               response_mask=kept_mask, loss_agg_mode=loss_agg_mode, config=config,
+                               rollout_is_weights=rollout_is_weights)
+        return value, {**metrics, **filtered}
+
+    return loss
+
+
+for _mode in POLICY_LOSSES:
+    register_policy_loss(overlong_filter_loss_name(_mode))(overlong_filtered(_mode))

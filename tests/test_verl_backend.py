@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from omegaconf import OmegaConf
 
 from dapo_suite import verl_backend as vb
-from dapo_suite.config import LADDER, TrainConfig, resolve_config
+from dapo_suite.config import LADDER, SUCCESSORS, TrainConfig, resolve_config
 
 # The paper's 32B run (docs dapo-reference.md section 2), as verl keys and values.
 PAPER_32B = {
@@ -122,7 +122,53 @@ def test_every_preset_composes_at_1x1_1x8_16x8(preset, data, tmp_path):
         assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == nnodes * gpus
 
 
+@pytest.mark.parametrize("preset", SUCCESSORS)
+def test_every_successor_preset_composes_with_its_loss_and_knobs(preset, data, tmp_path):
+    config = _config(data, tmp_path, presets=(preset,))
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.policy_loss.loss_mode == f"dapo_overlong_filter_{config.loss_mode}"
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (config.clip_low, config.clip_high)
+    assert actor.loss_agg_mode == config.loss_agg
+    for knob in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"):
+        assert actor.policy_loss[knob] == getattr(config, knob), knob
+    assert (actor.tau_pos, actor.tau_neg) == (config.tau_pos, config.tau_neg)
+    # without overlong filtering verl runs its own registered loss
+    plain = dataclasses.replace(config, overlong_filter=False)
+    cfg, _ = vb.validate(plain, hw, vb.build_overrides(plain, hw))
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == config.loss_mode
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}),
+    ({"rollout_correction": "off", "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"},
+     {"rollout_is": None, "rollout_rs": None}),
+    ({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True,
+      "rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.5_2.0,0.1"},
+     {"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True,
+      "rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.5_2.0,0.1"}),
+])
+def test_rollout_correction_maps_to_verls_keys(values, expected, data, tmp_path):
+    config = _config(data, tmp_path, **values)
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    for key, value in expected.items():
+        assert cfg.algorithm.rollout_correction[key] == value, key
+
+
+@pytest.mark.parametrize(("estimator", "norm", "by_std"), [("rloo", None, True), ("grpo", "none", False),
+                                                           ("grpo_passk", "group", True),
+                                                           ("reinforce_plus_plus_baseline", None, True)])
+def test_advantage_estimators_map_to_verls(estimator, norm, by_std, data, tmp_path):
+    config = _config(data, tmp_path, adv_estimator=estimator, adv_norm=norm)
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    assert cfg.algorithm.adv_estimator == estimator and cfg.algorithm.norm_adv_by_std_in_grpo == by_std
+
+
 BAD_INPUTS = [
+    ("batch-level std", {"adv_norm": "batch"}, {}, [], "adv_norm 'batch' (Lite PPO's batch-level std) does not"),
     ("unknown key", {}, {}, ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],
      "unknown verl key 'actor_rollout_ref.actor.clip_ratio_hi'"),
     ("wrong type (number)", {}, {}, ["data.train_batch_size=abc"], "data.train_batch_size must be a number"),

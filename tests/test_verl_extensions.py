@@ -44,8 +44,28 @@ def _call(name, config, old, log_prob, advantages, mask):
 
 
 def test_loss_is_registered_through_verls_external_lib_hook(monkeypatch):
+    from dapo_suite.algorithm import POLICY_LOSSES
+    from dapo_suite.verl_backend import overlong_filter_loss_name
+
     import_external_libs(EXTENSION_MODULE)  # what HFModelConfig.__post_init__ does with model.external_lib
-    assert get_policy_loss_fn(OVERLONG_FILTER_LOSS).__name__ == "overlong_filter_policy_loss"
+    for mode in POLICY_LOSSES:  # DAPO's loss and every successor's, each with overlong filtering
+        assert get_policy_loss_fn(overlong_filter_loss_name(mode)).__qualname__.startswith("overlong_filtered")
+    assert overlong_filter_loss_name("vanilla") == OVERLONG_FILTER_LOSS
+
+
+@pytest.mark.parametrize("mode", ["gspo", "cispo", "sapo", "geo_mean", "kl_cov"])
+def test_a_successor_with_overlong_filtering_is_verls_loss_on_the_kept_rows(mode, actor_config, monkeypatch):
+    from dapo_suite.verl_backend import overlong_filter_loss_name
+
+    monkeypatch.setenv("DAPO_SUITE_MAX_RESPONSE_LENGTH", str(L_MAX))
+    import_external_libs(EXTENSION_MODULE)
+    old, log_prob, advantages, mask = _batch()
+    loss, metrics = _call(overlong_filter_loss_name(mode), actor_config, old, log_prob, advantages, mask)
+    assert metrics["actor/overlong_filtered_frac"] == 0.5
+    kept = mask.clone()
+    kept[[1, 3]] = False  # the truncated rows leave the mask (they stay in the batch, as in verl)
+    expected, _ = _call(mode, actor_config, old, log_prob.detach(), advantages, kept)
+    torch.testing.assert_close(loss.detach(), expected)
 
 
 def test_truncated_rows_get_no_loss_and_no_gradient(actor_config, monkeypatch):
