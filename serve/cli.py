@@ -78,32 +78,37 @@ def serve(ctx: click.Context, **options) -> None:
 @_engine_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port of the API (0: a free one).")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].")
 @click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
               help="Seconds the model server may take to become healthy.")
-def api(model: str | None, engine: str, host: str, port: int, startup_timeout_s: float) -> None:
+def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens: int | None,
+        startup_timeout_s: float) -> None:
     """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
 
     \b
     Prints the base URL, then serves until Ctrl-C or SIGTERM:
       dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000
       dapo-suite eval aime24 --endpoint http://127.0.0.1:8000/v1 ...
+    A prompt longer than the limit, or a max_tokens that is not a positive integer within the context, gets
+    400 at once; a client that disconnects stops its generation; /v1/models lists the served model.
     """
-    import time
-
+    from serve.api import serve_front
     from serve.app import stop_on_sigterm
-    from serve.endpoint import EndpointError, start_endpoint
+    from serve.endpoint import EndpointError, free_port, start_endpoint
 
     stop_on_sigterm()
+    port = port or free_port(host)
     try:
-        with start_endpoint(model, port=port or None, host=host, engine=engine,
-                            startup_timeout_s=startup_timeout_s) as endpoint:
-            click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):")
-            click.echo(f"  base URL: {endpoint.base_url}")
-            click.echo(f"  model:    {endpoint.model_name}")
-            click.echo("Ctrl-C stops it.")
-            while endpoint.exit_code() is None:
-                time.sleep(1.0)
-            raise click.ClickException(endpoint.diagnose())
+        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s) as endpoint:
+            def ready() -> None:
+                click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: http://{host}:{port}/v1\n"
+                           f"  model:    {endpoint.model_name}\nCtrl-C stops it.")
+
+            serve_front(endpoint.base_url, endpoint.model_name, endpoint.model_name, host, port, max_prompt_tokens,
+                        on_ready=ready)
+            if endpoint.exit_code() is not None:
+                raise click.ClickException(endpoint.diagnose())
     except KeyboardInterrupt:
         click.echo("Stopped.")
     except EndpointError as error:

@@ -1,0 +1,113 @@
+"""`dapo-suite serve api` on a fresh machine (empty HOME and HF_HOME) with the embedded model behind
+`transformers serve`: /v1/models through the `openai` client, 400 at once for an oversized prompt or a bad
+max_tokens, a small request answered right after an oversized one, and a disconnected client's generation stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from dapo_suite.models import cache_dir, embedded_model_path
+from serve.endpoint import free_port
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """(base URL, model name, pid of the `serve api` process) on a machine whose HOME and HF_HOME are empty."""
+    home = tmp_path_factory.mktemp("home")
+    embedded_model_path()  # converted once into the shared cache, which the fresh HOME does not hold
+    env = {**os.environ, "HOME": str(home), "HF_HOME": str(home / "hf"), "DAPO_SUITE_CACHE": str(cache_dir()),
+           "HF_HUB_OFFLINE": "1"}
+    env.pop("XDG_CACHE_HOME", None)
+    port = free_port()
+    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in cli.stdout:
+        lines.append(line)
+        if "model:" in line or len(lines) > 200:
+            break
+    try:
+        base_url = re.search(r"base URL: (\S+)", "".join(lines))[1]
+        model = re.search(r"model: +(\S+)", "".join(lines))[1]
+        yield base_url, model, cli.pid
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        try:
+            cli.wait(30)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+
+
+def _client(base_url: str, timeout: float = 120) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=timeout)
+
+
+def test_models_are_listed_with_an_empty_hugging_face_cache(api):
+    base_url, model, _ = api
+    assert [m.id for m in _client(base_url).models.list()] == [model]
+
+
+def test_an_oversized_prompt_gets_400_at_once_and_a_small_request_is_answered_right_after(api):
+    base_url, model, _ = api
+    client = _client(base_url)
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError, match=r"the prompt is \d+ tokens; this server takes at most"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "seven " * 20_000}],
+                                       max_tokens=16)
+    assert time.monotonic() - started < 5
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+3?"}],
+                                           max_tokens=4, temperature=0.0)
+    assert time.monotonic() - started < 30
+    assert reply.choices[0].message.content and reply.usage.completion_tokens <= 4
+
+
+@pytest.mark.parametrize("max_tokens", [0, -5, "abc", 10**6])
+def test_a_bad_max_tokens_gets_400(api, max_tokens):
+    base_url, model, _ = api
+    answer = httpx.post(f"{base_url}/chat/completions", timeout=10, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
+    assert answer.status_code == 400 and "max_tokens=" in answer.json()["error"]["message"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and all its descendants that are still running."""
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def test_a_client_that_disconnects_stops_its_generation(api):
+    base_url, model, pid = api
+    request = {"model": model, "messages": [{"role": "user", "content": "Count from 1 to 5000."}],
+               "max_tokens": 4000, "temperature": 1.0}
+    with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up after 2 s
+        httpx.post(f"{base_url}/chat/completions", json=request, timeout=httpx.Timeout(2.0, connect=5.0))
+    time.sleep(2.0)  # the front notices within 0.5 s and closes the child's stream
+    before = _cpu_seconds(pid)
+    time.sleep(3.0)
+    assert _cpu_seconds(pid) - before < 1.0, "the model server kept generating for a client that had gone"
+    with _client(base_url).chat.completions.create(model=model, messages=request["messages"], max_tokens=4000,
+                                                   stream=True) as stream:
+        next(iter(stream))  # a streaming client that leaves after its first piece
+    time.sleep(2.0)
+    before = _cpu_seconds(pid)
+    time.sleep(3.0)
+    assert _cpu_seconds(pid) - before < 1.0
