@@ -3,50 +3,79 @@
 One function, `compute_score`, serves every stage: verl calls it as its `custom_reward_function`, the embedded
 trainer calls it on each rollout, the evaluator grades with it. The protocol:
 
-1. The answer is the last `Answer:` line (case-insensitive, as in DAPO's prompt) within the last
-   `answer_window` characters of the response (300, verl's `math_dapo` window: the protocol puts the answer on
-   the last line, and a bounded window keeps the cost constant on any input). Without one, the last complete
-   `\\boxed{...}` in that window is used instead (documented fallback, as in verl 0.9.1).
-2. Integer ground truths (DAPO-Math-17K, AIME, AMC, GSM8K) are compared as integers: `$042$`, `\\boxed{42}`,
-   `42.0`, `4{,}2`, `1,000`, `x = 42`, `**42**`, `42 \\text{ cm}` all read as the number; an answer holding two
-   numbers (`42 or 43`) or an expression (`2x`, `9^9^9^9`) is wrong. No arithmetic is ever done on model text.
-3. Other ground truths (MATH-style `\\frac{1}{2}`, `3\\sqrt{2}`, intervals, tuples) are compared symbolically
-   with math-verify's LaTeX parser in a separate worker process with a hard time limit, so the check works off
-   the main thread and a pathological expression cannot hang or exhaust the caller. Only the LaTeX grammar
-   parses model text; math-verify's plain-expression path (sympy `parse_expr`, which calls `eval`) is never used.
+1. **Finding the answer.** The last line that starts with `Answer:` (case-insensitive, as in DAPO's prompt;
+   markdown emphasis or a heading before it allowed: `**Answer:** 42`, `### Final Answer: 42`) within the last
+   `answer_window` characters (300, verl's `math_dapo` window: the protocol puts the answer on the last line).
+   Minerva's `Final Answer: The final answer is $X$. I hope it is correct.` reads as X. Without such a line, the
+   last `\\boxed{...}` of the whole response (documented fallback, as in verl 0.9.1, which looks only at the last
+   100 characters). "Answer:" inside a sentence ("so our answer: 6 ...") is prose, not the answer line.
+2. **The ground truth decides the comparison.** A ground truth is an integer only when it is one bare number,
+   with at most a unit, a degree sign or a percent sign (`42`, `1,000`, `28\\%`, `90^\\circ`, `10\\text{ cm}`).
+   Then the answer must state that one integer: `$042$`, `42.0`, `**42**`, `x = 42`, `42 \\text{ cm}` do;
+   `42 or 43`, `2x = 42`, `4, 2`, `42!` and expressions (`6 \\cdot 7`) do not. No arithmetic is done on model text.
+3. **Every other ground truth** (fractions, radicals, tuples, comma lists, intervals, equations, relations,
+   matrices, text) is compared by math-verify in `dapo_suite.symbolic`: equations as equations (up to a non-zero
+   factor, through math-verify's solver), relations as relations, intervals as intervals, a comma list as a set and
+   a bracketed one as a tuple. An answer never scores by matching one side of an equation or one element of a list.
+   When the checker cannot decide in time (twice), the result says `timeout: True`: "could not check", which the
+   trainer and the evaluator count (`reward/timeouts`), scored -1.
 
-Where this differs from verl's `math_dapo.compute_score` on integer ground truths, verl is wrong: it compares
-normalised strings, so `042` vs `42`, `42.0`, `**42**` or `42 apples` fail there. `tests/test_reward.py`
-names each difference.
+Deliberate differences from verl's `math_dapo.compute_score` (each has a test named `test_difference_*`): it
+compares normalised strings, so `042`, `42.0`, `**42**`, `42 apples` and `28` against `28\\%` fail there, while
+`$42$ or $43$`, `4, 2` (for 42) and `2x = 42` pass; it takes `Answer:` anywhere in a line; it cuts a ground truth
+at its last `=`; and its `\\boxed{}` fallback sees only the last 100 characters.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any
 
-ANSWER_WINDOW = 300  # characters of the response's tail searched for the answer (verl's math_dapo uses 300)
-SYMBOLIC_TIMEOUT_S = 0.5  # hard limit for one symbolic comparison, worker start-up excluded
+from dapo_suite.symbolic import SymbolicChecker
+
+ANSWER_WINDOW = 300  # characters of the response's tail searched for the `Answer:` line (verl's math_dapo: 300)
+MAX_BOX_CHARS = 1000  # a \boxed{ whose brace does not close within this is not an answer (bounds the scan)
 MAX_SYMBOLIC_ANSWER_CHARS = 400  # the longest MATH-500 answer has 159 characters
 
-_ANSWER_LINE = re.compile(r"(?i)answer\s*:\s*([^\n]+)")
+_ANSWER_LINE = re.compile(  # at a line start: optional heading/quote marks and emphasis, then (Final) Answer:
+    r"(?im)^[ \t]*(?:[#>][#> \t]*)?[*_]{0,3}(?:final[ \t]+)?answer[ \t]*[*_]{0,3}[ \t]*:[ \t]*[*_]{0,3}\s*(\S[^\n]*)"
+)
+_MINERVA_PREAMBLE = re.compile(r"(?i)^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*")
+_MINERVA_CLOSING = re.compile(r"(?i)\s*I hope it is correct\.?\s*$")
+_DELIMITERS = re.compile(r"\$|\\\(|\\\)|\\\[|\\\]|\*\*")  # math-mode delimiters and markdown bold
 _BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_WRAPPER = re.compile(r"\\(?:boxed|fbox|mbox|text|textbf|textrm|mathrm|mathbf|overline|displaystyle)\s*\{([^{}]*)\}")
-_NOISE = re.compile(r"\\left|\\right|\\[!,;:> ]|\\\$|\$|\*\*|\\\(|\\\)|\\\[|\\\]|\^\s*\{?\\circ\}?|°|~|\\l?dots|\\cdots|\"")
-# Thousands separators and stray spacing between digits: "1,000", "4{,}2", "1\,000", "4 2" -> one number.
-_DIGIT_SEPARATOR = re.compile(r"(?<=\d)(?:\s*,\s*|\{,\}|\s+)(?=\d)")
-_UNITS = (
+_WRAPPER = re.compile(
+    r"\\(?:boxed|fbox|text|textnormal|textrm|textbf|textit|mbox|mathrm|mathbf|mathit|overline|displaystyle)"
+    r"\s*\{([^{}]*)\}"
+)
+_NOISE = re.compile(r"\\left|\\right|\\displaystyle|\\\$|\\l?dots|\\cdots|\"|\\quad")
+
+# The integer path. Spacing: plain and LaTeX (\, \; \: \! \ ~). Thousands groups: 1,000  1{,}000  1,\!000  1\,000.
+_SP = r"(?:\s|\\[,;:! ]|~)*"
+_NUMBER = r"(?P<digits>\d{1,3}(?:(?:,\\!\s?|\{,\}|,|\\,|\\ |~)\d{3})+(?!\d)|\d+)(?:\.0*)?"
+_PERCENT_OR_DEGREE = r"(?:\\?%|\s*percent\b|\s*pct\b|\^\s*\{?\s*\\circ\s*\}?|°|\\degree\b)"
+_GLUED_UNITS = (  # units that may follow the number without a space ("42cm"); after a space any word is a unit
     "cm|mm|km|m|kg|g|mg|s|sec|min|h|hr|hrs|mph|ft|in|lb|lbs|oz|cents|dollars|degrees|units|ways|students|"
     "people|days|hours|minutes|seconds|points|feet|inches|meters|pounds|digits|integers|edges|squares|th|st|nd|rd"
 )
-_INTEGER_ANSWER = re.compile(
-    r"(?:[A-Za-z][A-Za-z'\s,:-]*\s)?"  # leading words without digits: "a 42", "the answer is 42"
-    r"(?P<sign>[+-]?)(?P<digits>\d+)(?:\.0*)?"  # the number; 42.0 and 42. read as 42
-    r"(?:\s*(?:" + _UNITS + r")\b|\s+[A-Za-z][A-Za-z\s'.,-]*)?"  # a unit, or trailing words without digits
-    r"\s*[.!]?",
+_UNIT = (
+    r"(?:(?:(?:" + _GLUED_UNITS + r")\b|(?<=\s)[A-Za-z][A-Za-z'.-]*)"
+    r"(?:\s+[A-Za-z][A-Za-z'.,-]*)*(?:\s*\^\s*\{?[23]\}?)?)"  # more words ("square units"), and cm^2
+)
+_INTEGER = re.compile(
+    r"(?P<words>[A-Za-z][A-Za-z'\s,:-]*\s)?"  # leading words without digits: "a 42", "the answer is 42"
+    rf"{_SP}(?P<sign>[+-]?){_SP}{_NUMBER}{_SP}{_PERCENT_OR_DEGREE}?{_SP}{_UNIT}?{_SP}\.?",
     re.IGNORECASE,
 )
+_SUBSCRIPT_OR_CALL = re.compile(r"_\{[^{}]*\}|_\w|(?<=[A-Za-z])\([^()]*\)")  # a_{10}, a_1, f(3)
+_ASSIGNEE = re.compile(r"[A-Za-z\\\s{}|'.:]+")  # what may stand left of `=` in an answer: names, not arithmetic
+_LIST_MARK = re.compile(r"[,;]|\band\b|\bor\b")
+
+# The symbolic path: the value without its presentation.
+_TRAILING_UNIT = re.compile(
+    r"(?<=\S)\s*\\(?:text|textnormal|textrm|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z\s.]*\}(?:\^\s*\{?[23]\}?)?\s*$"
+)
+_TRAILING_PERCENT = re.compile(r"(?<=\S)\s*(?:\\?%|percent|pct)\s*$", re.IGNORECASE)
 
 
 def compute_score(
@@ -58,77 +87,129 @@ def compute_score(
     answer_window: int = ANSWER_WINDOW,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Score one response: `{"score": +1.0 or -1.0, "acc": bool, "pred": extracted answer or None}`.
+    """Score one response: `{"score": +1.0 or -1.0, "acc": bool, "pred": answer or None, "timeout": bool}`.
 
     The signature is the one verl's `custom_reward_function` calls (`data_source` and `extra_info` are accepted
     and unused: one protocol for every source). Any input, however malformed, gets a score; nothing raises.
+    `timeout` is True when the symbolic checker could not decide in time: the score is then -1, but the run can
+    tell "could not check" from "wrong".
     """
-    text = _as_text(solution_str)
-    pred = extract_answer(text, answer_window)
-    correct = pred is not None and answers_match(pred, _as_text(ground_truth))
-    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
+    pred = extract_answer(_as_text(solution_str), answer_window)
+    verdict = False if pred is None else answers_match(pred, _as_text(ground_truth))
+    correct = verdict is True
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred, "timeout": verdict is None}
 
 
 def extract_answer(text: str, window: int = ANSWER_WINDOW) -> str | None:
-    """The last `Answer:` line of the response's tail, else the last complete `\\boxed{}` there, else None."""
-    tail = text[-window:]
-    lines = _ANSWER_LINE.findall(tail)
-    if lines:
-        return lines[-1].strip()
-    return last_boxed(tail)
+    """The last `Answer:` line starting in the response's last `window` characters, else the content of the
+    last `\\boxed{}` of the whole response, else None; Minerva's phrasing and math delimiters removed."""
+    answer = None
+    # Searching from an offset, `^` still matches only at real line starts: a line cut by the window is not one.
+    for match in _ANSWER_LINE.finditer(text, max(0, len(text) - window)):
+        answer = match[1]
+    if answer is None:
+        answer = last_boxed(text)
+    return None if answer is None else clean_answer(answer)
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`) when its braces close, else None."""
-    openings = list(_BOXED_OPEN.finditer(text))  # text is a bounded tail: listing every match is cheap
-    if not openings:
-        return None
-    opening = openings[-1]
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    opening = _BOXED_OPEN.match(text, start) if start >= 0 else None
+    end = _closing_brace(text, opening.end() - 1) if opening else -1
+    return text[opening.end() : end].strip() if end >= 0 else None
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """Index of the `}` closing the `{` at `start`, or -1 when it does not close within MAX_BOX_CHARS."""
     depth = 0
-    for i in range(opening.end() - 1, len(text)):
+    for i in range(start, min(len(text), start + MAX_BOX_CHARS)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[opening.end() : i].strip()
-    return None
+                return i
+    return -1
 
 
-def parse_integer(answer: str) -> int | None:
-    """The integer an answer string states, or None when it states anything else (see the module docstring)."""
+def clean_answer(answer: str) -> str:
+    """An answer without Minerva's phrasing ("The final answer is $X$. I hope it is correct."), math delimiters,
+    markdown bold, a trailing period or an enclosing box."""
+    text = _MINERVA_PREAMBLE.sub("", _MINERVA_CLOSING.sub("", answer.strip()))
+    text = _DELIMITERS.sub(" ", text).strip().rstrip(".").strip()
+    opening = _BOXED_OPEN.match(text)
+    if opening and _closing_brace(text, opening.end() - 1) == len(text) - 1:  # the whole answer is one box
+        text = text[opening.end() : -1].strip()
+    return text
+
+
+def parse_integer(answer: str, *, ground_truth: bool = False) -> int | None:
+    """The one integer an answer states, or None when it states anything else (see the module docstring).
+
+    A ground truth (`ground_truth=True`) must be the bare number: no leading words and no `=`.
+    """
     if len(answer) > 200:
         return None
-    text = answer.rsplit("=", 1)[-1].replace("\u2212", "-")  # "x = 42"; U+2212 is the typeset minus
+    text = answer.replace("\u2212", "-")  # U+2212 is the typeset minus
     for _ in range(4):  # unwrap nested \boxed{\text{...}} layers
-        unwrapped = _WRAPPER.sub(r"\1", text)
+        unwrapped = _WRAPPER.sub(r" \1 ", text)
         if unwrapped == text:
             break
         text = unwrapped
-    text = _NOISE.sub(" ", text)
-    text = _DIGIT_SEPARATOR.sub("", text).strip()
-    match = _INTEGER_ANSWER.fullmatch(text)
-    if match is None:
+    text = _NOISE.sub(" ", _DELIMITERS.sub(" ", text))
+    if not ground_truth:
+        text = text.replace("\\approx", "=")  # `x \approx 42` names its value as `x = 42` does
+    if "=" in text:
+        if ground_truth:
+            return None
+        text = _assigned_value(text)
+        if text is None:
+            return None
+    match = _INTEGER.fullmatch(text.strip())
+    if match is None or (ground_truth and match["words"]):
         return None
-    value = int(match["digits"])
+    value = int(re.sub(r"\D", "", match["digits"]))
     return -value if match["sign"] == "-" else value
 
 
-def answers_match(pred: str, ground_truth: str) -> bool:
-    """Whether an extracted answer equals the ground truth: as integers when the truth is one, else symbolically."""
-    truth_int = parse_integer(ground_truth)
+def _assigned_value(text: str) -> str | None:
+    """`x = 42` -> `42`, `a_{10} = 5 + 5 = 10` -> `10`; None when the left side is arithmetic (`2x = 42`) or the
+    text is a list of assignments (`x = 42, y = 5`)."""
+    parts = text.split("=")
+    if not _ASSIGNEE.fullmatch(_SUBSCRIPT_OR_CALL.sub("", parts[0])):
+        return None
+    if any(_LIST_MARK.search(part) for part in parts[1:-1]):
+        return None
+    return parts[-1]
+
+
+def answers_match(pred: str, ground_truth: str) -> bool | None:
+    """Whether an extracted answer equals the ground truth: as integers when the truth is one, else symbolically.
+    None when the symbolic checker could not decide in time."""
+    truth_int = parse_integer(ground_truth, ground_truth=True)
     if truth_int is not None:
         return parse_integer(pred) == truth_int
-    if _canonical_latex(pred) == _canonical_latex(ground_truth):
-        return True
-    if len(pred) > MAX_SYMBOLIC_ANSWER_CHARS or not ground_truth.strip():
+    gold, answer = symbolic_form(ground_truth), symbolic_form(pred)
+    if not gold or not answer or len(answer) > MAX_SYMBOLIC_ANSWER_CHARS:
         return False
-    return SYMBOLIC_CHECKER.equivalent(ground_truth, pred)
+    if _canonical_latex(answer) == _canonical_latex(gold):
+        return True
+    return SYMBOLIC_CHECKER.equivalent(gold, answer)
+
+
+def symbolic_form(answer: str) -> str:
+    """The value of an answer for the symbolic checker: without delimiters, a dollar sign, a percent sign or a
+    trailing `\\text{ unit}` (math-verify parses `28\\%` inside a box as text, and a text unit as a symbol)."""
+    text = clean_answer(answer).replace("\\$", "").replace("\u2212", "-")
+    for pattern in (_TRAILING_UNIT, _TRAILING_PERCENT):
+        text = pattern.sub("", text)
+    return text.strip()
 
 
 def _canonical_latex(answer: str) -> str:
-    text = _NOISE.sub("", answer).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    return "".join(text.split()).rstrip(".")
+    text = _NOISE.sub("", answer).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\!", "")
+    return "".join(text.split())
 
 
 def _as_text(value: object) -> str:
@@ -137,93 +218,6 @@ def _as_text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return value if isinstance(value, str) else str(value)
-
-
-class SymbolicChecker:
-    """Symbolic equivalence in a child process that is killed when one comparison exceeds its time limit.
-
-    math-verify's own timeout uses SIGALRM, which only works on the main thread; a child process gives a hard
-    limit from any thread and contains memory blow-ups. Importing sympy and math-verify takes a second or two,
-    so a standby child is started alongside the active one: after a kill the standby takes over at once.
-    Calls are serialised by a lock; one checker per process is enough for grading throughput.
-    """
-
-    def __init__(self, timeout_s: float = SYMBOLIC_TIMEOUT_S, startup_timeout_s: float = 60.0) -> None:
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self._lock = threading.Lock()
-        self._active: _Worker | None = None
-        self._standby: _Worker | None = None
-
-    def equivalent(self, gold: str, pred: str) -> bool:
-        """True when math-verify proves `pred` equal to `gold` within the time limit; False otherwise."""
-        with self._lock:
-            if self._active is None:
-                self._active = self._standby or _Worker()
-                self._standby = _Worker()
-            try:
-                self._active.wait_ready(self.startup_timeout_s)
-                verdict = self._active.ask(gold, pred, self.timeout_s)
-            except OSError:
-                verdict = None
-            if verdict is None:  # timed out or died: replace it with the warm standby
-                self._active.kill()
-                self._active = None
-            return bool(verdict)
-
-    def close(self) -> None:
-        with self._lock:
-            for worker in (self._active, self._standby):
-                if worker is not None:
-                    worker.kill()
-            self._active = self._standby = None
-
-
-class _Worker:
-    """One `python -m dapo_suite._symbolic_worker` child speaking JSON lines over its stdin and stdout."""
-
-    def __init__(self) -> None:
-        import subprocess
-        import sys
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dapo_suite._symbolic_worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            encoding="ascii",
-        )
-        self.ready = False
-
-    def wait_ready(self, timeout_s: float) -> None:
-        if not self.ready:
-            if self._read_line(timeout_s) != "ready":
-                raise OSError("the symbolic checker did not start")
-            self.ready = True
-
-    def ask(self, gold: str, pred: str, timeout_s: float) -> bool | None:
-        import json
-
-        self.process.stdin.write(json.dumps([gold, pred]) + "\n")
-        self.process.stdin.flush()
-        reply = self._read_line(timeout_s)
-        return None if reply is None else reply == "true"
-
-    def _read_line(self, timeout_s: float) -> str | None:
-        import select
-
-        readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        if not readable:
-            return None
-        line = self.process.stdout.readline()
-        return line.strip() or None
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
 
 
 SYMBOLIC_CHECKER = SymbolicChecker()
