@@ -8,8 +8,12 @@ Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `pytho
 - It never compares anything itself: each request is computed in a child forked from it, so every comparison
   starts from the same warm state, a pathological one is killed (SIGKILL: a C-level big-integer power ignores
   signals) without costing the warm process, and the next request is served at once.
-- The caller gives one comparison `timeout_s`, and after a timeout one retry in a fresh fork with the same
-  limit; a second timeout is the verdict `None` ("could not check"), never a silent "wrong".
+- Each comparison has a CPU budget, `cpu_limit_s`, which does not depend on load (a busy machine slows the
+  clock, not the CPU bill), and a wall-clock cap, `wall_limit_s`, which bounds every call even when the machine
+  is so busy that the budget is not reached. A comparison that runs out of either is the verdict None ("could
+  not check"), never a silent "wrong"; it is not retried, since it would take the same CPU again. If the worker
+  process itself fails (dies, or stops answering), the call is retried once on a fresh worker, which warms up
+  before it serves.
 
 math-verify's own timeout uses SIGALRM, which works only on the main thread; here the limit holds from any
 thread. Only the LaTeX grammar parses model text: math-verify's plain-expression path goes through sympy's
@@ -25,14 +29,17 @@ import subprocess
 import sys
 import threading
 
-# Measured with both cores busy (docs/eval.md, "Symbolic time limit"): the slowest MATH-500 answer compared with
-# itself takes 0.17 s in a fork of the warm worker (median 0.03 s); 0.55 s leaves three times that, and two
-# attempts plus the fork and the kill (about 0.1 s under load) stay under the 1.5 s bound per call.
-SYMBOLIC_TIMEOUT_S = 0.55
+# Measured (docs/eval.md, "Symbolic time limits"): a comparison of MATH-500 answers or of the grader-agreement
+# cases uses at most 0.46 s of CPU in a fork of the warm worker (`[\pi^2/8, 5\pi^2/4]`: ANTLR's full-context
+# prediction; median 0.03 s). 1.0 s of CPU leaves twice that; 1.2 s of wall time gives it 0.8 s of CPU with both
+# cores busy, and with the fork and the kill keeps every call under 1.5 s.
+SYMBOLIC_CPU_LIMIT_S = 1.0
+SYMBOLIC_WALL_LIMIT_S = 1.2
+CPU_POLL_S = 0.02  # how often the worker reads a comparison's CPU time (/proc has 10 ms resolution)
 STARTUP_TIMEOUT_S = 180.0  # importing sympy and math-verify and warming up, on a loaded 2-core machine
 MEMORY_LIMIT_BYTES = 2 * 1024**3  # per comparison: a runaway expression is stopped before it can swap the machine
-CPU_LIMIT_S = 5  # per comparison: ends a child whose caller vanished before killing it (wall-clock limits are lower)
-REPLY_MARGIN_S = 1.0  # the worker answers `timeout` itself; past limit + margin the worker is stuck and replaced
+ORPHAN_CPU_LIMIT_S = 5  # per comparison: ends a child whose worker vanished before killing it
+REPLY_MARGIN_S = 1.0  # the worker answers `timeout` itself; past the wall limit + margin it is stuck and replaced
 
 WARM_UP = [  # one of each construct MATH answers use (none is a MATH-500 answer: the timing measurement stays fair)
     ("\\frac{1}{2}", "0.5"), ("3\\sqrt{2}", "\\sqrt{18}"), ("\\frac{3\\sqrt{3}}{4}", "\\frac34\\sqrt3"), ("1\\frac{3}{4}", "\\frac{7}{4}"),
@@ -55,8 +62,10 @@ WARM_UP = [  # one of each construct MATH answers use (none is a MATH-500 answer
 class SymbolicChecker:
     """The caller's side: one warm worker process, requests serialised by a lock (one checker per process)."""
 
-    def __init__(self, timeout_s: float = SYMBOLIC_TIMEOUT_S, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, cpu_limit_s: float = SYMBOLIC_CPU_LIMIT_S, wall_limit_s: float = SYMBOLIC_WALL_LIMIT_S,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        self.cpu_limit_s = cpu_limit_s
+        self.wall_limit_s = wall_limit_s
         self.startup_timeout_s = startup_timeout_s
         self._lock = threading.Lock()
         self._worker: subprocess.Popen | None = None
@@ -68,13 +77,13 @@ class SymbolicChecker:
             self._spawn()
 
     def equivalent(self, gold: str, pred: str) -> bool | None:
-        """True when math-verify proves `pred` equal to `gold`, False when not, None when it could not decide
-        within the time limit twice (a first timeout is retried once in a fresh fork of the warm worker)."""
+        """True when math-verify proves `pred` equal to `gold`, False when not, None when the comparison ran out
+        of its CPU or wall-clock budget (or the worker failed twice)."""
         with self._lock:
-            for _ in range(2):
-                verdict = self._ask(gold, pred)
-                if verdict is not None:
-                    return verdict
+            for _ in range(2):  # a second attempt only after the worker itself failed: on a fresh, warm one
+                reply = self._ask(gold, pred)
+                if reply is not None:
+                    return {"true": True, "false": False}.get(reply)
             return None
 
     def close(self) -> None:
@@ -89,22 +98,22 @@ class SymbolicChecker:
             )
             self._ready = False
 
-    def _ask(self, gold: str, pred: str) -> bool | None:
+    def _ask(self, gold: str, pred: str) -> str | None:
+        """The worker's reply (`true`, `false`, `timeout`), or None when the worker failed (it is then killed)."""
         self._spawn()
         try:
             if not self._ready:
                 if self._read_line(self.startup_timeout_s) != "ready":
                     raise OSError("the symbolic worker did not start")
                 self._ready = True
-            self._worker.stdin.write(json.dumps([gold, pred, self.timeout_s]) + "\n")
+            self._worker.stdin.write(json.dumps([gold, pred, self.cpu_limit_s, self.wall_limit_s]) + "\n")
             self._worker.stdin.flush()
-            reply = self._read_line(self.timeout_s + REPLY_MARGIN_S)
+            reply = self._read_line(self.wall_limit_s + REPLY_MARGIN_S)
         except (OSError, ValueError):
             reply = None
-        if reply is None:  # died or stuck: a new worker serves the next request
+        if reply is None:
             self._kill()
-            return None
-        return {"true": True, "false": False}.get(reply)
+        return reply
 
     def _read_line(self, timeout_s: float) -> str | None:
         readable, _, _ = select.select([self._worker.stdout], [], [], timeout_s)
@@ -208,9 +217,21 @@ def _make_comparator():
     return equivalent
 
 
-def _compare_in_fork(equivalent, gold: str, pred: str, timeout_s: float) -> str:
-    """`true`/`false` from a forked child, or `timeout` when it does not answer in time (it is then killed)."""
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a running child has used, from /proc; 0 where /proc is not there."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def _compare_in_fork(equivalent, gold: str, pred: str, cpu_limit_s: float, wall_limit_s: float) -> str:
+    """`true`/`false` from a forked child, or `timeout` when it uses up its CPU or wall-clock budget (it is then
+    killed) or dies without answering (memory limit)."""
     import resource
+    import time
 
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -218,22 +239,28 @@ def _compare_in_fork(equivalent, gold: str, pred: str, timeout_s: float) -> str:
         os.close(read_end)
         try:
             resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
-            resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S))
+            resource.setrlimit(resource.RLIMIT_CPU, (ORPHAN_CPU_LIMIT_S, ORPHAN_CPU_LIMIT_S))
             verdict = equivalent(gold, pred)
         except Exception:  # noqa: BLE001 - any parser or sympy failure means "not proven equal"
             verdict = False
         os.write(write_end, b"1" if verdict else b"0")
         os._exit(0)
     os.close(write_end)
+    deadline = time.monotonic() + wall_limit_s
+    answer = b""
     try:
-        readable, _, _ = select.select([read_end], [], [], timeout_s)
-        answer = os.read(read_end, 1) if readable else b""
+        while not answer:
+            readable, _, _ = select.select([read_end], [], [], min(CPU_POLL_S, max(0.0, deadline - time.monotonic())))
+            if readable:
+                answer = os.read(read_end, 1) or b"-"  # end of file: the child died without answering
+            elif time.monotonic() >= deadline or _cpu_seconds(pid) >= cpu_limit_s:
+                break
     finally:
         os.close(read_end)
         if not answer:
             os.kill(pid, 9)
         os.waitpid(pid, 0)
-    return {b"1": "true", b"0": "false"}.get(answer, "timeout")  # empty: killed, or died (memory limit)
+    return {b"1": "true", b"0": "false"}.get(answer, "timeout")
 
 
 def main() -> None:
@@ -249,8 +276,8 @@ def main() -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         try:
-            gold, pred, timeout_s = json.loads(line)
-            reply = _compare_in_fork(equivalent, str(gold), str(pred), float(timeout_s))
+            gold, pred, cpu_limit_s, wall_limit_s = json.loads(line)
+            reply = _compare_in_fork(equivalent, str(gold), str(pred), float(cpu_limit_s), float(wall_limit_s))
         except (ValueError, TypeError):
             reply = "false"
         print(reply, flush=True)
