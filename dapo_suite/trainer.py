@@ -138,12 +138,15 @@ class DAPOTrainer:
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
-    def score(self, rollouts: list[Rollout], problems: list[Problem]) -> None:
-        """Correctness reward plus the soft overlong penalty, then group advantages."""
+    def score(self, rollouts: list[Rollout], problems: list[Problem]) -> int:
+        """Correctness reward plus the soft overlong penalty, then group advantages; returns how many answers the
+        checker could not check in time (scored -1, counted as `reward/timeouts`: "could not check", not "wrong")."""
         config = self.config
+        timeouts = 0
         for rollout in rollouts:
             result = compute_score("dapo-suite", rollout.text, problems[rollout.group].answer)
             rollout.score, rollout.acc = result["score"], result["acc"]
+            timeouts += result["timeout"]
         lengths = torch.tensor([r.length for r in rollouts])
         penalty = (overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
                                     config.overlong_penalty_factor)
@@ -152,6 +155,7 @@ class DAPOTrainer:
         advantages = group_advantages(rewards, [r.group for r in rollouts])
         for rollout, reward, advantage in zip(rollouts, rewards.tolist(), advantages.tolist(), strict=True):
             rollout.reward, rollout.advantage = reward, advantage
+        return timeouts
 
     def collect(self) -> tuple[list[list[Rollout]], dict[str, float]]:
         """Generation batches until `train_batch_size` groups are kept; returns the groups and sampling metrics."""
@@ -160,6 +164,7 @@ class DAPOTrainer:
         self.surplus = []
         counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0, "zero_advantage": 0}
         gen_batches, generated_tokens, rollout_seconds, all_rollouts = 0, 0, 0.0, []
+        timeouts = 0
         while len(kept) < config.train_batch_size:
             if config.max_num_gen_batches and gen_batches >= config.max_num_gen_batches:
                 log.warning("step %d: %d generation batches gave %d/%d prompts with mixed outcomes; training on "
@@ -174,7 +179,7 @@ class DAPOTrainer:
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
-            self.score(rollouts, problems)
+            timeouts += self.score(rollouts, problems)
             all_rollouts += rollouts
             groups = [[r for r in rollouts if r.group == g] for g in range(len(problems))]
             new_groups, new_counts = filter_groups(groups, config.dynamic_sampling, config.filter_metric)
@@ -192,6 +197,7 @@ class DAPOTrainer:
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
             "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
             "reward/format_rate": sum(extract_answer(r.text) is not None for r in all_rollouts) / len(all_rollouts),
+            "reward/timeouts": timeouts,
             "response_len/mean": lengths.mean().item(),
             "response_len/max": lengths.max().item(),
             "response_len/clip_ratio": sum(r.truncated for r in all_rollouts) / len(all_rollouts),
