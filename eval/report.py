@@ -34,6 +34,7 @@ def markdown(results: dict) -> str:
         f"| pass@{n} (%) | {_pct(results['pass@k'][str(n)])} |",
         f"| maj@{n} (%) | {_pct(results['maj@k'][str(n)])} |",
         f"| format failures (%) | {_pct(results['format_failure_rate'])} |",
+        f"| grader timeouts (could not check, counted wrong) | {results.get('grader_timeouts', 'n/a')} |",
         f"| truncated (%) | {_pct(results['truncated_fraction'])} |",
         f"| response tokens mean / median / p90 / max | {length['mean']:.0f} / {length['median']:.0f} / "
         f"{length['p90']} / {length['max']} |",

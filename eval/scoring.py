@@ -16,9 +16,11 @@ SESSIONS_FILE = "sessions.jsonl"  # one line per generation session: wall second
 
 
 def grade(text: str, answer: str) -> dict:
-    """The verdict of one sample: `{"score", "acc", "pred"}` from the shared DAPO reward."""
+    """The verdict of one sample: `{"score", "acc", "pred", "timeout"}` from the shared DAPO reward (`timeout`:
+    the checker could not decide in time, so the sample counts as wrong but is reported apart)."""
     verdict = compute_score("eval", text, answer)
-    return {"score": verdict["score"], "acc": bool(verdict["acc"]), "pred": verdict["pred"]}
+    return {"score": verdict["score"], "acc": bool(verdict["acc"]), "pred": verdict["pred"],
+            "timeout": bool(verdict["timeout"])}
 
 
 def read_generations(path: str | Path, repair: bool = False) -> list[dict]:
@@ -67,7 +69,7 @@ def group_by_problem(records: Iterable[dict], problem_order: list[str] | None = 
 
 
 def regrade(records: list[dict]) -> list[dict]:
-    """Records with fresh verdicts (score, acc, pred) from their text and stored answer."""
+    """Records with fresh verdicts (score, acc, pred, timeout) from their text and stored answer."""
     return [{**r, **grade(r["text"], r["answer"])} for r in records]
 
 
@@ -98,6 +100,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         "pass@k": {str(k): metrics.mean_pass_at_k(correct, k) for k in metrics.k_values(n)},
         "maj@k": {str(k): metrics.maj_at_k(preds, correct, k) for k in metrics.k_values(n)},
         "format_failure_rate": metrics.format_failure_rate([s["pred"] for s in flat]),
+        "grader_timeouts": sum(bool(s.get("timeout")) for s in flat),  # generations graded before it lack the field
         "truncated_fraction": metrics.truncated_fraction([s["finish_reason"] for s in flat]),
         "response_len": metrics.length_statistics([s["num_tokens"] for s in flat]),
         "wall_s": wall if sessions else None,

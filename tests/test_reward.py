@@ -363,3 +363,16 @@ def test_verdicts_hold_with_both_cores_busy():
     report = json.loads(run.stdout)
     assert report["accepted"] == [True] * len(VALID_UNDER_LOAD)
     assert max(report["seconds"]) < CALL_BOUND_S, report["seconds"]
+
+
+def test_the_evaluator_reports_answers_it_could_not_check():
+    from eval.report import markdown
+    from eval.scoring import regrade, summarize
+
+    texts = ["Answer: \\frac{1}{2}", "Answer: 9^{9^{9^{9}}}", "Answer: \\frac{1}{3}"]
+    records = regrade([{"problem_id": "p", "sample_index": i, "text": text, "finish_reason": "stop", "num_tokens": 5,
+                        "answer": "\\frac12"} for i, text in enumerate(texts)])
+    assert [(r["acc"], r["timeout"]) for r in records] == [(True, False), (False, True), (False, False)]
+    results = summarize(records)
+    assert results["grader_timeouts"] == 1
+    assert "| grader timeouts (could not check, counted wrong) | 1 |" in markdown({**results, "config": {}})
