@@ -36,6 +36,8 @@ class Rollout:
     acc: bool = False
     reward: float = 0.0  # score + overlong penalty: what the advantage is computed from
     advantage: float = 0.0
+    rollout_log_prob: torch.Tensor | None = None  # (T,) the sampler's own log-probs, kept when the trainer
+    #   recomputes old_log_prob for rollout correction (they come from another dtype or engine)
 
     @property
     def length(self) -> int:
