@@ -6,9 +6,12 @@ One step (`DAPOTrainer.step`):
 1. rollout: sample G responses per prompt, generation batch after generation batch;
 2. reward: +1/-1 correctness (`reward.compute_score`) plus the soft overlong penalty (eq. 13);
 3. dynamic sampling: keep groups with 0 < accuracy < 1 until `train_batch_size` prompts are kept (eq. 11);
-4. advantages: group-normalised rewards (eq. 9), the same for every token of a response;
+4. advantages over the training batch: group-normalised rewards (eq. 9), or another estimator (`adv_estimator`),
+   the same for every token of a response;
 5. update: mini-batches of `mini_batch_size` prompts, each one AdamW step over micro-batches whose token-mean
-   divides by the mini-batch's token count; truncated responses masked when overlong filtering is on.
+   divides by the mini-batch's token count; truncated responses masked when overlong filtering is on; the loss
+   is DAPO's or a successor's (`loss_mode`), with rollout-correction weights when the sampler's log-probs are
+   not the trainer's (`rollout_correction`).
 Deviations from the paper, all at small scale only: the tiny-cpu preset's learning rate and lengths (see
 presets/tiny-cpu.yaml); when the generation-batch limit is hit the step trains on the mixed groups it found
 (verl's recipe stops the run with "Generated too many").
@@ -21,14 +24,15 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
 from dapo_suite.algorithm import (
+    LossHyperparameters,
+    compute_advantages,
     entropy_from_logits,
-    group_advantages,
     mixed_groups,
     overlong_penalty,
     policy_loss,
@@ -42,7 +46,8 @@ from dapo_suite.metrics import MetricsLogger
 from dapo_suite.models import eval_mode, load_model_and_tokenizer
 from dapo_suite.prompts import chat_messages
 from dapo_suite.reward import compute_score, extract_answer
-from dapo_suite.rollout import Rollout, make_engine
+from dapo_suite.rollout import Rollout, VLLMRollout, make_engine
+from dapo_suite.rollout_correction import rollout_correction
 from dapo_suite.tasks import Problem, builtin_task, load_problems, split_heldout
 
 log = logging.getLogger("dapo_suite.train")
@@ -65,6 +70,11 @@ class PromptSampler:
             picked.append(self.problems[order[position]])
             self.cursor += 1
         return picked
+
+
+def padded(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Unpadded (T_i,) rows -> (B, max T_i), right-padded with 0, on `device`."""
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
 
 
 def keeps_group(group: list[Rollout], metric: str) -> bool:
@@ -139,8 +149,8 @@ class DAPOTrainer:
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
     def score(self, rollouts: list[Rollout], problems: list[Problem]) -> int:
-        """Correctness reward plus the soft overlong penalty, then group advantages; returns how many answers the
-        checker could not check in time (scored -1, counted as `reward/timeouts`: "could not check", not "wrong")."""
+        """Correctness reward plus the soft overlong penalty; returns how many answers the checker could not
+        check in time (scored -1, counted as `reward/timeouts` so a run tells "wrong" from "could not check")."""
         config = self.config
         timeouts = 0
         for rollout in rollouts:
@@ -152,10 +162,20 @@ class DAPOTrainer:
                                     config.overlong_penalty_factor)
                    if config.overlong_penalty else torch.zeros(len(rollouts)))
         rewards = torch.tensor([r.score for r in rollouts]) + penalty
-        advantages = group_advantages(rewards, [r.group for r in rollouts])
-        for rollout, reward, advantage in zip(rollouts, rewards.tolist(), advantages.tolist(), strict=True):
-            rollout.reward, rollout.advantage = reward, advantage
+        for rollout, reward in zip(rollouts, rewards.tolist(), strict=True):
+            rollout.reward = reward
         return timeouts
+
+    def assign_advantages(self, groups: list[list[Rollout]]) -> None:
+        """Advantages over the batch that trains (eq. 9 for grpo), so that batch-level statistics (Lite PPO's
+        std, REINFORCE++'s whitening) are over the training batch, as in verl."""
+        rollouts = [r for group in groups for r in group]
+        advantages = compute_advantages(
+            self.config.adv_estimator, torch.tensor([r.reward for r in rollouts]),
+            [index for index, group in enumerate(groups) for _ in group], torch.tensor([r.length for r in rollouts]),
+            self.config.adv_norm)
+        for rollout, advantage in zip(rollouts, advantages.tolist(), strict=True):
+            rollout.advantage = advantage
 
     def collect(self) -> tuple[list[list[Rollout]], dict[str, float]]:
         """Generation batches until `train_batch_size` groups are kept; returns the groups and sampling metrics."""
@@ -192,6 +212,8 @@ class DAPOTrainer:
         # Only for the groups that will train, and before any update: surplus groups kept for a later step must
         # carry the behaviour policy's log-probs, not the later policy's (groups reused from earlier have theirs).
         self.fill_old_log_probs([r for group in kept + self.surplus for r in group])
+        if kept:
+            self.assign_advantages(kept)
         lengths = torch.tensor([r.length for r in all_rollouts], dtype=torch.float32)
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
@@ -242,9 +264,22 @@ class DAPOTrainer:
             entropy = entropy_from_logits(logits)
         return log_prob, entropy, attention[:, prompt_len:].float()
 
+    def corrects_rollouts(self) -> bool:
+        """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's (another
+        sampling dtype, or vLLM's kernels)."""
+        if self.config.rollout_correction != "auto":
+            return self.config.rollout_correction == "on"
+        sampling_dtype = getattr(self.config, "sampling_dtype", None)  # the sampler's dtype option, when present
+        return sampling_dtype not in (None, self.config.dtype) or isinstance(self.engine, VLLMRollout)
+
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:
-        """log pi_old for rollouts whose engine did not return it (vLLM), from the trainer's own forward pass."""
+        """log pi_old from the trainer's own forward pass for rollouts whose engine did not return it (vLLM), and,
+        with rollout correction on, for every rollout, keeping the sampler's as `rollout_log_prob`."""
+        if self.corrects_rollouts():
+            for rollout in rollouts:
+                if rollout.rollout_log_prob is None and rollout.old_log_prob is not None:
+                    rollout.rollout_log_prob, rollout.old_log_prob = rollout.old_log_prob, None
         missing = [r for r in rollouts if r.old_log_prob is None]
         with eval_mode(self.model):
             for start in range(0, len(missing), self.config.micro_batch_size):
@@ -253,31 +288,56 @@ class DAPOTrainer:
                 for row, rollout in enumerate(micro):
                     rollout.old_log_prob = log_prob[row, : rollout.length].cpu()
 
+    def correction(self, rollouts: list[Rollout]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]],
+                                                            dict[str, float]]:
+        """Per rollout (by id): rollout-correction weights and the mask of tokens that carry loss, (T,) each;
+        computed over the whole training batch (as verl does) for the rollouts that carry the sampler's
+        log-probs, ones for the others. Metrics `rollout_corr/*` when any rollout is corrected."""
+        result = {id(r): (torch.ones(r.length), torch.ones(r.length)) for r in rollouts}
+        corrected = [r for r in rollouts if r.rollout_log_prob is not None]
+        if not corrected:
+            return result, {}
+        config = self.config
+        old = padded([r.old_log_prob for r in corrected], "cpu")
+        sampled = padded([r.rollout_log_prob for r in corrected], "cpu")
+        mask = padded([torch.ones(r.length) for r in corrected], "cpu")
+        weights, kept, metrics = rollout_correction(
+            old, sampled, mask, config.rollout_is, config.rollout_is_threshold, config.rollout_is_batch_normalize,
+            config.rollout_rs, config.rollout_rs_threshold)
+        weights = mask if weights is None else weights
+        result.update({id(r): (weights[row, : r.length], kept[row, : r.length]) for row, r in enumerate(corrected)})
+        return result, metrics
+
     def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
         """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
         config = self.config
         totals: dict[str, float] = {}
         token_count, grad_norms, trained_tokens = 0.0, [], 0
+        knobs = {f.name: getattr(config, f.name) for f in fields(LossHyperparameters)}  # same names in both
+        # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
+        trained = [[r for r in group if r.length and not (config.overlong_filter and r.truncated)]
+                   for group in groups]
+        correction, correction_metrics = self.correction([r for group in trained for r in group])
         self.model.train()
         for _ in range(config.ppo_epochs):
-            for start in range(0, len(groups), config.mini_batch_size):
-                mini = [r for group in groups[start : start + config.mini_batch_size] for r in group]
-                # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
-                mini = [r for r in mini if r.length and not (config.overlong_filter and r.truncated)]
-                loss_tokens, loss_sequences = sum(r.length for r in mini), len(mini)
+            for start in range(0, len(trained), config.mini_batch_size):
+                mini = [r for group in trained[start : start + config.mini_batch_size] for r in group]
+                loss_tokens = sum(float(correction[id(r)][1].sum()) for r in mini)
+                loss_sequences = sum(bool(correction[id(r)][1].any()) for r in mini)
                 if loss_tokens == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro_start in range(0, len(mini), config.micro_batch_size):
                     micro = mini[micro_start : micro_start + config.micro_batch_size]
                     log_prob, entropy, mask = self.forward_log_probs(micro)
-                    old = torch.nn.utils.rnn.pad_sequence([r.old_log_prob for r in micro], batch_first=True)
-                    old = old.to(log_prob.device)
+                    old = padded([r.old_log_prob for r in micro], log_prob.device)
+                    weights = padded([correction[id(r)][0] for r in micro], log_prob.device)
+                    mask = mask * padded([correction[id(r)][1] for r in micro], log_prob.device)
                     advantages = torch.tensor([r.advantage for r in micro], device=log_prob.device)
                     loss, metrics = policy_loss(
-                        log_prob, old, advantages, mask, clip_low=config.clip_low, clip_high=config.clip_high,
-                        clip_c=config.clip_c, agg=config.loss_agg, num_global_tokens=loss_tokens,
-                        num_global_sequences=loss_sequences)
+                        log_prob, old, advantages, mask, loss_mode=config.loss_mode, **knobs, agg=config.loss_agg,
+                        num_global_tokens=loss_tokens, num_global_sequences=loss_sequences,
+                        rollout_is_weights=weights if correction_metrics else None)
                     loss.backward()
                     micro_tokens = float(mask.sum())
                     metrics["actor/entropy"] = float((entropy * mask).sum() / max(micro_tokens, 1))
@@ -289,7 +349,7 @@ class DAPOTrainer:
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)))
                 self.optimizer.step()
                 self.scheduler.step()
-        metrics = {key: value / max(token_count, 1) for key, value in totals.items()}
+        metrics = {key: value / max(token_count, 1) for key, value in totals.items()} | correction_metrics
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["actor/updates"] = len(grad_norms)

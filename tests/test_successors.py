@@ -365,3 +365,89 @@ def test_no_mismatch_means_no_correction():
                                                 rollout_rs="seq_mean_k3", rollout_rs_threshold=1e-4)
     assert torch.equal(weights, mask) and torch.equal(kept, mask)
     assert metrics["rollout_corr/masked_frac"] == 0 and metrics["rollout_corr/kl"] == 0
+
+
+# ---- the embedded trainer -------------------------------------------------------------------------------------
+
+
+TINY = {"heldout_size": 2, "group_size": 3, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1,
+        "micro_batch_size": 3, "max_response_length": 8, "overlong_buffer_len": 4, "dynamic_sampling": False,
+        "overlong_filter": False, "lr": 1e-4, "warmup_steps": 0}
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    """One embedded trainer for this module (loading the model is most of a one-step run's time): every group
+    trains (no dynamic sampling) and no response is masked for its length, so the loss path always runs."""
+    from dapo_suite.config import resolve_config
+    from dapo_suite.trainer import DAPOTrainer
+
+    return DAPOTrainer(resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}))
+
+
+def configure(trainer, presets, **overrides):
+    """Point the shared trainer at another resolved config: the objective is read from it at every step."""
+    from dapo_suite.config import resolve_config
+
+    trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY, **overrides})
+    return trainer
+
+
+@pytest.mark.slow  # ~10 s each on a quiet 2-core machine, minutes when it is shared
+@pytest.mark.parametrize("preset", ["gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov"])
+def test_each_successor_preset_trains_one_step(preset, trainer):
+    from dapo_suite.config import SUCCESSORS
+
+    assert preset in SUCCESSORS
+    configure(trainer, [preset])
+    assert trainer.config.loss_mode != "vanilla"
+    groups, _ = trainer.collect()
+    metrics = trainer.update(groups)
+    assert metrics["actor/updates"] == 2 and math.isfinite(metrics["actor/pg_loss"])
+    assert not any(key.startswith("rollout_corr/") for key in metrics)  # same dtype, same engine: auto is off
+    if any(r.advantage for group in groups for r in group):
+        assert metrics["actor/grad_norm"] > 0  # the objective produced a gradient
+
+
+def test_rollout_correction_on_reweights_with_the_samplers_log_probs(trainer):
+    configure(trainer, ["dapo"], rollout_correction="on", rollout_is="token", rollout_is_threshold="1.5",
+              rollout_rs="token_k1", rollout_rs_threshold="0.9_1.1")
+    groups, _ = trainer.collect()
+    rollouts = [r for group in groups for r in group]
+    # The trainer recomputed pi_old and kept the sampler's: the same fp32 model, so they agree closely.
+    assert all(r.rollout_log_prob is not None for r in rollouts)
+    for r in rollouts:
+        torch.testing.assert_close(r.old_log_prob, r.rollout_log_prob, atol=2e-4, rtol=0)
+    # A sampler that was off by +-0.5 nats on alternate tokens: weights truncate at 1.5, rejection drops them.
+    for r in rollouts:
+        r.rollout_log_prob = r.old_log_prob + 0.5 * (torch.arange(r.length) % 2 * 2 - 1)
+    correction, metrics = trainer.correction(rollouts)
+    weights, kept = correction[id(rollouts[0])]
+    assert weights[1].item() == pytest.approx(math.exp(-0.5), rel=1e-4)  # pi_old / pi_rollout = e^-0.5
+    assert weights[0].item() == pytest.approx(1.5)  # e^0.5 truncated at C = 1.5
+    assert kept.sum().item() == 0  # |log rho| = 0.5 leaves the ratio band (0.9, 1.1) everywhere
+    assert metrics["rollout_corr/masked_frac"] == 1.0 and metrics["rollout_corr/kl"] == pytest.approx(0, abs=0.1)
+    assert trainer.update(groups)["actor/updates"] == 0  # every token rejected: nothing to train on
+
+
+def test_rollout_correction_metrics_are_logged_in_a_step(trainer):
+    configure(trainer, ["dapo"], rollout_correction="on")
+    metrics = trainer.step()
+    assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["rollout_corr/is_weight_max"] < 1.01 and metrics["rollout_corr/masked_frac"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("estimator", "norm"), [("rloo", None), ("reinforce_plus_plus_baseline", None),
+                                                 ("grpo_passk", None), ("grpo", "batch")])
+def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
+    from dapo_suite.algorithm import compute_advantages
+
+    configure(trainer, ["dapo"], adv_estimator=estimator, adv_norm=norm)
+    groups, _ = trainer.collect()
+    rollouts = [r for group in groups for r in group]
+    expected = compute_advantages(estimator, torch.tensor([r.reward for r in rollouts]),
+                                  [g for g, group in enumerate(groups) for _ in group],
+                                  torch.tensor([r.length for r in rollouts]), norm)
+    assert [r.advantage for r in rollouts] == pytest.approx(expected.tolist())
+    assert trainer.update(groups)["actor/updates"] == 2
