@@ -66,6 +66,9 @@ def test_last_answer_line_wins_and_boxed_is_the_fallback():
     assert score("Answer: 42\n\\boxed{41}", "42")["acc"]  # an Answer: line beats a box
     assert score("\\boxed{42", "42")["pred"] is None  # unclosed box: no answer
     assert score("so our answer: 41 is checked.\nThus $\\boxed{42}$.", "42")["pred"] == "42"  # prose is no answer line
+    # The embedded SmolLM2 ends "So, the answer is: Answer: 12": a lead-in before the Answer: is allowed.
+    assert score("7 + 5 = 12\n\nSo, the answer is: Answer: 12", "12")["acc"]
+    assert score("The answer is: Answer: 12", "12")["acc"] and not score("The answer is: 12", "12")["acc"]
 
 
 def test_a_box_whose_brace_never_closes_is_not_scanned_to_the_end():

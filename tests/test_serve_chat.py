@@ -40,7 +40,7 @@ def test_split_reply_non_integer_answer_has_no_integer():
 def test_find_problem_ignores_whitespace_and_check_grades_like_the_reward():
     assert find_problem("  Every morning Aya goes for a walk. Find the minutes. ", [AIME_1]) is AIME_1
     assert find_problem("Every morning Aya goes for a run.", [AIME_1]) is None
-    assert check("... Answer: 204", AIME_1) and check("Answer: $204$", AIME_1)
+    assert check("...\nAnswer: 204", AIME_1) and check("Answer: $204$", AIME_1)
     assert not check("Answer: 205", AIME_1) and not check("204", AIME_1)
 
 
