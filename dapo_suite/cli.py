@@ -125,7 +125,8 @@ def report(run_dir: str) -> None:
     """Write RUN_DIR/report.md and report.html: evaluation table (before/after, 95 % intervals), training-dynamics
     plots, dataset statistics, and the commands and versions that produced them.
 
-    RUN_DIR is a `dapo-suite demo` directory or a `dapo-suite train --out` directory."""
+    RUN_DIR is a `dapo-suite demo` directory, a `dapo-suite train --out` directory, or a `dapo-suite train ladder
+    --out` directory (its table, seed-paired tests and plots rebuilt from the runs' metrics.jsonl)."""
     from dapo_suite.report import write_report
 
     try:

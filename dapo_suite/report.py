@@ -6,6 +6,7 @@ chain.json) and on a plain training run directory alike:
 - evaluations: eval/*/results.json (pairs named NAME-before / NAME-after are put side by side)
 - data: data/stats.json, or the stats.json next to the training file
 - provenance: chain.json (each stage's command and wall time) and the package versions
+- a `train ladder` directory (ladder_plan.json): its table, tests and plot, rebuilt from the runs' metrics.jsonl
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from dapo_suite import ladder
 from dapo_suite.metrics import read_metrics
 from dapo_suite.plots import plot_run
 from eval.metrics import confidence_interval_95
@@ -178,20 +180,19 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     train_dir = training_dir(run_dir)
     has_evals = any(run_dir.glob("eval/*/results.json"))
-    ladder = run_dir / "ladder.md"
-    if train_dir is None and not has_evals and not ladder.is_file():
+    is_ladder = (run_dir / ladder.PLAN_FILE).is_file()
+    if train_dir is None and not has_evals and not is_ladder:
         raise FileNotFoundError(f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
-                                "ladder.md: pass the directory of `dapo-suite demo`, `train --out` or `train ladder`.")
+                                f"{ladder.PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
+                                "`train ladder`.")
     train_config = yaml.safe_load((train_dir / "config.yaml").read_text()) if train_dir else {}
     lines = [f"# dapo-suite report: {run_dir.name}", "",
              "Accuracy in % with 95 % intervals (normal approximation over problems); before = the model the run "
              "started from, after = its last checkpoint.", "",
              "## Evaluation", "", "| benchmark | before | after | change (points) |", "|---|---|---|---|"]
     lines += (heldout_rows(train_dir) if train_dir else []) + eval_rows(run_dir) + [""]
-    if ladder.is_file():
-        lines += ["## Ablation ladder", "", ladder.read_text(), ""]
-        lines += [f"![{rung.name}]({_relative(rung, run_dir)})" for rung in sorted(run_dir.glob("*/training_dynamics.png"))]
-        lines.append("")
+    if is_ladder:  # rebuilt from the runs' metrics.jsonl, so the report never shows a stale table
+        lines += ["## Ablation ladder", "", ladder.write_ladder_outputs(run_dir).read_text(), ""]
     lines += data_section(run_dir, train_config)
     if train_dir:
         lines += training_section(train_dir, run_dir)

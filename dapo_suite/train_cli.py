@@ -169,35 +169,65 @@ def export(run_dir: str, out: str | None) -> None:
 
 @train.command()
 @click.option("--out", default="runs/ladder", show_default=True, type=click.Path(file_okay=False),
-              help="Parent directory: one run directory per rung, plus ladder.md and ladder.json.")
-@click.option("--rung", "rungs", multiple=True, type=click.Choice(LADDER),
-              help="Rungs to run, repeatable (default: all six, in the paper's order).")
-@click.option("--max-steps", type=int, help="Training steps per rung (default: the tiny-cpu preset's).")
-@click.option("--model", help="Starting model for every rung (default: the embedded SmolLM2-135M-Instruct).")
+              help="Ladder directory: OUT/<rung>/seed-<s>/ per run, plus ladder_plan.json, ladder.md, ladder.json, "
+                   "ladder.csv and ladder_dynamics.png.")
+@click.option("--presets", "presets_list", metavar="A,B,...",
+              help=f"Comma-separated presets, one rung each, compared in this order (default: the paper's ladder, "
+                   f"{','.join(LADDER)}). Any preset works, e.g. --presets dapo,gspo,cispo; a .yaml path too.")
+@click.option("--seeds", type=click.IntRange(1, 20), metavar="N",
+              help="Runs per rung, with seeds 0..N-1 shared by every rung (default 3).")
+@click.option("--max-steps", type=int, help="Training steps per run (default: the tiny-cpu preset's).")
+@click.option("--model", help="Starting model for every run (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Override a config field for every rung, e.g. --set group_size=8 (not the ladder's switches).")
-def ladder(out: str, rungs: tuple[str, ...], max_steps: int | None, model: str | None, assignments) -> None:
-    """Run the paper's ablation ladder (grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss, dapo)
-    with the same budget and seeds, and tabulate held-out accuracy, entropy and length per rung.
+              help="Override a config field for every run, e.g. --set group_size=8 (not a field the presets set, "
+                   "not the seed).")
+@click.option("--report-only", is_flag=True,
+              help="Train nothing: rebuild the table, tests and plots from OUT's ladder_plan.json and the runs' "
+                   "metrics.jsonl (--presets and --seeds, if given, pick a subset).")
+def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int | None, model: str | None,
+           assignments, report_only: bool) -> None:
+    """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by default.
 
     \b
-    Example (about 8 minutes per rung on 2 CPU cores):
-      dapo-suite train ladder --max-steps 8 --out runs/ladder
-    A rerun skips finished rungs and resumes an interrupted one. The table: runs/ladder/ladder.md.
-    """
-    from dapo_suite.config import SWITCHES, parse_override
-    from dapo_suite.ladder import run_ladder
+    A rung is one preset: grpo, then one DAPO technique added per rung (+overlong-filter, +clip-higher,
+    +soft-overlong, +token-loss), then dapo (+ dynamic sampling); or any list given with --presets. Every rung
+    trains once per seed (0..N-1), each (rung, seed) in its own run directory, with the same model, data,
+    held-out split and step budget; the held-out accuracy before training is measured once per seed and shared.
 
-    overrides: dict = {"max_steps": max_steps, "model": model}
+    \b
+    The table (ladder.md, ladder.csv; everything in ladder.json): per rung, the mean and sample std across seeds
+    of the held-out accuracy after training and of the last 3 steps' entropy, response length, share of
+    zero-advantage groups before filtering, upper clip fraction and train accuracy. The tests: each rung against
+    the one before it and against grpo (when it is a rung), paired by seed (d = B - A per seed): a paired t-test
+    on the differences (N-1 degrees of freedom, 95 % interval) and an exact sign-flip permutation test over all
+    2^N sign patterns, whose smallest possible p is 2/2^N (0.25 with 3 seeds: use 6 or more seeds to reach 5 %).
+    The plots (ladder_dynamics.png): each figure per step, mean across seeds with a min-max band, one colour per rung.
+
+    \b
+    Examples (a run of 8 steps takes about 8 minutes on 2 CPU cores):
+      dapo-suite train ladder --seeds 3 --max-steps 8 --out runs/ladder
+      dapo-suite train ladder --presets dapo,gspo,cispo --seeds 2 --max-steps 8 --out runs/successors
+      dapo-suite train ladder --out runs/ladder --report-only     # the table again, from the metrics on disk
+      dapo-suite report runs/ladder                               # report.md/.html with the table and plots
+    A rerun (after a kill, or with more seeds) skips finished runs and resumes an interrupted one from its checkpoint.
+    """
+    from dapo_suite.config import parse_override
+    from dapo_suite.ladder import DEFAULT_SEEDS, run_ladder, write_ladder_outputs
+
+    presets = [name.strip() for name in presets_list.split(",") if name.strip()] if presets_list else None
+    if presets_list is not None and not presets:
+        raise click.UsageError("--presets: give at least one preset name, e.g. --presets dapo,gspo")
     try:
-        for assignment in assignments:
-            key, value = parse_override(assignment)
-            if key in SWITCHES:
-                raise ValueError(f"--set {assignment}: {key} is one of the switches the ladder varies")
-            overrides[key] = value
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        table = run_ladder(Path(out), list(rungs or LADDER), overrides)
+        if report_only:
+            table = write_ladder_outputs(Path(out), presets, list(range(seeds)) if seeds else None)
+        else:
+            overrides: dict = {"max_steps": max_steps, "model": model}
+            overrides.update(parse_override(assignment) for assignment in assignments)
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+            table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+    except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint
+        raise click.ClickException(str(error)) from error
     click.echo(table.read_text())
     click.echo(f"table: {table}")

@@ -1,0 +1,160 @@
+"""`dapo-suite train ladder`: presets over seeds, the table, the seed-paired tests and the plots. The fast tests
+rebuild a ladder from metrics.jsonl files written here (the format the trainer logs); the slow one trains the real
+embedded model for one step per run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dapo_suite.ladder import PLAN_FILE, comparisons, run_path
+from eval.metrics import paired_t_test
+
+TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
+       "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
+TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
+
+# Held-out accuracy after training, per seed 0, 1, 2.
+AFTER = {"grpo": [0.1, 0.2, 0.3], "+clip-higher": [0.2, 0.4, 0.6], "dapo": [0.5, 0.5, 0.8]}
+BEFORE = [0.05, 0.1, 0.0]
+
+
+def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def step_record(step: int, entropy: float, zero: int) -> dict:
+    return {"step": step, "reward/acc": 0.25 * step, "actor/entropy": entropy, "response_len/mean": 10.0 * step,
+            "actor/clipfrac_upper": 0.001 * step, "sampling/groups_all_correct": 1, "sampling/groups_all_wrong": 2,
+            "sampling/groups_mixed": 1, "sampling/groups_zero_advantage": zero, "perf/step_seconds": 30.0}
+
+
+def write_ladder(out: Path, finished: bool = True) -> None:
+    """A ladder as the command leaves it: the plan, and per run two steps and the held-out evaluations (before
+    only in the first rung's runs; the others get it in summary.json, not in metrics)."""
+    out.mkdir(parents=True)
+    (out / PLAN_FILE).write_text(json.dumps({"presets": list(AFTER), "seeds": [0, 1, 2],
+                                             "overrides": {"max_steps": 2}}))
+    for rung, afters in AFTER.items():
+        for seed, after in enumerate(afters):
+            records = [{"step": 0, "val/acc": BEFORE[seed]}] if rung == "grpo" else []
+            # entropy of the last steps: 1.0 and 2.0 + seed -> mean 1.5 + seed / 2; zero-advantage 3 then 1 of 4
+            records += [step_record(1, 1.0, 3), step_record(2, 2.0 + seed, 1)]
+            if finished or (rung, seed) != ("dapo", 2):
+                records.append({"step": 2, "val/acc": after})
+            run_dir = run_path(out, rung, seed)
+            run_dir.mkdir(parents=True)
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_comparisons_are_each_rung_against_the_previous_and_grpo_once():
+    assert comparisons(["grpo", "a", "b"]) == [("grpo", "a"), ("a", "b"), ("grpo", "b")]
+    assert comparisons(["dapo", "grpo", "gspo"]) == [("dapo", "grpo"), ("grpo", "gspo")]
+    assert comparisons(["dapo", "gspo", "cispo"]) == [("dapo", "gspo"), ("gspo", "cispo")]
+    assert comparisons(["dapo"]) == []
+
+
+def test_report_only_rebuilds_table_tests_and_plots_from_the_metrics(tmp_path):
+    out = tmp_path / "ladder"
+    write_ladder(out)
+    result = dapo_suite("train", "ladder", "--out", str(out), "--report-only")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((out / "ladder.json").read_text())
+    rows = {row["rung"]: row for row in results["rows"]}
+    clip = rows["+clip-higher"]
+    assert clip["seeds"] == [0, 1, 2] and clip["before"] == pytest.approx(0.05)
+    assert clip["heldout_acc"]["mean"] == pytest.approx(0.4) and clip["heldout_acc"]["std"] == pytest.approx(0.2)
+    assert clip["entropy"]["per_seed"] == pytest.approx([1.5, 2.0, 2.5])
+    assert clip["zero_adv_share"]["mean"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2 in every run
+    assert clip["minutes"]["mean"] == pytest.approx(1.0)
+    tests = {(t["a"], t["b"]): t["measures"] for t in results["tests"]}
+    assert list(tests) == [("grpo", "+clip-higher"), ("+clip-higher", "dapo"), ("grpo", "dapo")]
+    # +clip-higher - grpo per seed: 0.1, 0.2, 0.3 -> t = 2 sqrt 3 on 2 df, p = 1 - sqrt(12/14); sign-flip 2/8
+    acc = tests["grpo", "+clip-higher"]["heldout_acc"]
+    assert acc["t_test"]["t"] == pytest.approx(2 * math.sqrt(3))
+    assert acc["t_test"]["p_value"] == pytest.approx(1 - math.sqrt(12 / 14))
+    assert acc["sign_flip"]["p_value"] == 0.25
+    expected = paired_t_test(AFTER["grpo"], AFTER["dapo"])
+    assert tests["grpo", "dapo"]["heldout_acc"]["t_test"]["p_value"] == pytest.approx(expected["p_value"])
+    # Equal entropy per seed in both rungs: d = 0 everywhere
+    assert tests["grpo", "dapo"]["entropy"]["t_test"]["p_value"] == 1.0
+    table = (out / "ladder.md").read_text()
+    assert "| +clip-higher | 3 | 5.0 -> **40.0 ± 20.0** | +35.0 | 2.00 ± 0.50 |" in table
+    assert "| +clip-higher vs grpo | 3 | +20.0 | -4.8 to +44.8 | 3.46 | 0.074 | 0.250 |" in table
+    assert "Paired t-test" in table and "sign-flip permutation test" in table and "cannot go below 0.25" in table
+    with (out / "ladder.csv").open() as handle:
+        assert [row["rung"] for row in csv.DictReader(handle)] == list(AFTER)
+    assert (out / "ladder_dynamics.png").stat().st_size > 10_000
+    assert dapo_suite("report", str(out)).returncode == 0
+    report = (out / "report.md").read_text()
+    assert "## Ablation ladder" in report and "(ladder_dynamics.png)" in report
+    assert "data:image/png;base64" in (out / "report.html").read_text()
+
+
+def test_an_unfinished_run_is_left_out_and_named(tmp_path):
+    out = tmp_path / "ladder"
+    write_ladder(out, finished=False)
+    result = dapo_suite("train", "ladder", "--out", str(out), "--report-only", "--presets", "grpo,dapo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((out / "ladder.json").read_text())
+    assert [row["rung"] for row in results["rows"]] == ["grpo", "dapo"]
+    assert results["rows"][1]["seeds"] == [0, 1] and results["missing"] == ["dapo seed 2"]
+    assert results["tests"][0]["seeds"] == [0, 1]  # paired on the seeds both rungs finished
+    assert "Not finished (left out): dapo seed 2." in (out / "ladder.md").read_text()
+
+
+def test_ladder_refuses_what_it_cannot_compare(tmp_path):
+    result = dapo_suite("train", "ladder", "--out", str(tmp_path), "--set", "clip_high=0.3")
+    assert result.returncode == 2 and "clip_high is one of the switches the ladder compares" in result.stderr
+    result = dapo_suite("train", "ladder", "--out", str(tmp_path), "--set", "seed=4")
+    assert result.returncode == 2 and "--seeds" in result.stderr
+    result = dapo_suite("train", "ladder", "--out", str(tmp_path), "--presets", "dapo,nope")
+    assert result.returncode == 2 and "unknown preset 'nope'" in result.stderr
+    result = dapo_suite("train", "ladder", "--out", str(tmp_path / "none"), "--report-only")
+    assert result.returncode == 2 and "ladder_plan.json" in result.stderr and "Traceback" not in result.stderr
+    out = tmp_path / "ladder"
+    write_ladder(out)
+    result = dapo_suite("train", "ladder", "--out", str(out), "--max-steps", "3")
+    assert result.returncode == 2 and "repeat the same" in result.stderr
+
+
+@pytest.mark.slow
+def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
+    out = tmp_path / "ladder"
+    args = ["train", "ladder", "--out", str(out), "--presets", "grpo,dapo", "--seeds", "2", "--max-steps", "1",
+            *TOY_FLAGS]
+    result = dapo_suite(*args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summaries = {(rung, seed): json.loads((run_path(out, rung, seed) / "summary.json").read_text())
+                 for rung in ("grpo", "dapo") for seed in (0, 1)}
+    # "before" measured once per seed and shared; the seeds split and sample differently
+    assert all(summaries["grpo", seed]["before"] == summaries["dapo", seed]["before"] for seed in (0, 1))
+    assert "seed: 1\n" in (run_path(out, "dapo", 1) / "config.yaml").read_text()
+    assert "clip_high: 0.2\n" in (run_path(out, "grpo", 0) / "config.yaml").read_text()
+    results = json.loads((out / "ladder.json").read_text())
+    assert [(row["rung"], row["seeds"], row["steps"]) for row in results["rows"]] == [
+        ("grpo", [0, 1], [1, 1]), ("dapo", [0, 1], [1, 1])]
+    assert results["tests"][0]["measures"]["heldout_acc"]["t_test"]["n"] == 2
+    assert all(math.isfinite(results["rows"][0][name]["mean"]) for name in ("entropy", "zero_adv_share"))
+    assert (out / "ladder_dynamics.png").is_file() and "| dapo vs grpo | 2 |" in result.stdout
+    # A rerun skips all four
+    again = dapo_suite(*args)
+    assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 4
+    # Killed after its last checkpoint, before the evaluation after training: the trainer resumes it from there
+    run_dir = run_path(out, "dapo", 1)
+    (run_dir / "summary.json").write_text(json.dumps({"before": summaries["dapo", 1]["before"]}))
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join(lines[:-1]))
+    third = dapo_suite(*args)
+    assert third.returncode == 0, third.stderr[-4000:]
+    assert third.stdout.count("finished earlier, skipped") == 3 and "resumed from" in third.stderr
+    after = json.loads((run_dir / "summary.json").read_text())["after"]
+    assert after.pop("seconds") > 0 and after == {k: v for k, v in summaries["dapo", 1]["after"].items() if k != "seconds"}
+    assert json.loads((out / "ladder.json").read_text())["missing"] == []
