@@ -140,6 +140,9 @@ class TrainConfig:
     keep_checkpoints: int = 1
     wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
     dtype: str = "float32"  # "bfloat16" on GPUs; float32 is faster on most CPUs
+    # Rollouts in another precision than training (e.g. "bfloat16" on CPUs with native bf16 matmuls); null =
+    # dtype. On this project's AVX2 test machine bf16 sampling measured slower (docs/benchmarks.md), so off.
+    sampling_dtype: str | None = None
     device: str = "auto"
 
     # The scale presets applied before this config's own values (resolved; for the record).
@@ -189,6 +192,8 @@ class TrainConfig:
         elif self.adv_norm is not None and self.adv_norm not in estimator.norms:
             problems.append(f"adv_norm {self.adv_norm!r}: adv_estimator {self.adv_estimator} normalises only as "
                             f"{' / '.join(estimator.norms)} (or null for its own)")
+        if self.sampling_dtype not in (None, "float32", "bfloat16", "float16"):
+            problems.append("sampling_dtype must be null (= dtype), float32, bfloat16 or float16")
         if self.rollout_correction not in ("auto", "on", "off"):
             problems.append("rollout_correction must be 'auto', 'on' or 'off'")
         # The correction's own parsers say what is wrong with a level, criterion or threshold.

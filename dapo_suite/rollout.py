@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from dapo_suite.decoding import HFStepper, make_stepper
 from dapo_suite.models import eval_mode, require_vllm, vllm_usable
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,8 @@ def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generat
 @torch.no_grad()
 def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                   temperature: float, top_p: float, eos_ids: set[int], pad_id: int, samples_per_prompt: int = 1,
-                  generator: torch.Generator | None = None) -> SampledBatch:
+                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
+                  decoder: str = "auto") -> SampledBatch:
     """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
@@ -85,6 +87,10 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     `samples_per_prompt` = G, each prompt is run once and its KV cache copied G times (the G samples of a group
     share it), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
     before top-p, which is what the trainer recomputes as log pi.
+
+    The prompt runs through the model's own forward; decode steps run through `decoding.make_stepper`
+    (`decoder="hf"` forces transformers' step). `dtype` samples in another precision than the model's
+    (e.g. bfloat16 where the CPU has native bf16 matmuls); the log-probs are then the sampler's, not the trainer's.
     """
     prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
     cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=prefix_positions,
@@ -93,19 +99,21 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         cache.batch_repeat_interleave(samples_per_prompt)
         input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
         attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
+    stepper = (HFStepper(model, cache, attention_mask) if decoder == "hf"
+               else make_stepper(model, cache, attention_mask, max_new_tokens, dtype))
+    del cache  # the lean stepper copied it into its own buffer
     count, device = input_ids.shape[0], input_ids.device
     tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(count, max_new_tokens, device=device)
     lengths = torch.zeros(count, dtype=torch.long, device=device)
     stopped = torch.zeros(count, dtype=torch.bool, device=device)
-    positions = (attention_mask.sum(-1) - 1).unsqueeze(-1)  # position of each row's last prompt token
+    positions = attention_mask.sum(-1) - 1  # position of each row's last prompt token
     eos = torch.tensor(sorted(eos_ids), device=device)
     rows = torch.arange(count, device=device)  # which output row each batch row is
     alive = torch.ones(count, dtype=torch.bool, device=device)
-    step_input, mask = input_ids[:, -1:], attention_mask
+    step_input = input_ids[:, -1]
     for step in range(max_new_tokens):
-        logits = model(input_ids=step_input, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       use_cache=True).logits[:, -1].float()
+        logits = stepper.step(step_input, positions)
         if temperature > 0:
             step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
             sampled = sample_top_p(step_log_probs, top_p, generator)
@@ -123,10 +131,9 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             break
         if (~alive).sum() * 4 >= alive.numel():
             keep = alive.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            rows, alive, sampled, mask, positions = rows[keep], alive[keep], sampled[keep], mask[keep], positions[keep]
-        step_input = sampled.unsqueeze(-1)
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+            stepper.select(keep)
+            rows, alive, sampled, positions = rows[keep], alive[keep], sampled[keep], positions[keep]
+        step_input = sampled
         positions = positions + 1
     return SampledBatch(tokens, log_probs, lengths, stopped)
 
@@ -134,8 +141,9 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
 class HFRollout:
     """Batched sampling with `model.generate` (KV cache), recording log pi_old of each sampled token."""
 
-    def __init__(self, model, tokenizer, chunk_size: int = 128) -> None:
+    def __init__(self, model, tokenizer, chunk_size: int = 128, dtype: str | None = None) -> None:
         self.model, self.tokenizer, self.chunk_size = model, tokenizer, chunk_size
+        self.dtype = getattr(torch, dtype) if dtype else None  # sampling precision; None = the model's
 
     def sync_weights(self) -> None:
         """Nothing to copy: this engine samples with the trainer's own module."""
@@ -165,7 +173,7 @@ class HFRollout:
         with eval_mode(model):
             sampled = sample_tokens(model, ids, attention, max_new_tokens, temperature, top_p,
                                     {tokenizer.eos_token_id}, tokenizer.pad_token_id, samples_per_prompt=group_size,
-                                    generator=generator)
+                                    generator=generator, dtype=self.dtype)
         prompt_ids = [ids[group][attention[group].bool()].cpu() for group in range(ids.shape[0])]
         rollouts = []
         for row in range(sampled.tokens.shape[0]):
@@ -233,7 +241,7 @@ def make_engine(config, model, tokenizer) -> RolloutEngine:
     with a warning that carries the error; on "vllm" the error stops the run."""
     if config.rollout_engine == "hf" or (config.rollout_engine == "auto"
                                          and not (vllm_usable() and model.device.type == "cuda")):
-        return HFRollout(model, tokenizer)
+        return HFRollout(model, tokenizer, dtype=config.sampling_dtype)
     max_model_len = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)
     try:
         return VLLMRollout(model, tokenizer, max_model_len, config.rollout_gpu_memory_utilization, config.seed)
@@ -242,4 +250,4 @@ def make_engine(config, model, tokenizer) -> RolloutEngine:
             raise
         log.warning("vLLM did not start (%s: %s); sampling with transformers instead. Set rollout_engine=vllm "
                     "to stop on this error, or rollout_engine=hf to skip vLLM.", type(error).__name__, error)
-        return HFRollout(model, tokenizer)
+        return HFRollout(model, tokenizer, dtype=config.sampling_dtype)

@@ -100,6 +100,16 @@ def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: s
     return kept, counts
 
 
+def logprob_mismatch(rollouts: list[Rollout]) -> dict[str, float]:
+    """|log pi_old (trainer) - log pi_rollout (sampler)| over the response tokens of rollouts that carry both:
+    the rollout-training mismatch that rollout correction weighs. Empty when none carries both."""
+    both = [r for r in rollouts if r.rollout_log_prob is not None and r.old_log_prob is not None and r.length]
+    if not both:
+        return {}
+    gap = torch.cat([(r.old_log_prob - r.rollout_log_prob).abs() for r in both])
+    return {"rollout/logprob_diff_max": gap.max().item(), "rollout/logprob_diff_mean": gap.mean().item()}
+
+
 class DAPOTrainer:
     def __init__(self, config: TrainConfig, resume: bool = False) -> None:
         self.config = config
@@ -214,6 +224,7 @@ class DAPOTrainer:
         self.fill_old_log_probs([r for group in kept + self.surplus for r in group])
         if kept:
             self.assign_advantages(kept)
+        mismatch = logprob_mismatch([r for group in kept for r in group])
         lengths = torch.tensor([r.length for r in all_rollouts], dtype=torch.float32)
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
@@ -234,6 +245,7 @@ class DAPOTrainer:
             "sampling/groups_surplus_dropped": len(surplus) - len(self.surplus),
             "perf/rollout_tokens_per_s": generated_tokens / max(rollout_seconds, 1e-9),
         }
+        metrics.update(mismatch)
         return kept, metrics
 
     # ---- policy update -----------------------------------------------------------------------------------
@@ -269,8 +281,8 @@ class DAPOTrainer:
         sampling dtype, or vLLM's kernels)."""
         if self.config.rollout_correction != "auto":
             return self.config.rollout_correction == "on"
-        sampling_dtype = getattr(self.config, "sampling_dtype", None)  # the sampler's dtype option, when present
-        return sampling_dtype not in (None, self.config.dtype) or isinstance(self.engine, VLLMRollout)
+        return (self.config.sampling_dtype not in (None, self.config.dtype)
+                or isinstance(self.engine, VLLMRollout))
 
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:

@@ -451,3 +451,21 @@ def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
                                   torch.tensor([r.length for r in rollouts]), norm)
     assert [r.advantage for r in rollouts] == pytest.approx(expected.tolist())
     assert trainer.update(groups)["actor/updates"] == 2
+
+
+@pytest.mark.slow  # bfloat16 matmuls are emulated on CPUs without avx512_bf16 (this project's test machines)
+def test_lower_precision_sampling_turns_correction_on_and_logs_the_mismatch(trainer):
+    """sampling_dtype=bfloat16 with float32 training: rollout correction's `auto` switches on, the trainer
+    recomputes pi_old, and the gap to the sampler's log-probs is logged as rollout/logprob_diff_*."""
+    from dapo_suite.rollout import make_engine
+
+    configure(trainer, ["dapo"], sampling_dtype="bfloat16")
+    trainer.engine = make_engine(trainer.config, trainer.model, trainer.tokenizer)
+    try:
+        assert trainer.corrects_rollouts()
+        groups, metrics = trainer.collect()
+        assert 0 < metrics["rollout/logprob_diff_mean"] <= metrics["rollout/logprob_diff_max"] < 2.0
+        assert any(key.startswith("rollout_corr/") for key in trainer.update(groups))
+    finally:
+        configure(trainer, ["dapo"])
+        trainer.engine = make_engine(trainer.config, trainer.model, trainer.tokenizer)

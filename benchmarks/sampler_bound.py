@@ -1,0 +1,139 @@
+"""How close rollout sampling gets to what this machine allows, and how it compares with `model.generate`.
+
+    .venv/bin/python benchmarks/sampler_bound.py                                   # batch 1, 16, 64 x 256 tokens
+    .venv/bin/python benchmarks/sampler_bound.py --batches 1,16 --max-tokens 64 --dtypes float32,bfloat16
+
+In one run it measures the machine (STREAM-style copy bandwidth, matmul FLOP/s, on the threads the sampler
+uses), derives a roofline bound in tokens/s per batch size (bytes per decode step = weights + the KV cache read,
+against bandwidth; FLOPs per step against FLOP/s; the slower of the two), then times `sample_tokens` (the lean
+decoder) and a plain batched `model.generate` on the same GSM8K prompts. Tokens are counted only while a
+response is unfinished (generate keeps computing rows that have stopped). It also reports the log-prob gap
+between a lower sampling dtype and the float32 trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def best_seconds(run, repeats: int = 5) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def copy_bandwidth(megabytes: int = 512) -> float:
+    """Bytes/s of a large tensor copy (read + write), like STREAM's copy kernel."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    target = torch.empty_like(source)
+    return 2 * source.numel() * 4 / best_seconds(lambda: target.copy_(source))
+
+
+def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    return 2 * size**3 / best_seconds(lambda: a @ b, repeats=3)
+
+
+def bound_tokens_per_s(config, params: int, embed_params: int, batch: int, context: float, dtype_bytes: int,
+                       bandwidth: float, flops: float) -> float:
+    """Roofline bound of one decode step for `batch` rows at mean context length `context`."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim  # keys + values
+    step_bytes = params * dtype_bytes + batch * context * kv_per_token * dtype_bytes
+    # Matmuls: every non-embedding weight, plus the (tied) output projection; attention: QK^T and AV.
+    token_flops = 2 * (params - embed_params) + 2 * embed_params
+    token_flops += 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
+    step_seconds = max(step_bytes / bandwidth, batch * token_flops / flops)
+    return batch / step_seconds
+
+
+def generated_tokens(rows: torch.Tensor, eos: int) -> int:
+    """Tokens up to and including each row's first end-of-sequence token."""
+    total = 0
+    for row in rows.tolist():
+        total += row.index(eos) + 1 if eos in row else len(row)
+    return total
+
+
+@torch.no_grad()
+def logprob_gap(model, encoded, sampled) -> tuple[float, float]:
+    """Max and mean |log p| gap between the sampler's log-probs and a float32 teacher-forced forward pass of the
+    model (what the trainer recomputes as pi_old), over generated tokens."""
+    mask = torch.arange(sampled.tokens.shape[1]) < sampled.lengths[:, None]
+    ids = torch.cat([encoded["input_ids"], sampled.tokens], dim=1)
+    attention = torch.cat([encoded["attention_mask"], mask.long()], dim=1)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+                   logits_to_keep=sampled.tokens.shape[1] + 1).logits[:, :-1].float()
+    trainer = torch.log_softmax(logits, -1).gather(-1, sampled.tokens.unsqueeze(-1)).squeeze(-1)
+    gap = (trainer - sampled.log_probs).abs()[mask]
+    return gap.max().item(), gap.mean().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--dtypes", default="float32", help="sampling dtypes to time (float32, bfloat16)")
+    parser.add_argument("--skip-generate", action="store_true", help="time only the sampler")
+    args = parser.parse_args()
+
+    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.rollout import sample_tokens
+    from eval.data import load_problems
+    from eval.prompts import format_prompt
+
+    model, tokenizer = load_model_and_tokenizer(None)
+    model.eval()
+    config = model.config
+    params = sum(p.numel() for p in model.parameters())
+    embed_params = model.model.embed_tokens.weight.numel()
+    bandwidth = copy_bandwidth()
+    print(f"machine: {torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    batches = [int(b) for b in args.batches.split(",")]
+    problems = load_problems("gsm8k", limit=max(batches))
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
+                                           add_generation_prompt=True) for p in problems]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    print("| dtype | batch | sampler tok/s | bound tok/s | % of bound | generate tok/s | sampler / generate |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        flops = matmul_flops(dtype)
+        print(f"<!-- {dtype_name} matmul: {flops / 1e9:.1f} GFLOP/s -->")
+        for batch in batches:
+            encoded = tokenizer(texts[:batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            generator = torch.Generator().manual_seed(0)
+            start = time.perf_counter()
+            sampled = sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], args.max_tokens, 1.0, 0.7,
+                                    {eos}, pad, generator=generator, dtype=dtype)
+            seconds = time.perf_counter() - start
+            tokens = int(sampled.lengths.sum())
+            rate = tokens / seconds
+            context = encoded["input_ids"].shape[1] + float(sampled.lengths.float().mean()) / 2
+            bound = bound_tokens_per_s(config, params, embed_params, batch, context, dtype.itemsize, bandwidth, flops)
+            generate_cell, ratio_cell = "-", "-"
+            if not args.skip_generate:
+                torch.manual_seed(0)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    output = model.generate(**encoded, max_new_tokens=args.max_tokens, do_sample=True, top_p=0.7,
+                                            top_k=0, temperature=1.0, pad_token_id=pad, eos_token_id=eos)
+                generate_rate = generated_tokens(output[:, encoded["input_ids"].shape[1]:], eos) / (
+                    time.perf_counter() - start)
+                generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"
+            print(f"| {dtype_name} | {batch} | {rate:.1f} | {bound:.1f} | {100 * rate / bound:.0f} % | "
+                  f"{generate_cell} | {ratio_cell} |", flush=True)
+            max_gap, mean_gap = logprob_gap(model, encoded, sampled)
+            print(f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max {max_gap:.2e}, "
+                  f"mean {mean_gap:.2e} -->", flush=True)
+
+
+if __name__ == "__main__":
+    main()

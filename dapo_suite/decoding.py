@@ -1,0 +1,159 @@
+"""One decode step at a time for `rollout.sample_tokens`: a static KV cache and a lean forward pass.
+
+On a CPU, decoding the embedded model one token at a time is bound by memory traffic and Python overhead, not
+arithmetic. transformers' own step (`HFStepper`) grows its KV cache with `torch.cat` on every step, so each step
+copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB per step, more than the weights),
+and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
+in one tensor, so dropping finished rows is one `index_select`), fuses the q/k/v and gate/up projections into
+one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
+`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. Both take the KV cache that transformers'
+prefill produced, so the prompt is always processed by the model's own code.
+
+Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32 (tests/test_sampler.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+# model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
+# pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
+LEAN_ARCHITECTURES = {"llama": False, "qwen2": True}
+
+
+class Stepper(Protocol):
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row, (B,) at positions (B,); return the next-token logits (B, V) in float32."""
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows `keep` (indices into the current batch)."""
+
+
+class HFStepper:
+    """transformers' own forward with its dynamic cache (the reference the lean path is tested against)."""
+
+    def __init__(self, model, cache, attention_mask: torch.Tensor) -> None:
+        self.model, self.cache, self.mask = model, cache, attention_mask
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
+                            position_ids=positions.unsqueeze(-1), past_key_values=self.cache,
+                            use_cache=True).logits[:, -1].float()
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=-1)
+        return logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask = self.mask[keep]
+
+
+def lean_supported(model) -> bool:
+    """Whether `LeanStepper` implements this model's block exactly (plain Llama/Qwen2 block, default RoPE)."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (config.model_type in LEAN_ARCHITECTURES and rope.get("rope_type", "default") == "default"
+            and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
+
+
+class LeanStepper:
+    """Decode steps for a Llama-style model with a preallocated cache.
+
+    Per layer (pre-norm; RMSNorm(x) = w * x / sqrt(mean(x^2) + eps)):
+        q, k, v = split(RMSNorm(h) W_qkv^T);  q, k = RoPE(q, pos), RoPE(k, pos)
+        h = h + Attn(q, K[:t], V[:t]) W_o^T;  g, u = split(RMSNorm(h) W_gu^T);  h = h + (silu(g) * u) W_down^T
+    Grouped-query attention reads K and V once per key/value head: the H/H_kv query heads of a group are folded
+    into the query axis, (B, H, D) -> (B, H_kv, H/H_kv, D), exactly as `models.grouped_query_sdpa` does.
+    """
+
+    def __init__(self, model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
+                 dtype: torch.dtype | None = None) -> None:
+        config, inner = model.config, model.model
+        dtype = dtype or model.dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        rotary = inner.rotary_emb
+        self.inv_freq, self.rope_scale = rotary.inv_freq.float(), rotary.attention_scaling
+        # The weights are a snapshot (fused, in the sampling dtype): a stepper lives for one sample_tokens call,
+        # between two updates of the policy.
+        self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.to(dtype)
+        self.lm_head = self.embed if model.lm_head.weight is inner.embed_tokens.weight else model.lm_head.weight.to(dtype)
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_bias = None
+            if LEAN_ARCHITECTURES[config.model_type]:
+                qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
+            self.layers.append((
+                layer.input_layernorm.weight.to(dtype),
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias,
+                attn.o_proj.weight.to(dtype), layer.post_attention_layernorm.weight.to(dtype),
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), mlp.down_proj.weight.to(dtype),
+            ))
+        self.scale = self.head_dim ** -0.5
+        # Keys and values of every layer in one buffer: (2, layers, B, H_kv, P + new tokens, D).
+        prompt_len = cache.layers[0].keys.shape[-2]
+        batch = attention_mask.shape[0]
+        self.kv = torch.empty(2, len(self.layers), batch, self.kv_heads, prompt_len + max_new_tokens, self.head_dim,
+                              dtype=self.embed.dtype, device=self.embed.device)
+        for index, layer in enumerate(cache.layers):
+            self.kv[0, index, :, :, :prompt_len] = layer.keys
+            self.kv[1, index, :, :, :prompt_len] = layer.values
+        # Which cache slots a row may attend to: its prompt tokens, then everything it generates.
+        self.valid = torch.ones(batch, prompt_len + max_new_tokens, dtype=torch.bool, device=attention_mask.device)
+        self.valid[:, : attention_mask.shape[1]] = attention_mask.bool()
+        self.length = prompt_len  # slots filled so far
+
+    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        variance = hidden.float().pow(2).mean(-1, keepdim=True)
+        return weight * (hidden.float() * torch.rsqrt(variance + self.eps)).to(hidden.dtype)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        angles = torch.cat([freqs, freqs], dim=-1)
+        return ((angles.cos() * self.rope_scale).to(dtype)[:, None, :],
+                (angles.sin() * self.rope_scale).to(dtype)[:, None, :])
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        batch, slot = tokens.shape[0], self.length
+        self.length += 1
+        cos, sin = self._rope(positions, self.embed.dtype)
+        mask = self.valid[:, None, None, : self.length]  # (B, 1, 1, t)
+        keys, values = self.kv[0, :, :, :, : self.length], self.kv[1, :, :, :, : self.length]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        hidden = F.embedding(tokens, self.embed)
+        for index, (norm_in, w_qkv, b_qkv, w_o, norm_post, w_gu, w_down) in enumerate(self.layers):
+            qkv = F.linear(self._norm(hidden, norm_in), w_qkv, b_qkv)
+            q = qkv[:, :q_size].view(batch, self.heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(batch, self.kv_heads, self.head_dim)
+            self.kv[0, index, :, :, slot] = self._rotate(k, cos, sin)
+            self.kv[1, index, :, :, slot] = qkv[:, q_size + kv_size :].view(batch, self.kv_heads, self.head_dim)
+            q = self._rotate(q, cos, sin).view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+            attended = F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=mask,
+                                                      scale=self.scale)
+            hidden = hidden + F.linear(attended.reshape(batch, q_size), w_o)
+            gate, up = F.linear(self._norm(hidden, norm_post), w_gu).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, w_down)
+        return F.linear(self._norm(hidden, self.final_norm), self.lm_head).float()
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.kv = self.kv.index_select(2, keep)
+        self.valid = self.valid[keep]
+
+
+def make_stepper(model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
+                 dtype: torch.dtype | None = None) -> Stepper:
+    """The lean stepper where it implements the model exactly, else transformers' own (which samples in the
+    model's dtype: `dtype` needs the lean stepper)."""
+    if lean_supported(model):
+        return LeanStepper(model, cache, attention_mask, max_new_tokens, dtype)
+    return HFStepper(model, cache, attention_mask)
