@@ -5,7 +5,7 @@
 
 In one run it measures the machine (STREAM-style copy bandwidth, matmul FLOP/s, on the threads the sampler
 uses), derives a roofline bound in tokens/s per batch size (bytes per decode step = weights + the KV cache read,
-against bandwidth; FLOPs per step against FLOP/s; the slower of the two), then times `sample_tokens` (the lean
+against bandwidth; FLOPs per step against FLOP/s; the slower of the two; plus the prompt pass's FLOPs), then times `sample_tokens` (the lean
 decoder) and a plain batched `model.generate` on the same GSM8K prompts. Tokens are counted only while a
 response is unfinished (generate keeps computing rows that have stopped). It also reports the log-prob gap
 between a lower sampling dtype and the float32 trainer.
@@ -117,7 +117,10 @@ def main() -> None:
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
             context = encoded["input_ids"].shape[1] + float(sampled.lengths.float().mean()) / 2
-            bound = bound_tokens_per_s(config, params, embed_params, batch, context, dtype.itemsize, bandwidth, flops)
+            # The prompt pass is part of every call: its FLOPs (compute-bound) are added to the bound's time.
+            prompt_flops = 2 * params * int(encoded["attention_mask"].sum())
+            decode = bound_tokens_per_s(config, params, embed_params, batch, context, dtype.itemsize, bandwidth, flops)
+            bound = tokens / (prompt_flops / flops + tokens / decode)
             generate_cell, ratio_cell = "-", "-"
             if not args.skip_generate:
                 torch.manual_seed(0)

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from dapo_suite.cli import main
 from eval.scoring import read_generations
 
-RECORD_FIELDS = {"problem_id", "sample_index", "text", "finish_reason", "num_tokens", "answer", "score", "acc", "pred"}
+RECORD_FIELDS = {"problem_id", "sample_index", "text", "finish_reason", "num_tokens", "answer", "score", "acc", "pred",
+                 "timeout"}
 
 
 def invoke(*args: str):

@@ -94,20 +94,26 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+def _goes_idle(pid: int, within_s: float = 30.0) -> bool:
+    """Whether the server uses under 1 s of CPU in some 3 s window within `within_s` of now. Generating the
+    4,000 tokens asked for would keep it busy for minutes; on a loaded machine cancelling takes a few seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        before = _cpu_seconds(pid)
+        time.sleep(3.0)
+        if _cpu_seconds(pid) - before < 1.0:
+            return True
+    return False
+
+
 def test_a_client_that_disconnects_stops_its_generation(api):
     base_url, model, pid = api
     request = {"model": model, "messages": [{"role": "user", "content": "Count from 1 to 5000."}],
                "max_tokens": 4000, "temperature": 1.0}
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up after 2 s
         httpx.post(f"{base_url}/chat/completions", json=request, timeout=httpx.Timeout(2.0, connect=5.0))
-    time.sleep(2.0)  # the front notices within 0.5 s and closes the child's stream
-    before = _cpu_seconds(pid)
-    time.sleep(3.0)
-    assert _cpu_seconds(pid) - before < 1.0, "the model server kept generating for a client that had gone"
+    assert _goes_idle(pid), "the model server kept generating for a client that had gone"
     with _client(base_url).chat.completions.create(model=model, messages=request["messages"], max_tokens=4000,
                                                    stream=True) as stream:
         next(iter(stream))  # a streaming client that leaves after its first piece
-    time.sleep(2.0)
-    before = _cpu_seconds(pid)
-    time.sleep(3.0)
-    assert _cpu_seconds(pid) - before < 1.0
+    assert _goes_idle(pid), "the model server kept generating for a streaming client that had gone"
