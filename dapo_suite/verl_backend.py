@@ -160,6 +160,7 @@ NOT_MAPPED = {
     "task": "built-in task of the embedded trainer; verl needs --train-file",
     "heldout_size": "embedded trainer only",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
+    "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
     "backend": "selects this module",
     "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in metrics)",
     "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
