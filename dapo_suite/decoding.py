@@ -151,9 +151,11 @@ class LeanStepper:
 
 
 def make_stepper(model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None) -> Stepper:
-    """The lean stepper where it implements the model exactly, else transformers' own (which samples in the
-    model's dtype: `dtype` needs the lean stepper)."""
-    if lean_supported(model):
+                 dtype: torch.dtype | None = None, decoder: str = "auto") -> Stepper:
+    """The lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
+    (which samples in the model's dtype: `dtype` needs the lean stepper)."""
+    if decoder not in ("auto", "hf"):
+        raise ValueError(f"decoder {decoder!r}: expected 'auto' or 'hf'")
+    if decoder == "auto" and lean_supported(model):
         return LeanStepper(model, cache, attention_mask, max_new_tokens, dtype)
     return HFStepper(model, cache, attention_mask)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from dapo_suite.decoding import HFStepper, make_stepper
+from dapo_suite.decoding import make_stepper
 from dapo_suite.models import eval_mode, require_vllm, vllm_usable
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,7 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         cache.batch_repeat_interleave(samples_per_prompt)
         input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
         attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
-    stepper = (HFStepper(model, cache, attention_mask) if decoder == "hf"
-               else make_stepper(model, cache, attention_mask, max_new_tokens, dtype))
+    stepper = make_stepper(model, cache, attention_mask, max_new_tokens, dtype, decoder)
     del cache  # the lean stepper copied it into its own buffer
     count, device = input_ids.shape[0], input_ids.device
     tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
