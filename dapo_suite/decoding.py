@@ -108,10 +108,6 @@ class LeanStepper:
         self.valid[:, : attention_mask.shape[1]] = attention_mask.bool()
         self.length = prompt_len  # slots filled so far
 
-    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        variance = hidden.float().pow(2).mean(-1, keepdim=True)
-        return weight * (hidden.float() * torch.rsqrt(variance + self.eps)).to(hidden.dtype)
-
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq
         angles = torch.cat([freqs, freqs], dim=-1)
@@ -123,6 +119,10 @@ class LeanStepper:
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
+    def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # one fused op; in float32 it equals transformers' LlamaRMSNorm bit for bit (tests/test_sampler.py)
+        return F.rms_norm(hidden, weight.shape, weight, self.eps)
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         batch, slot = tokens.shape[0], self.length
         self.length += 1
@@ -131,13 +131,14 @@ class LeanStepper:
         keys, values = self.kv[0, :, :, :, : self.length], self.kv[1, :, :, :, : self.length]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         hidden = F.embedding(tokens, self.embed)
+        heads_qk = self.heads + self.kv_heads
         for index, (norm_in, w_qkv, b_qkv, w_o, norm_post, w_gu, w_down) in enumerate(self.layers):
             qkv = F.linear(self._norm(hidden, norm_in), w_qkv, b_qkv)
-            q = qkv[:, :q_size].view(batch, self.heads, self.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(batch, self.kv_heads, self.head_dim)
-            self.kv[0, index, :, :, slot] = self._rotate(k, cos, sin)
+            # queries and keys rotate together: one RoPE for both instead of one each
+            qk = self._rotate(qkv[:, : q_size + kv_size].view(batch, heads_qk, self.head_dim), cos, sin)
+            self.kv[0, index, :, :, slot] = qk[:, self.heads :]
             self.kv[1, index, :, :, slot] = qkv[:, q_size + kv_size :].view(batch, self.kv_heads, self.head_dim)
-            q = self._rotate(q, cos, sin).view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+            q = qk[:, : self.heads].view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
             attended = F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=mask,
                                                       scale=self.scale)
             hidden = hidden + F.linear(attended.reshape(batch, q_size), w_o)

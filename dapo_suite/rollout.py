@@ -64,14 +64,45 @@ class SampledBatch:
     stopped: torch.Tensor
 
 
+NUCLEUS_CANDIDATES = 256  # top-p looks for the nucleus among this many most likely tokens first
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row with probability proportional to `weights` (N, K), by inverse CDF: one uniform per row.
+
+    torch.multinomial draws an exponential per vocabulary entry (64 rows x 49k tokens: ~70 ms per step on a
+    2-core CPU); a cumulative sum and a binary search take ~2 ms and draw from the same distribution."""
+    cdf = weights.cumsum(dim=-1)
+    target = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device) * cdf[:, -1:]
+    # right=True: the first entry whose cdf exceeds the target, so zero-weight entries are never drawn
+    return torch.searchsorted(cdf, target, right=True).clamp(max=weights.shape[-1] - 1).squeeze(-1)
+
+
 def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Nucleus sampling: draw from the smallest set of tokens whose probability mass reaches top_p. (N, V) -> (N,)."""
+    """Nucleus sampling (Holtzman et al. 2019, arXiv 1904.09751): draw from the smallest set of most likely tokens
+    whose probability mass reaches top_p. (N, V) -> (N,).
+
+    The nucleus is looked for among the NUCLEUS_CANDIDATES most likely tokens (a partial top-k instead of sorting
+    the whole vocabulary, ~60x cheaper); only rows whose nucleus is wider than that are sorted in full."""
     probs = log_probs.exp()
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token already reaches top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if top_p >= 1.0:
+        return _draw(probs, generator)
+    top, order = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)  # descending
+    wide = top.sum(dim=-1) <= top_p  # the nucleus may reach past the candidates
+    if wide.any():
+        full_top, full_order = probs[wide].sort(dim=-1, descending=True)
+        sampled = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+        sampled[~wide] = _nucleus_draw(top[~wide], order[~wide], top_p, generator)
+        sampled[wide] = _nucleus_draw(full_top, full_order, top_p, generator)
+        return sampled
+    return _nucleus_draw(top, order, top_p, generator)
+
+
+def _nucleus_draw(sorted_probs: torch.Tensor, order: torch.Tensor, top_p: float,
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """Draw from descending probabilities cut to their nucleus; `order` maps positions back to token ids."""
+    outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token already reaches top_p
+    return order.gather(-1, _draw(sorted_probs.masked_fill(outside, 0.0), generator).unsqueeze(-1)).squeeze(-1)
 
 
 @torch.no_grad()
