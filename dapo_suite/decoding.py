@@ -58,6 +58,22 @@ def lean_supported(model) -> bool:
             and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
 
 
+def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                    lse_b: torch.Tensor) -> torch.Tensor:
+    """Softmax attention over the union of two disjoint key sets, from each set's output and log-sum-exp of its
+    scores (the split-KV merge of FlashDecoding, Dao et al. 2023; Juravsky et al., Hydragen, arXiv 2402.05099):
+        lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
+    out_*: (..., D); lse_*: (...) in float32."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    merged = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
+    return merged.to(out_a.dtype)
+
+
+# Attention that also returns the log-sum-exp of the scores, which `merge_attention` needs. The public
+# scaled_dot_product_attention returns the output only; this is the same CPU kernel it dispatches to.
+_attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
 class LeanStepper:
     """Decode steps for a Llama-style model with a preallocated cache.
 
@@ -66,10 +82,16 @@ class LeanStepper:
         h = h + Attn(q, K[:t], V[:t]) W_o^T;  g, u = split(RMSNorm(h) W_gu^T);  h = h + (silu(g) * u) W_down^T
     Grouped-query attention reads K and V once per key/value head: the H/H_kv query heads of a group are folded
     into the query axis, (B, H, D) -> (B, H_kv, H/H_kv, D), exactly as `models.grouped_query_sdpa` does.
+
+    With `group_size` G > 1 (the G samples of a prompt, rows i*G .. i*G+G-1), the prompt's keys and values are
+    stored once and read once per step for the whole group: the group's queries attend to the prompt together
+    (one attention with G times the query rows), each row attends to its own tokens, and the two parts are
+    merged by `merge_attention`. On a CPU, decode attention is bound by reading the cache, so with a 200-token
+    prompt and G = 8 this reads the prompt 8x less. With G = 1 the prompt sits in each row's own cache.
     """
 
     def __init__(self, model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, group_size: int = 1) -> None:
         config, inner = model.config, model.model
         dtype = dtype or model.dtype
         self.heads = config.num_attention_heads
@@ -95,24 +117,38 @@ class LeanStepper:
                 torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), mlp.down_proj.weight.to(dtype),
             ))
         self.scale = self.head_dim ** -0.5
-        # Keys and values of every layer in one buffer: (2, layers, B, H_kv, P + new tokens, D).
-        prompt_len = cache.layers[0].keys.shape[-2]
-        batch = attention_mask.shape[0]
-        self.kv = torch.empty(2, len(self.layers), batch, self.kv_heads, prompt_len + max_new_tokens, self.head_dim,
-                              dtype=self.embed.dtype, device=self.embed.device)
-        for index, layer in enumerate(cache.layers):
-            self.kv[0, index, :, :, :prompt_len] = layer.keys
-            self.kv[1, index, :, :, :prompt_len] = layer.values
-        # Which cache slots a row may attend to: its prompt tokens, then everything it generates.
-        self.valid = torch.ones(batch, prompt_len + max_new_tokens, dtype=torch.bool, device=attention_mask.device)
-        self.valid[:, : attention_mask.shape[1]] = attention_mask.bool()
-        self.length = prompt_len  # slots filled so far
+        # `cache` holds each prompt once (P slots, left-padded); `attention_mask` is (prompts, P + 1).
+        prompt_len, prompts = cache.layers[0].keys.shape[-2], attention_mask.shape[0]
+        prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], dim=1).to(dtype)
+        prompt_bias = torch.zeros(prompts, 1, 1, prompt_len, dtype=dtype, device=attention_mask.device)
+        prompt_bias.masked_fill_(~attention_mask[:, None, None, :prompt_len].bool(), float("-inf"))
+        # A prompt of one token has no cached prefix, and the kernel gives a fully masked prefix weight e^0: share
+        # only when every prompt has one.
+        self.shared = group_size > 1 and bool(attention_mask[:, :prompt_len].any(-1).all())
+        own_len = max_new_tokens if self.shared else prompt_len + max_new_tokens
+        # Each row's own keys and values of every layer in one buffer: (2, layers, rows, H_kv, slots, D), so
+        # dropping finished rows is one index_select.
+        self.kv = torch.empty(2, len(self.layers), prompts * group_size, self.kv_heads, own_len, self.head_dim,
+                              dtype=dtype, device=attention_mask.device)
+        self.bias = torch.zeros(prompts * group_size, 1, 1, own_len, dtype=dtype, device=attention_mask.device)
+        if self.shared:
+            self.prompt_kv, self.prompt_bias = prompt_kv, prompt_bias
+            self.row_prompt = torch.arange(prompts, device=attention_mask.device).repeat_interleave(group_size)
+            self._group_layout()
+            self.length = 0  # own slots filled so far
+        else:
+            self.kv[:, :, :, :, :prompt_len] = prompt_kv.repeat_interleave(group_size, dim=2)
+            self.bias[:, :, :, :prompt_len] = prompt_bias.repeat_interleave(group_size, dim=0)
+            self.length = prompt_len
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return ((angles.cos() * self.rope_scale).to(dtype)[:, None, :],
-                (angles.sin() * self.rope_scale).to(dtype)[:, None, :])
+    def _group_layout(self) -> None:
+        """Where each row's queries go in the (prompts, widest group) grid the shared-prefix attention runs on;
+        rows stay ordered by prompt, so a row's rank in its group is its index minus its group's first index."""
+        counts = torch.bincount(self.row_prompt, minlength=self.prompt_kv.shape[2])
+        self.width = int(counts.max())
+        first = counts.cumsum(0) - counts
+        rank = torch.arange(self.row_prompt.numel(), device=counts.device) - first[self.row_prompt]
+        self.slots = self.row_prompt * self.width + rank
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,11 +159,35 @@ class LeanStepper:
         # one fused op; in float32 it equals transformers' LlamaRMSNorm bit for bit (tests/test_sampler.py)
         return F.rms_norm(hidden, weight.shape, weight, self.eps)
 
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        angles = torch.cat([freqs, freqs], dim=-1)
+        return ((angles.cos() * self.rope_scale).to(dtype)[:, None, :],
+                (angles.sin() * self.rope_scale).to(dtype)[:, None, :])
+
+    def _attend(self, index: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                bias: torch.Tensor) -> torch.Tensor:
+        """q (B, H_kv, H/H_kv, D) against the row's own cache and, when shared, its prompt's."""
+        if not self.shared:
+            return F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=bias, scale=self.scale)
+        own, own_lse = _attention_with_lse(q, keys[index], values[index], attn_mask=bias, scale=self.scale)[:2]
+        batch, kv_heads, fold, dim = q.shape
+        prompts = self.prompt_kv.shape[2]
+        grid = q.new_zeros(prompts * self.width, kv_heads, fold, dim)
+        grid[self.slots] = q
+        grid = grid.view(prompts, self.width, kv_heads, fold, dim).transpose(1, 2)
+        out, lse = _attention_with_lse(grid.reshape(prompts, kv_heads, self.width * fold, dim),
+                                       self.prompt_kv[0, index], self.prompt_kv[1, index],
+                                       attn_mask=self.prompt_bias, scale=self.scale)[:2]
+        out = out.view(prompts, kv_heads, self.width, fold, dim).transpose(1, 2).reshape(-1, kv_heads, fold, dim)
+        lse = lse.view(prompts, kv_heads, self.width, fold).transpose(1, 2).reshape(-1, kv_heads, fold)
+        return merge_attention(own, own_lse, out[self.slots], lse[self.slots])
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         batch, slot = tokens.shape[0], self.length
         self.length += 1
         cos, sin = self._rope(positions, self.embed.dtype)
-        mask = self.valid[:, None, None, : self.length]  # (B, 1, 1, t)
+        bias = self.bias[:, :, :, : self.length]  # (B, 1, 1, t)
         keys, values = self.kv[0, :, :, :, : self.length], self.kv[1, :, :, :, : self.length]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         hidden = F.embedding(tokens, self.embed)
@@ -139,24 +199,33 @@ class LeanStepper:
             self.kv[0, index, :, :, slot] = qk[:, self.heads :]
             self.kv[1, index, :, :, slot] = qkv[:, q_size + kv_size :].view(batch, self.kv_heads, self.head_dim)
             q = qk[:, : self.heads].view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
-            attended = F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=mask,
-                                                      scale=self.scale)
+            attended = self._attend(index, q, keys, values, bias)
             hidden = hidden + F.linear(attended.reshape(batch, q_size), w_o)
             gate, up = F.linear(self._norm(hidden, norm_post), w_gu).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, w_down)
         return F.linear(self._norm(hidden, self.final_norm), self.lm_head).float()
 
     def select(self, keep: torch.Tensor) -> None:
-        self.kv = self.kv.index_select(2, keep)
-        self.valid = self.valid[keep]
+        self.kv, self.bias = self.kv.index_select(2, keep), self.bias[keep]
+        if not self.shared:
+            return
+        self.row_prompt = self.row_prompt[keep]
+        alive = torch.unique(self.row_prompt)  # sorted
+        if alive.numel() < self.prompt_kv.shape[2]:  # whole groups finished: stop reading their prompts
+            self.prompt_kv, self.prompt_bias = self.prompt_kv.index_select(2, alive), self.prompt_bias[alive]
+            self.row_prompt = torch.searchsorted(alive, self.row_prompt)
+        self._group_layout()
 
 
 def make_stepper(model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None, decoder: str = "auto") -> Stepper:
+                 dtype: torch.dtype | None = None, decoder: str = "auto", group_size: int = 1) -> Stepper:
     """The lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
-    (which samples in the model's dtype: `dtype` needs the lean stepper)."""
+    (which samples in the model's dtype: `dtype` needs the lean stepper). `cache` and `attention_mask` hold
+    each prompt once; the stepper decodes `group_size` rows per prompt (rows i*G .. i*G+G-1 for prompt i)."""
     if decoder not in ("auto", "hf"):
         raise ValueError(f"decoder {decoder!r}: expected 'auto' or 'hf'")
     if decoder == "auto" and lean_supported(model):
-        return LeanStepper(model, cache, attention_mask, max_new_tokens, dtype)
-    return HFStepper(model, cache, attention_mask)
+        return LeanStepper(model, cache, attention_mask, max_new_tokens, dtype, group_size)
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+    return HFStepper(model, cache, attention_mask.repeat_interleave(group_size, 0))

@@ -115,8 +115,8 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
     that is most of the work when answers are short and a few responses ramble to the limit. Here, once a
     quarter of the rows in the batch have finished, they are cut out of the KV cache. With
-    `samples_per_prompt` = G, each prompt is run once and its KV cache copied G times (the G samples of a group
-    share it), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
+    `samples_per_prompt` = G, each prompt is run once, the G samples of a group share its KV cache (the lean
+    stepper reads it once per step for the whole group), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
     before top-p, which is what the trainer recomputes as log pi.
 
     The prompt runs through the model's own forward; decode steps run through `decoding.make_stepper`
@@ -126,12 +126,10 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
     cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=prefix_positions,
                   use_cache=True, logits_to_keep=1).past_key_values
-    if samples_per_prompt > 1:
-        cache.batch_repeat_interleave(samples_per_prompt)
-        input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
-        attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
-    stepper = make_stepper(model, cache, attention_mask, max_new_tokens, dtype, decoder)
+    stepper = make_stepper(model, cache, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt)
     del cache  # the lean stepper copied it into its own buffer
+    input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
+    attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
     count, device = input_ids.shape[0], input_ids.device
     tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(count, max_new_tokens, device=device)

@@ -1,7 +1,8 @@
 """Generation engines behind one protocol: `engine.generate(requests, sampling, emit)` calls `emit(Completion)`
 for every request as soon as it is done, so the runner can append it to disk (resume after a kill).
 
-- `HFEngine`: transformers `generate`, batched (rows sorted by prompt length to limit padding) and KV-cached;
+- `HFEngine`: `rollout.sample_tokens`, batched (prompts sorted by length to limit padding), KV-cached, the
+  samples of a problem sharing its prompt's cache;
   the CPU default, embedded model by default.
 - `VLLMEngine`: vLLM offline `LLM.generate` (GPU), one seed per sample, so reruns are bit-reproducible.
 - `OpenAIEngine`: any OpenAI-compatible server (`vllm serve`, `transformers serve`), asyncio with a
@@ -89,24 +90,46 @@ class HFEngine:
 
         from dapo_suite.rollout import sample_tokens
 
-        texts = [self.render(r.prompt, sampling.chat_template) for r in requests]
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        # Longest prompts first: similar lengths share a batch (less padding), and memory peaks early.
-        order = sorted(range(len(requests)), key=lambda i: -lengths[i])
+        # The samples of a problem decode together, sharing its prompt's KV cache (`samples_per_prompt`): the
+        # prompt runs once and each decode step reads it once for all of them.
+        by_problem: dict[str, list[int]] = {}
+        for index, request in enumerate(requests):
+            by_problem.setdefault(request.problem_id, []).append(index)
+        texts = {pid: self.render(requests[rows[0]].prompt, sampling.chat_template) for pid, rows in by_problem.items()}
+        lengths = dict(zip(texts, map(len, self.tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"]),
+                           strict=True))
+        # Problems with as many pending samples batch together (one samples_per_prompt per batch); longest prompts
+        # first, so similar lengths share a batch (less padding) and memory peaks early.
+        order = sorted(by_problem, key=lambda pid: (-len(by_problem[pid]), -lengths[pid]))
         with tqdm(total=len(requests), desc="generate (hf)", unit="sample") as bar:
-            for batch in _chunks(order, self.batch_size):
-                first = requests[batch[0]]
+            for batch in self._batches(order, by_problem):
+                group = len(by_problem[batch[0]])
+                first = requests[by_problem[batch[0]][0]]
                 generator = torch.Generator(self.model.device)
                 generator.manual_seed(sample_seed(self.seed, first.problem_id, first.sample_index))
-                inputs = self.tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
+                inputs = self.tokenizer([texts[pid] for pid in batch], return_tensors="pt", padding=True,
                                         add_special_tokens=False).to(self.model.device)
                 sampled = sample_tokens(self.model, inputs["input_ids"], inputs["attention_mask"], sampling.max_tokens,
                                         sampling.temperature, sampling.top_p, self.eos_ids, self.tokenizer.pad_token_id,
-                                        generator=generator)
-                for row, index in enumerate(batch):
+                                        samples_per_prompt=group, generator=generator)
+                rows = [index for pid in batch for index in by_problem[pid]]  # output row j: prompt j // group
+                for row, index in enumerate(rows):
                     tokens = sampled.tokens[row, : int(sampled.lengths[row])].tolist()
                     emit(self._completion(requests[index], tokens, bool(sampled.stopped[row])))
-                bar.update(len(batch))
+                bar.update(len(rows))
+
+    def _batches(self, order: list[str], by_problem: dict[str, list[int]]):
+        """Runs of problems with the same number of pending samples, at most batch_size rows (one problem at
+        least) per batch."""
+        batch: list[str] = []
+        for pid in order:
+            if batch and (len(by_problem[pid]) != len(by_problem[batch[0]])
+                          or (len(batch) + 1) * len(by_problem[pid]) > self.batch_size):
+                yield batch
+                batch = []
+            batch.append(pid)
+        if batch:
+            yield batch
 
     def _completion(self, request: Request, tokens: list[int], stopped: bool) -> Completion:
         """`tokens` end with the end-of-sequence token when `stopped` (it is counted, not decoded)."""
