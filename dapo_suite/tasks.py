@@ -56,7 +56,8 @@ def load_problems(path: str | Path) -> list[Problem]:
     `problem`/`question` and `answer` columns. Errors name the file, row and missing field."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"training data {path} does not exist; pass a .parquet or .jsonl file")
+        raise UserError(f"training data {path} does not exist; pass a .parquet or .jsonl file, or build one "
+                        f"with `dapo-suite data build --input SOURCE --out {path.parent}`")
     if path.suffix == ".parquet":
         import pandas as pd
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
-from dapo_suite.config import LADDER
+from dapo_suite.config import LADDER, SUCCESSORS
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--preset", "presets", multiple=True, metavar="NAME",
-              help="Preset(s), applied in order: tiny-cpu (the embedded default's scale) or a rung of the ablation "
-                   f"ladder: {', '.join(LADDER)}. A .yaml path works too.")
+              help="Preset(s), applied in order: a scale (tiny-cpu: the embedded default on the arithmetic task; "
+                   "gsm8k-cpu: the embedded model on GSM8K), a rung of the ablation ladder "
+                   f"({', '.join(LADDER)}) or a successor method ({', '.join(SUCCESSORS)}). A .yaml path works too.")
 @click.option("--model", help="HF model directory or hub id (default: the embedded SmolLM2-135M-Instruct). "
                               "With a model other than the embedded one, the paper's 32B-run values are the base.")
 @click.option("--train-file", type=click.Path(dir_okay=False), help="Training data: verl/DAPO parquet or jsonl "
@@ -49,6 +50,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     Examples:
       dapo-suite train                                   # embedded model, tiny-cpu scale, dapo switches
       dapo-suite train --preset grpo --out runs/grpo     # the ablation ladder's first rung
+      dapo-suite data build --input gsm8k --out runs/data/gsm8k && \
+          dapo-suite train --preset gsm8k-cpu --out runs/gsm8k   # DAPO on GSM8K's train split (CPU, hours)
       dapo-suite train --preset dapo --model Qwen/Qwen2.5-32B --print-config   # the paper's 32B settings
       dapo-suite train --resume --out runs/dapo          # continue after a crash
       dapo-suite train plot runs/dapo                    # training-dynamics PNG
@@ -56,7 +59,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
           --train-file dapo-math-17k.parquet --out runs/dapo-32b --dry-run   # the paper's run on verl
       dapo-suite train export runs/dapo-32b              # verl FSDP checkpoint -> Hugging Face directory
 
-    Presets: tiny-cpu, grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss, dapo.
+    Presets: tiny-cpu, gsm8k-cpu (scale); grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss,
+    dapo (ablation ladder); gspo, cispo, sapo, gmpo, clip-cov, kl-cov (successors).
     Run outputs: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-000001 ... (Hugging Face format),
     checkpoint-last, summary.json, training_dynamics.png.
     """

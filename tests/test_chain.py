@@ -6,20 +6,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-# Toy training scale: seconds per step on a CPU.
-TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
-       "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
-TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
-
-
-def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+from toy import TOY_FLAGS, dapo_suite
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +73,22 @@ def test_a_rerun_of_the_demo_resumes_instead_of_redoing(demo_run):
 def test_report_of_a_directory_without_a_run_names_what_it_needs(tmp_path):
     result = dapo_suite("report", str(tmp_path))
     assert result.returncode == 2 and "metrics.jsonl" in result.stderr and "ladder_plan.json" in result.stderr
+
+
+def test_gsm8k_preset_trains_on_a_decontaminated_build_of_the_train_split(shared_data_dir, tmp_path):
+    """`data build --input gsm8k` then `train --preset gsm8k-cpu`, one toy-sized step: the preset's bf16
+    sampling runs with rollout correction and logs the sampler-trainer log-prob gap."""
+    data = tmp_path / "data"
+    build = dapo_suite("data", "build", "--input", "gsm8k", "--limit", "40", "--out", str(data),
+                       "--data-root", str(shared_data_dir))
+    assert build.returncode == 0, build.stderr[-4000:]
+    assert "gsm8k" in json.loads((data / "stats.json").read_text())["config"]["decontaminate"]
+    out = tmp_path / "run"
+    result = dapo_suite("train", "--preset", "gsm8k-cpu", "--train-file", str(data / "train.parquet"), "--out", str(out),
+                        "--max-steps", "1", *TOY_FLAGS, "--set", "dynamic_sampling=false")  # train on every group,
+    assert result.returncode == 0, result.stderr[-4000:]                                # mixed or not (toy scale)
+    config = (out / "config.yaml").read_text()
+    assert "- gsm8k-cpu\n" in config and "sampling_dtype: bfloat16\n" in config and "tiny-cpu" not in config
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    step = next(record for record in records if "sampling/groups_kept" in record)
+    assert step["step"] == 1 and step["rollout/logprob_diff_max"] > 0

@@ -7,27 +7,17 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from toy import TOY_FLAGS, dapo_suite
 
 from dapo_suite.ladder import PLAN_FILE, comparisons, run_path
 from eval.metrics import paired_t_test
 
-TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
-       "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
-TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
-
 # Held-out accuracy after training, per seed 0, 1, 2.
 AFTER = {"grpo": [0.1, 0.2, 0.3], "+clip-higher": [0.2, 0.4, 0.6], "dapo": [0.5, 0.5, 0.8]}
 BEFORE = [0.05, 0.1, 0.0]
-
-
-def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def step_record(step: int, entropy: float, zero: int) -> dict:

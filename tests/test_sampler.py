@@ -64,3 +64,16 @@ def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_m
     difference = (trainer - sampled.log_probs).abs()[mask]
     assert 0 < difference.max() < 1.0  # different numerics, same distribution
     assert difference.mean() < 0.05
+
+
+def test_attention_merged_from_two_key_sets_equals_attention_over_both():
+    """merge_attention(prompt part, own part) is softmax attention over the concatenated keys."""
+    from dapo_suite.decoding import _attention_with_lse, merge_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 8, generator=generator) for _ in range(3))
+    k2, v2 = (torch.randn(2, 3, 5, 8, generator=generator) for _ in range(2))
+    whole = torch.nn.functional.scaled_dot_product_attention(q, torch.cat([k, k2], 2), torch.cat([v, v2], 2))
+    first, first_lse = _attention_with_lse(q, k, v)[:2]
+    second, second_lse = _attention_with_lse(q, k2, v2)[:2]
+    torch.testing.assert_close(merge_attention(first, first_lse, second, second_lse), whole, atol=1e-6, rtol=1e-5)
