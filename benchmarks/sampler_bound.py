@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/sampler_bound.py                                   # batch 1, 16, 64 x 256 tokens
     .venv/bin/python benchmarks/sampler_bound.py --batches 1,16 --max-tokens 64 --dtypes float32,bfloat16
+    .venv/bin/python benchmarks/sampler_bound.py --batches 64 --groups 1,8   # 8 prompts x 8 samples, shared cache
 
 In one run it measures the machine (STREAM-style copy bandwidth, matmul FLOP/s, on the threads the sampler
 uses), derives a roofline bound in tokens/s per batch size (bytes per decode step = weights + the KV cache read,
@@ -42,11 +43,13 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
 
 
 def bound_tokens_per_s(config, params: int, embed_params: int, batch: int, context: float, dtype_bytes: int,
-                       bandwidth: float, flops: float) -> float:
-    """Roofline bound of one decode step for `batch` rows at mean context length `context`."""
+                       bandwidth: float, flops: float, kv_read: float | None = None) -> float:
+    """Roofline bound of one decode step for `batch` rows at mean context length `context`. `kv_read`: cache
+    positions read per step (default batch * context; less when the samples of a prompt share its cache)."""
     head_dim = config.hidden_size // config.num_attention_heads
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim  # keys + values
-    step_bytes = params * dtype_bytes + batch * context * kv_per_token * dtype_bytes
+    kv_read = batch * context if kv_read is None else kv_read
+    step_bytes = params * dtype_bytes + kv_read * kv_per_token * dtype_bytes
     # Matmuls: every non-embedding weight, plus the (tied) output projection; attention: QK^T and AV.
     token_flops = 2 * (params - embed_params) + 2 * embed_params
     token_flops += 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
@@ -81,6 +84,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--dtypes", default="float32", help="sampling dtypes to time (float32, bfloat16)")
+    parser.add_argument("--groups", default="1", help="samples per prompt G (the rows of a batch are batch/G "
+                        "prompts x G samples; G > 1 decodes with the prompt's cache shared)")
     parser.add_argument("--skip-generate", action="store_true", help="time only the sampler")
     args = parser.parse_args()
 
@@ -101,25 +106,29 @@ def main() -> None:
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
                                            add_generation_prompt=True) for p in problems]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    print("| dtype | batch | sampler tok/s | bound tok/s | % of bound | generate tok/s | sampler / generate |")
+    print("| dtype | batch (prompts x G) | sampler tok/s | bound tok/s | % of bound | generate tok/s | "
+          "sampler / generate |")
     print("|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         flops = matmul_flops(dtype)
         print(f"<!-- {dtype_name} matmul: {flops / 1e9:.1f} GFLOP/s -->")
-        for batch in batches:
-            encoded = tokenizer(texts[:batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        for batch, group in [(b, g) for b in batches for g in map(int, args.groups.split(",")) if b % g == 0]:
+            encoded = tokenizer(texts[: batch // group], return_tensors="pt", padding=True, add_special_tokens=False)
             generator = torch.Generator().manual_seed(0)
             start = time.perf_counter()
             sampled = sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], args.max_tokens, 1.0, 0.7,
-                                    {eos}, pad, generator=generator, dtype=dtype)
+                                    {eos}, pad, samples_per_prompt=group, generator=generator, dtype=dtype)
             seconds = time.perf_counter() - start
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
-            context = encoded["input_ids"].shape[1] + float(sampled.lengths.float().mean()) / 2
+            prompt_len, generated = encoded["input_ids"].shape[1], float(sampled.lengths.float().mean()) / 2
+            # shared: each prompt's cache is read once per step for its G rows, each row reads its own tokens
+            kv_read = batch // group * prompt_len + batch * generated if group > 1 else None
             # The prompt pass is part of every call: its FLOPs (compute-bound) are added to the bound's time.
             prompt_flops = 2 * params * int(encoded["attention_mask"].sum())
-            decode = bound_tokens_per_s(config, params, embed_params, batch, context, dtype.itemsize, bandwidth, flops)
+            decode = bound_tokens_per_s(config, params, embed_params, batch, prompt_len + generated, dtype.itemsize,
+                                        bandwidth, flops, kv_read)
             bound = tokens / (prompt_flops / flops + tokens / decode)
             generate_cell, ratio_cell = "-", "-"
             if not args.skip_generate:
@@ -127,15 +136,16 @@ def main() -> None:
                 start = time.perf_counter()
                 with torch.inference_mode():
                     output = model.generate(**encoded, max_new_tokens=args.max_tokens, do_sample=True, top_p=0.7,
-                                            top_k=0, temperature=1.0, pad_token_id=pad, eos_token_id=eos)
-                generate_rate = generated_tokens(output[:, encoded["input_ids"].shape[1]:], eos) / (
-                    time.perf_counter() - start)
+                                            top_k=0, temperature=1.0, pad_token_id=pad, eos_token_id=eos,
+                                            num_return_sequences=group)
+                generate_rate = generated_tokens(output[:, prompt_len:], eos) / (time.perf_counter() - start)
                 generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"
-            print(f"| {dtype_name} | {batch} | {rate:.1f} | {bound:.1f} | {100 * rate / bound:.0f} % | "
-                  f"{generate_cell} | {ratio_cell} |", flush=True)
-            max_gap, mean_gap = logprob_gap(model, encoded, sampled)
-            print(f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max {max_gap:.2e}, "
-                  f"mean {mean_gap:.2e} -->", flush=True)
+            print(f"| {dtype_name} | {batch} ({batch // group} x {group}) | {rate:.1f} | {bound:.1f} | "
+                  f"{100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |", flush=True)
+            if group == 1:
+                max_gap, mean_gap = logprob_gap(model, encoded, sampled)
+                print(f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max {max_gap:.2e}, "
+                      f"mean {mean_gap:.2e} -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -124,8 +124,11 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     (e.g. bfloat16 where the CPU has native bf16 matmuls); the log-probs are then the sampler's, not the trainer's.
     """
     prefix_positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, :-1]
-    cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=prefix_positions,
-                  use_cache=True, logits_to_keep=1).past_key_values
+    # The prompt pass runs in the sampling dtype too (autocast: bf16 matmuls on f32 weights), so a bf16 sampler
+    # does not spend its prompt pass at f32 speed.
+    with torch.autocast(input_ids.device.type, dtype=dtype or model.dtype, enabled=dtype not in (None, model.dtype)):
+        cache = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                      position_ids=prefix_positions, use_cache=True, logits_to_keep=1).past_key_values
     stepper = make_stepper(model, cache, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt)
     del cache  # the lean stepper copied it into its own buffer
     input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)

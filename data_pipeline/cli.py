@@ -62,6 +62,9 @@ def data() -> None:
 @click.option("--problem-field", help="Dotted path of the problem in each record (e.g. question, prompt.0.content).")
 @click.option("--answer-field", help="Dotted path of the answer (e.g. answer, reward_model.ground_truth).")
 @click.option("--limit", type=int, help="Read only the first N rows of each source (quick trials).")
+@click.option("--max-solution-steps", type=int,
+              help="Keep problems whose reference solution has at most N steps (GSM8K: 2-8; a free difficulty "
+                   "estimate). Rows with no worked solution are rejected as no_solution_steps.")
 @click.option("--allow-unverified", is_flag=True, default=None,
               help="Keep rewrites the verifier cannot prove, flagged extra_info.verified=false.")
 def build(config_path: str | None, **flags) -> None:
@@ -71,8 +74,8 @@ def build(config_path: str | None, **flags) -> None:
     Writes into --out:
       train.parquet   verl, DAPO-Math-17K schema; each problem as the source gives it, except the repairs of
                       docs/data.md (a "\\frac" read as form feed + "rac", stray control characters, outer blanks)
-      rejected.jsonl  every input row not exported, with its stage (load, repair, dedup, decontaminate, verify)
-                      and reason ("missing_answer: ...", "exact_duplicate", "contaminated_near", ...)
+      rejected.jsonl  every input row not exported, with its stage (load, repair, dedup, decontaminate, select,
+                      verify) and reason ("missing_answer: ...", "exact_duplicate", "contaminated_near", ...)
       stats.json      counts per stage, and the ledger: input rows = exported + rejected, per reason
       README.md       dataset card; reports/: duplicate clusters, contamination matches, dropped rows per stage
     The ledger is printed at the end. A build in which every row is rejected for the same reason stops with it.

@@ -16,7 +16,7 @@ RANGES = {
     "limit": "[1, inf)", "near_dup_threshold": "(0, 1]", "num_perm": "[1, inf)", "near_dup_bands": "[1, inf)",
     "contamination_ngram": "[1, inf)", "contamination_threshold": "(0, 1]", "concurrency": "[1, inf)",
     "max_retries": "[0, inf)", "request_timeout_s": "(0, inf)", "temperature": "[0, inf)", "max_tokens": "[1, inf)",
-    "max_failed_fraction": "[0, 1]",
+    "max_failed_fraction": "[0, 1]", "max_solution_steps": "[1, inf)",
 }
 
 
@@ -39,6 +39,9 @@ class BuildConfig:
     eval_dir: str | None = None  # folder with {name}.jsonl when the `eval` package does not ship them
     contamination_ngram: int = 30
     contamination_threshold: float = 0.6
+    # selection: keep problems whose reference solution has at most this many steps (GSM8K-style sources only;
+    # rows without a worked solution are rejected as no_solution_steps); None keeps every row
+    max_solution_steps: int | None = None
     # rewriting
     rewriter: str = "rules"  # rules | llm | rules+llm (rules first, the LLM for what rules cannot do)
     base_url: str | None = None  # OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1

@@ -34,6 +34,7 @@ def to_dapo_record(row: dict[str, Any], index: int, config: BuildConfig) -> dict
             "original_problem": row["problem"],
             "original_answer": row["answer"],
             "answer_type": row["answer_type"],
+            "solution_steps": row.get("solution_steps"),
             "form": rewrite["form"],
             "params": json.dumps(rewrite["params"], sort_keys=True),
             "target": rewrite["target"],
@@ -127,7 +128,7 @@ original answer{'' if not stats['unverified_rows'] else f"; {stats['unverified_r
 
 - `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config['data_source']}), `prompt` (one user
   message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index, source,
-  source_row, original_problem, original_answer, answer_type, form, params, target, rewriter, verified}}.
+  source_row, original_problem, original_answer, answer_type, solution_steps, form, params, target, rewriter, verified}}.
 - `stats.json`: every count below; `rejected.jsonl`: every row not exported, with its stage and reason;
   `reports/`: duplicate clusters, contamination matches, dropped rows per stage.
 

@@ -1,7 +1,8 @@
 """Reading problem/answer pairs from anywhere: files (jsonl, json, parquet, csv), Hugging Face dataset ids
 (`hf:owner/name[:split]`, when the hub or its local cache answers) and the named raw sets the project ships.
 
-Every row becomes `{"id", "source", "row", "problem", "answer"}`. Rows whose problem or answer is missing or empty
+Every row becomes `{"id", "source", "row", "problem", "answer", "solution_steps"}` (the steps of a GSM8K-style
+worked solution, else None). Rows whose problem or answer is missing or empty
 are returned separately as `{"source", "row", "reason"}` so the build reports them instead of dropping them.
 Fields are found by name (dotted paths reach into nested fields: `prompt.0.content`, `reward_model.ground_truth`);
 without a name, the usual spellings are tried in order (problem/question/prompt, answer/ground_truth/solution).
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.errors import UserError
-from data_pipeline.answers import gsm8k_final_answer
+from data_pipeline.answers import gsm8k_final_answer, solution_steps
 
 DATA_ENV = "DAPO_SUITE_DATA"
 # name -> path under the data root (PROVENANCE.md lists each file)
@@ -155,8 +156,9 @@ def load_source(
             break
         problem = get_field(record, problem_field) if problem_field else _first_field(record, PROBLEM_FIELDS)
         answer = get_field(record, answer_field) if answer_field else _first_field(record, ANSWER_FIELDS)
+        steps = None
         if isinstance(answer, str) and "####" in answer:
-            answer = gsm8k_final_answer(answer)
+            answer, steps = gsm8k_final_answer(answer), solution_steps(answer)
         problem = "" if problem is None else str(problem)
         answer = "" if answer is None else str(answer)
         missing = [(f, flag, named or " / ".join(tried)) for f, v, flag, named, tried in (
@@ -169,7 +171,8 @@ def load_source(
                             f"missing_{'_and_'.join(m[0] for m in missing)}: {detail}; the row has keys {keys} "
                             f"(pass {' and '.join(m[1] for m in missing)} to name the right one)"})
             continue
-        rows.append({"id": f"{name}:{number}", "source": name, "row": number, "problem": problem, "answer": answer})
+        rows.append({"id": f"{name}:{number}", "source": name, "row": number, "problem": problem, "answer": answer,
+                     "solution_steps": steps})
     return rows, invalid
 
 

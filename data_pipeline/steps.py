@@ -1,4 +1,5 @@
-"""The steps of `data build`, in order: load, normalise, dedup, decontaminate, analyse, rewrite, verify, export.
+"""The steps of `data build`, in order: load, repair, dedup, decontaminate, select, analyse, rewrite, verify,
+export.
 Each is a thin wrapper that calls the pure functions of its module and reports counts (see pipeline.py)."""
 
 from __future__ import annotations
@@ -96,6 +97,29 @@ class Decontaminate(Step):
         index = ContaminationIndex(sets, ctx.config.contamination_ngram, ctx.config.contamination_threshold)
         kept, dropped, report = decontaminate(rows, index)
         return StepResult(kept, dropped, report)
+
+
+class Select(Step):
+    """Difficulty selection by the reference solution's step count (`--max-solution-steps`)."""
+
+    name = "select"
+    reads = ("max_solution_steps",)
+
+    def run(self, rows: list[dict[str, Any]], ctx: Context) -> StepResult:
+        limit = ctx.config.max_solution_steps
+        histogram = dict(sorted(Counter(str(row.get("solution_steps")) for row in rows).items()))
+        if limit is None:
+            return StepResult(rows, [], {"solution_steps": histogram})
+        kept, dropped = [], []
+        for row in rows:
+            steps = row.get("solution_steps")
+            if steps is None:
+                dropped.append({**row, "reason": "no_solution_steps: the source gives no worked solution to count"})
+            elif steps > limit:
+                dropped.append({**row, "reason": f"above_max_solution_steps: {steps} > {limit}"})
+            else:
+                kept.append(row)
+        return StepResult(kept, dropped, {"solution_steps": histogram, "max_solution_steps": limit})
 
 
 class Analyse(Step):
@@ -196,4 +220,4 @@ class Export(Step):
 
 
 def build_steps() -> list[Step]:
-    return [Load(), Repair(), Dedup(), Decontaminate(), Analyse(), RewriteStep(), Verify(), Export()]
+    return [Load(), Repair(), Dedup(), Decontaminate(), Select(), Analyse(), RewriteStep(), Verify(), Export()]

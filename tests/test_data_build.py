@@ -48,7 +48,7 @@ def test_cli_build_math_train_rules(shared_data: Path, tmp_path: Path) -> None:
     # resume: nothing changed, every step is skipped; the summary command reads the result
     again = CliRunner().invoke(data, ["build", "--input", "math_train", "--limit", "300", "--out", str(out),
                                       "--decontaminate", "aime24,math500"])
-    assert again.output.count("resumed") == 8, again.output
+    assert again.output.count("resumed") == 9, again.output
     summary = CliRunner().invoke(data, ["stats", str(out)])
     assert "exported rows" in summary.output
 
@@ -77,7 +77,7 @@ def test_formats_invalid_rows_and_partial_resume(tmp_path: Path) -> None:
     # a change that only touches export reruns export alone
     logs.clear()
     run_build(BuildConfig(**{**config.__dict__, "data_source": "mine"}), log=logs.append)
-    assert sum("resumed" in line for line in logs) == 7
+    assert sum("resumed" in line for line in logs) == 8
     assert pd.read_parquet(tmp_path / "out" / "train.parquet")["data_source"].tolist() == ["mine", "mine"]
 
 
@@ -162,6 +162,27 @@ def test_every_input_row_is_exported_or_in_rejected_jsonl_with_its_reason(source
                                    "no_rule_for_text": 1}
         missing = next(r for r in rejected if r["reason"].startswith("missing_answer"))
         assert "['question', 'solution_text']" in missing["reason"] and "--answer-field" in missing["reason"]
+
+
+def test_max_solution_steps_keeps_the_short_worked_solutions_and_counts_the_rest(tmp_path: Path) -> None:
+    """GSM8K-style solutions are counted in steps (lines before ####); `max_solution_steps` keeps the short ones,
+    rejects the long ones and rows with no worked solution, each with its reason, and exports the count."""
+    rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=<<3+4=7>>7\n#### 7"},
+            {"question": "Ann reads 5 pages a day for 3 days, then 2 more. How many pages?",
+             "answer": "5*3=<<5*3=15>>15\n15+2=<<15+2=17>>17\n#### 17"},
+            {"question": "Bo walks 2 km, runs twice that, then walks 1 km. Total km?",
+             "answer": "2*2=<<2*2=4>>4\n2+4=<<2+4=6>>6\n6+1=<<6+1=7>>7\n#### 7"},
+            {"question": "What is 9 times 8?", "answer": "72"}]
+    source = tmp_path / "worked.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stats = run_build(BuildConfig(inputs=[str(source)], out=str(tmp_path / "out"), decontaminate=[],
+                                  max_solution_steps=2), log=lambda line: None)
+    assert stats["ledger"]["dropped"] == {"above_max_solution_steps": 1, "no_solution_steps": 1}
+    exported = pd.read_parquet(tmp_path / "out" / "train.parquet")
+    assert [e["solution_steps"] for e in exported["extra_info"]] == [1, 2]
+    assert [r["reward_model"]["ground_truth"] for r in exported.to_dict("records")] == ["7", "17"]
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
+    assert {r["stage"] for r in rejected} == {"select"} and "3 > 2" in rejected[0]["reason"] + rejected[1]["reason"]
 
 
 def test_every_row_rejected_for_one_reason_stops_the_build(tmp_path: Path) -> None:
