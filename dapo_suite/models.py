@@ -144,6 +144,8 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
         raise UserError(f"--model {name_or_path}: could not load its tokenizer ({str(error).splitlines()[0]})") \
             from error
     tokenizer.padding_side = "left"
+    # transformers ignores this for BPE tokenizers anyway, with a warning on every decode; say so once here
+    tokenizer.clean_up_tokenization_spaces = False
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     _register_grouped_sdpa()

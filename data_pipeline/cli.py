@@ -63,8 +63,8 @@ def data() -> None:
 @click.option("--answer-field", help="Dotted path of the answer (e.g. answer, reward_model.ground_truth).")
 @click.option("--limit", type=int, help="Read only the first N rows of each source (quick trials).")
 @click.option("--max-solution-steps", type=int,
-              help="Keep problems whose reference solution has at most N steps (GSM8K: 2-8; a free difficulty "
-                   "estimate). Rows with no worked solution are rejected as no_solution_steps.")
+              help="Drop problems whose reference solution takes more than N steps (GSM8K: 2-8; a free difficulty "
+                   "estimate). Rows of sources without a worked solution (MATH, arithmetic) are kept.")
 @click.option("--allow-unverified", is_flag=True, default=None,
               help="Keep rewrites the verifier cannot prove, flagged extra_info.verified=false.")
 def build(config_path: str | None, **flags) -> None:

@@ -39,8 +39,8 @@ class BuildConfig:
     eval_dir: str | None = None  # folder with {name}.jsonl when the `eval` package does not ship them
     contamination_ngram: int = 30
     contamination_threshold: float = 0.6
-    # selection: keep problems whose reference solution has at most this many steps (GSM8K-style sources only;
-    # rows without a worked solution are rejected as no_solution_steps); None keeps every row
+    # selection: drop problems whose reference solution takes more steps than this (GSM8K-style worked solutions;
+    # rows of sources without one are kept and counted); None keeps every row
     max_solution_steps: int | None = None
     # rewriting
     rewriter: str = "rules"  # rules | llm | rules+llm (rules first, the LLM for what rules cannot do)

@@ -72,6 +72,7 @@ def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], co
         "rejection_reasons": book["dropped"],
         "duplicates": metas.get("dedup", {}).get("report", {}),
         "contamination": metas.get("decontaminate", {}).get("report", {}),
+        "selection": metas.get("select", {}).get("report", {}),
         "llm": metas.get("rewrite", {}).get("report", {}).get("llm"),
         "exported_rows": len(rows),
         "unverified_rows": sum(not r.get("verified", False) for r in rows),

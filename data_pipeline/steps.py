@@ -100,7 +100,8 @@ class Decontaminate(Step):
 
 
 class Select(Step):
-    """Difficulty selection by the reference solution's step count (`--max-solution-steps`)."""
+    """Difficulty selection by the reference solution's step count (`--max-solution-steps`). Rows whose source
+    gives no worked solution (MATH, the arithmetic set) have nothing to judge by: they are kept, and counted."""
 
     name = "select"
     reads = ("max_solution_steps",)
@@ -110,16 +111,11 @@ class Select(Step):
         histogram = dict(sorted(Counter(str(row.get("solution_steps")) for row in rows).items()))
         if limit is None:
             return StepResult(rows, [], {"solution_steps": histogram})
-        kept, dropped = [], []
-        for row in rows:
-            steps = row.get("solution_steps")
-            if steps is None:
-                dropped.append({**row, "reason": "no_solution_steps: the source gives no worked solution to count"})
-            elif steps > limit:
-                dropped.append({**row, "reason": f"above_max_solution_steps: {steps} > {limit}"})
-            else:
-                kept.append(row)
-        return StepResult(kept, dropped, {"solution_steps": histogram, "max_solution_steps": limit})
+        kept = [row for row in rows if row.get("solution_steps") is None or row["solution_steps"] <= limit]
+        dropped = [{**row, "reason": f"above_max_solution_steps: {row['solution_steps']} > {limit}"}
+                   for row in rows if row.get("solution_steps") is not None and row["solution_steps"] > limit]
+        return StepResult(kept, dropped, {"solution_steps": histogram, "max_solution_steps": limit,
+                                          "kept_without_steps": histogram.get("None", 0)})
 
 
 class Analyse(Step):

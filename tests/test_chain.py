@@ -76,13 +76,15 @@ def test_report_of_a_directory_without_a_run_names_what_it_needs(tmp_path):
 
 
 def test_gsm8k_preset_trains_on_a_decontaminated_build_of_the_train_split(shared_data_dir, tmp_path):
-    """`data build --input gsm8k` then `train --preset gsm8k-cpu`, one toy-sized step: the preset's bf16
+    """The preset's data build (GSM8K 2-step problems + arithmetic), then `train --preset gsm8k-cpu`, one toy-sized step: the preset's bf16
     sampling runs with rollout correction and logs the sampler-trainer log-prob gap."""
     data = tmp_path / "data"
-    build = dapo_suite("data", "build", "--input", "gsm8k", "--limit", "40", "--out", str(data),
-                       "--data-root", str(shared_data_dir))
+    build = dapo_suite("data", "build", "--input", "gsm8k", "--input", "arithmetic", "--max-solution-steps", "2",
+                       "--limit", "40", "--out", str(data), "--data-root", str(shared_data_dir))
     assert build.returncode == 0, build.stderr[-4000:]
-    assert "gsm8k" in json.loads((data / "stats.json").read_text())["config"]["decontaminate"]
+    stats = json.loads((data / "stats.json").read_text())
+    assert "gsm8k" in stats["config"]["decontaminate"] and stats["selection"]["kept_without_steps"] > 0
+    assert stats["rejection_reasons"]["above_max_solution_steps"] > 0
     out = tmp_path / "run"
     result = dapo_suite("train", "--preset", "gsm8k-cpu", "--train-file", str(data / "train.parquet"), "--out", str(out),
                         "--max-steps", "1", *TOY_FLAGS, "--set", "dynamic_sampling=false")  # train on every group,

@@ -165,8 +165,8 @@ def test_every_input_row_is_exported_or_in_rejected_jsonl_with_its_reason(source
 
 
 def test_max_solution_steps_keeps_the_short_worked_solutions_and_counts_the_rest(tmp_path: Path) -> None:
-    """GSM8K-style solutions are counted in steps (lines before ####); `max_solution_steps` keeps the short ones,
-    rejects the long ones and rows with no worked solution, each with its reason, and exports the count."""
+    """GSM8K-style solutions are counted in steps (lines before ####); `max_solution_steps` drops the long ones with
+    their reason, keeps rows that have no worked solution to judge by, and exports the count."""
     rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=<<3+4=7>>7\n#### 7"},
             {"question": "Ann reads 5 pages a day for 3 days, then 2 more. How many pages?",
              "answer": "5*3=<<5*3=15>>15\n15+2=<<15+2=17>>17\n#### 17"},
@@ -177,12 +177,13 @@ def test_max_solution_steps_keeps_the_short_worked_solutions_and_counts_the_rest
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     stats = run_build(BuildConfig(inputs=[str(source)], out=str(tmp_path / "out"), decontaminate=[],
                                   max_solution_steps=2), log=lambda line: None)
-    assert stats["ledger"]["dropped"] == {"above_max_solution_steps": 1, "no_solution_steps": 1}
+    assert stats["ledger"]["dropped"] == {"above_max_solution_steps": 1}
+    assert stats["selection"]["kept_without_steps"] == 1
     exported = pd.read_parquet(tmp_path / "out" / "train.parquet")
-    assert [e["solution_steps"] for e in exported["extra_info"]] == [1, 2]
-    assert [r["reward_model"]["ground_truth"] for r in exported.to_dict("records")] == ["7", "17"]
+    assert [e["solution_steps"] for e in exported["extra_info"]] == [1, 2, None]
+    assert [r["reward_model"]["ground_truth"] for r in exported.to_dict("records")] == ["7", "17", "72"]
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
-    assert {r["stage"] for r in rejected} == {"select"} and "3 > 2" in rejected[0]["reason"] + rejected[1]["reason"]
+    assert [(r["stage"], r["reason"]) for r in rejected] == [("select", "above_max_solution_steps: 3 > 2")]
 
 
 def test_every_row_rejected_for_one_reason_stops_the_build(tmp_path: Path) -> None:
