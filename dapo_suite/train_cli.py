@@ -127,8 +127,8 @@ def plot(run_dir: str, out: str | None) -> None:
 
 
 def _train_verl(config, passthrough: list[str], dry_run: bool, hardware: dict) -> None:
-    """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/verl_backend.py."""
-    from dapo_suite import verl_backend
+    """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/verl/."""
+    from dapo_suite import verl as verl_backend
 
     hw = verl_backend.Hardware(**hardware)
     try:
@@ -156,7 +156,7 @@ def export(run_dir: str, out: str | None) -> None:
     """
     import subprocess
 
-    from dapo_suite import verl_backend
+    from dapo_suite import verl as verl_backend
 
     try:
         actor = verl_backend.latest_actor_dir(Path(run_dir))

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from dapo_suite import verl_backend
+from dapo_suite import verl as verl_backend
 from dapo_suite.config import resolve_config
 from dapo_suite.prompts import chat_messages
 from dapo_suite.tasks import load_problems

@@ -3,16 +3,18 @@
 verl 0.9.1 has no overlong filtering. This module adds it through verl's documented extension points:
 - `register_policy_loss("dapo_overlong_filter")` adds DAPO's clipped loss over non-truncated responses to verl's
   registry, selected by `actor_rollout_ref.actor.policy_loss.loss_mode=dapo_overlong_filter`; every successor
-  (`gspo`, `cispo`, ...) gets its own wrapper, `dapo_overlong_filter_<mode>` (`verl_backend.overlong_filter_loss_name`);
+  (`gspo`, `cispo`, ...) gets its own wrapper, `dapo_overlong_filter_<mode>` (`keys.overlong_filter_loss_name`);
 - verl imports this module in every actor worker because the override list sets
-  `actor_rollout_ref.model.external_lib=dapo_suite.verl_extensions` (`HFModelConfig.__post_init__` calls
+  `actor_rollout_ref.model.external_lib=dapo_suite.verl.extensions` (`HFModelConfig.__post_init__` calls
   `verl.utils.import_utils.import_external_libs` on it), so dapo_suite must be importable on every node.
 
 How the truncation flag reaches the loss: verl passes only `response_mask` (B, T), padded to the longest response
 of the micro-batch, not to L_max. A response is truncated when it filled L_max tokens (the sampler stopped it
 before EOS), i.e. `response_mask.sum(-1) >= L_max`. L_max comes from the environment variable
 `DAPO_SUITE_MAX_RESPONSE_LENGTH`, which the override list sets for every Ray worker through
-`+ray_kwargs.ray_init.runtime_env.env_vars`. Without it the loss refuses to run rather than filter nothing.
+`+ray_kwargs.ray_init.runtime_env.env_vars` (verl's actor config, the `config` a loss receives, has no field for
+it: see the comment on `keys.VERL_KEYS`' max_response_length row). Without it the loss refuses to run rather than filter
+nothing.
 A response whose EOS lands exactly on token L_max is counted as truncated too (indistinguishable from the mask).
 
 Deviation from the embedded trainer: verl computes the token-mean denominator (`batch_num_tokens`, the valid
@@ -30,7 +32,7 @@ import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
 from dapo_suite.algorithm import POLICY_LOSSES, mask_truncated
-from dapo_suite.verl_backend import MAX_RESPONSE_LENGTH_ENV, OVERLONG_FILTER_LOSS, overlong_filter_loss_name
+from dapo_suite.verl.keys import MAX_RESPONSE_LENGTH_ENV, OVERLONG_FILTER_LOSS, overlong_filter_loss_name
 
 
 def max_response_length() -> int:

@@ -1,0 +1,45 @@
+"""The verl backend: a TrainConfig becomes the Hydra override list of `python -m verl.trainer.main_ppo`.
+
+    dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \
+        --train-file dapo-math-17k.parquet --out runs/dapo-32b --dry-run
+
+One module per job: `keys` (the field -> verl key table and the override list), `validate` (verl's own config,
+types, resources, inputs), `data` (paths and the AIME 2024 validation set), `launch` (dry run, local Ray or
+`ray job submit`), `export` (checkpoint -> Hugging Face directory). `extensions` is what verl imports in its
+workers (the overlong-filter losses); it imports verl and torch, so it is not imported here.
+"""
+
+from dapo_suite.verl.data import prepare, write_aime24_parquet
+from dapo_suite.verl.export import export_command, latest_actor_dir
+from dapo_suite.verl.keys import (
+    EXTENSION_MODULE,
+    NOT_MAPPED,
+    OVERLONG_FILTER_LOSS,
+    VERL_KEYS,
+    Hardware,
+    VerlConfigError,
+    build_overrides,
+    overlong_filter_loss_name,
+)
+from dapo_suite.verl.launch import command, dry_run, launch
+from dapo_suite.verl.validate import compose, validate
+
+__all__ = [
+    "EXTENSION_MODULE",
+    "NOT_MAPPED",
+    "OVERLONG_FILTER_LOSS",
+    "VERL_KEYS",
+    "Hardware",
+    "VerlConfigError",
+    "build_overrides",
+    "command",
+    "compose",
+    "dry_run",
+    "export_command",
+    "latest_actor_dir",
+    "launch",
+    "overlong_filter_loss_name",
+    "prepare",
+    "validate",
+    "write_aime24_parquet",
+]

@@ -1,0 +1,293 @@
+"""TrainConfig -> the Hydra override list of verl 0.9.1's `python -m verl.trainer.main_ppo`.
+
+One table (`VERL_KEYS`) maps every TrainConfig field that verl has a knob for onto verl 0.9.1's Hydra key(s) and a
+converter; the embedded trainer reads the same fields, so a preset (`grpo` ... `dapo`) means the same on both.
+Then come the paper's constants (`PAPER_CONSTANTS`: GRPO advantage, no KL, reward manager `dapo`, our
+`compute_score`), the hardware keys (`hardware_overrides`), and raw `verl.<key>=value` passthroughs last.
+
+verl 0.9.1 traps handled here (see docs/train-at-scale.md):
+- the soft overlong penalty lives in `reward.reward_kwargs.overlong_buffer_cfg` (+ `max_resp_len`), keys verl's
+  schema does not declare (hence the `+` prefix); the recipe's `reward_model.overlong_buffer.*` are ignored;
+- `algorithm.filter_groups.metric` defaults to `reward` (includes the overlong penalty): the paper filters on acc;
+- overlong filtering does not exist in verl: `dapo_suite.verl.extensions` registers it as a policy loss.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_suite.config import TrainConfig
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dapo_suite/
+REPO_ROOT = PACKAGE_DIR.parent
+REWARD_FILE = PACKAGE_DIR / "reward.py"
+EXTENSION_MODULE = "dapo_suite.verl.extensions"
+OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # extensions registers it (that module imports verl)
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
+
+
+class VerlConfigError(ValueError):
+    """The override list would not run: the message says what to change."""
+
+
+def _same(value: Any, config: TrainConfig) -> Any:
+    return value
+
+
+def overlong_filter_loss_name(loss_mode: str) -> str:
+    """The name `extensions` registers for `loss_mode` restricted to non-truncated responses."""
+    return OVERLONG_FILTER_LOSS if loss_mode == "vanilla" else f"{OVERLONG_FILTER_LOSS}_{loss_mode}"
+
+
+def _corrects(config: TrainConfig) -> bool:
+    return config.rollout_correction != "off"
+
+
+def _number(threshold: str | None) -> float | str | None:
+    """A threshold as verl reads it: a number when it is one, else the "lower_upper" string."""
+    try:
+        return None if threshold is None else float(threshold)
+    except ValueError:
+        return threshold
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    """One row of the table: a TrainConfig field, the verl key(s) it sets, and how its value converts."""
+
+    field: str
+    keys: tuple[str, ...]
+    convert: Callable[[Any, TrainConfig], Any] = _same
+
+
+# TrainConfig field -> verl 0.9.1 Hydra key(s). A leading "+" adds a key verl's schema does not declare.
+VERL_KEYS: tuple[VerlKey, ...] = (
+    VerlKey("model", ("actor_rollout_ref.model.path",), lambda v, c: _model_path(v)),
+    VerlKey("train_file", ("data.train_files",)),
+    VerlKey("val_file", ("data.val_files",)),
+    VerlKey("seed", ("data.seed",)),
+    # rollout
+    VerlKey("train_batch_size", ("data.train_batch_size",)),
+    # Without dynamic sampling a generation batch is the training batch.
+    VerlKey("gen_batch_size", ("data.gen_batch_size",),
+            lambda v, c: v if c.dynamic_sampling else c.train_batch_size),
+    VerlKey("group_size", (f"{ROLLOUT}.n",)),
+    VerlKey("max_prompt_length", ("data.max_prompt_length",)),
+    VerlKey("max_response_length", ("data.max_response_length", "+reward.reward_kwargs.max_resp_len")),
+    # L_max for the overlong-filter loss, set here and nowhere else: Ray gives these env vars to every worker of the
+    # job, local or submitted. It is not a config field because verl 0.9.1 passes a registered loss only the actor
+    # config (`ActorConfig`), which holds no response length and rejects undeclared keys; its one free-form dict,
+    # `global_batch_info`, is spread into `agg_loss` as keywords. Ray wants env values as strings.
+    VerlKey("max_response_length", (f"+ray_kwargs.ray_init.runtime_env.env_vars.{MAX_RESPONSE_LENGTH_ENV}",),
+            lambda v, c: str(v)),
+    VerlKey("temperature", (f"{ROLLOUT}.temperature",)),
+    VerlKey("top_p", (f"{ROLLOUT}.top_p",)),
+    VerlKey("rollout_engine", (f"{ROLLOUT}.name",), lambda v, c: "vllm" if v == "auto" else v),
+    # the DAPO switches
+    VerlKey("dynamic_sampling", ("algorithm.filter_groups.enable",)),
+    # our "score" (correctness + overlong penalty) is verl's canonical "reward"; "acc" is compute_score's acc
+    VerlKey("filter_metric", ("algorithm.filter_groups.metric",), lambda v, c: "reward" if v == "score" else v),
+    VerlKey("max_num_gen_batches", ("algorithm.filter_groups.max_num_gen_batches",)),
+    VerlKey("clip_low", (f"{ACTOR}.clip_ratio_low",)),
+    VerlKey("clip_high", (f"{ACTOR}.clip_ratio_high",)),
+    # verl always applies dual-clip; "off" is a bound no ratio reaches
+    VerlKey("clip_c", (f"{ACTOR}.clip_ratio_c",), lambda v, c: 1e9 if v is None else v),
+    VerlKey("loss_agg", (f"{ACTOR}.loss_agg_mode",)),
+    VerlKey("overlong_penalty", (f"{OVERLONG}.enable",)),
+    VerlKey("overlong_buffer_len", (f"{OVERLONG}.len",)),
+    VerlKey("overlong_penalty_factor", (f"{OVERLONG}.penalty_factor",)),
+    # the objective; with overlong filtering, the `extensions` wrapper of the same loss
+    VerlKey("loss_mode", (f"{ACTOR}.policy_loss.loss_mode",),
+            lambda v, c: overlong_filter_loss_name(v) if c.overlong_filter else v),
+    *(VerlKey(name, (f"{ACTOR}.policy_loss.{name}",))
+      for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")),
+    VerlKey("tau_pos", (f"{ACTOR}.tau_pos",)),
+    VerlKey("tau_neg", (f"{ACTOR}.tau_neg",)),
+    VerlKey("adv_estimator", ("algorithm.adv_estimator",)),
+    # only grpo and grpo_passk read it; verl has no batch-level std (input_problems says so)
+    VerlKey("adv_norm", ("algorithm.norm_adv_by_std_in_grpo",), lambda v, c: v != "none"),
+    # rollout correction: verl samples with vLLM and trains with FSDP, so "auto" is on
+    VerlKey("rollout_is", (f"{ROLLOUT_CORRECTION}.rollout_is",), lambda v, c: v if _corrects(c) else None),
+    VerlKey("rollout_is_threshold", (f"{ROLLOUT_CORRECTION}.rollout_is_threshold",), lambda v, c: _number(v)),
+    VerlKey("rollout_is_batch_normalize", (f"{ROLLOUT_CORRECTION}.rollout_is_batch_normalize",)),
+    VerlKey("rollout_rs", (f"{ROLLOUT_CORRECTION}.rollout_rs",), lambda v, c: v if _corrects(c) else None),
+    VerlKey("rollout_rs_threshold", (f"{ROLLOUT_CORRECTION}.rollout_rs_threshold",), lambda v, c: _number(v)),
+    # optimisation
+    VerlKey("lr", (f"{ACTOR}.optim.lr",)),
+    VerlKey("warmup_steps", (f"{ACTOR}.optim.lr_warmup_steps",)),
+    VerlKey("weight_decay", (f"{ACTOR}.optim.weight_decay",)),
+    # the legacy worker reads actor.grad_clip, the engine workers optim.clip_grad
+    VerlKey("grad_clip", (f"{ACTOR}.grad_clip", f"{ACTOR}.optim.clip_grad")),
+    VerlKey("mini_batch_size", (f"{ACTOR}.ppo_mini_batch_size",)),
+    VerlKey("ppo_epochs", (f"{ACTOR}.ppo_epochs",)),
+    # budget, validation, checkpoints
+    VerlKey("max_steps", ("trainer.total_training_steps",)),
+    VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 else -1),
+    VerlKey("val_n", (f"{ROLLOUT}.val_kwargs.n",)),
+    VerlKey("val_temperature", (f"{ROLLOUT}.val_kwargs.temperature",)),
+    VerlKey("val_top_p", (f"{ROLLOUT}.val_kwargs.top_p",)),
+    VerlKey("save_every", ("trainer.save_freq",)),
+    VerlKey("keep_checkpoints", ("trainer.max_actor_ckpt_to_keep",)),
+    VerlKey("wandb_project", ("trainer.project_name",), lambda v, c: v or "dapo-suite"),
+)
+
+# Fields verl has no knob for (or that only the embedded trainer uses), with the reason; a test checks that every
+# TrainConfig field is either in VERL_KEYS or here.
+NOT_MAPPED = {
+    "task": "built-in task of the embedded trainer; verl needs --train-file",
+    "heldout_size": "embedded trainer only",
+    "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
+    "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
+    "backend": "selects this module",
+    "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in metrics)",
+    "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
+    "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
+    "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
+    "device": "verl uses the GPUs Ray gives it",
+    "presets": "record only",
+    "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
+    "overlong_filter": "selects the overlong-filter wrapper of loss_mode (see the loss_mode row)",
+    "rollout_correction": "on or off through rollout_is / rollout_rs (null = off); auto is on (vLLM vs FSDP)",
+}
+
+# The paper's run, fixed whatever the preset (reference doc section 2).
+PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
+    ("algorithm.use_kl_in_reward", False),
+    ("algorithm.kl_ctrl.kl_coef", 0.0),
+    (f"{ACTOR}.use_kl_loss", False),
+    (f"{ACTOR}.kl_loss_coef", 0.0),
+    (f"{ACTOR}.entropy_coeff", 0),
+    (f"{ACTOR}.optim.lr_scheduler_type", "constant"),
+    (f"{ROLLOUT}.val_kwargs.do_sample", True),
+    (f"{ROLLOUT}.val_kwargs.top_k", -1),
+    (f"{ROLLOUT}.top_k", -1),
+    ("reward.reward_manager.name", "dapo"),
+    ("reward.custom_reward_function.path", str(REWARD_FILE)),
+    ("reward.custom_reward_function.name", "compute_score"),
+    (f"{OVERLONG}.log", False),
+    ("actor_rollout_ref.model.external_lib", EXTENSION_MODULE),
+    ("actor_rollout_ref.model.use_remove_padding", True),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+    ("data.prompt_key", "prompt"),
+    ("data.truncation", "left"),
+    ("data.filter_overlong_prompts", True),
+    ("trainer.val_before_train", True),
+    ("trainer.resume_mode", "auto"),
+    ("trainer.logger", ["console", "tensorboard"]),
+)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Where and how verl runs. None = auto: the 32B recipe's values capped by the GPUs at hand."""
+
+    nnodes: int = 1
+    gpus_per_node: int = 8
+    rollout_tp: int | None = None  # vLLM tensor parallel (recipe: 4)
+    ulysses_sp: int | None = None  # Ulysses sequence parallel of the actor (recipe: 8)
+    offload: bool | None = None  # FSDP param + optimizer offload to host memory (recipe: on)
+    gpu_memory_utilization: float = 0.8  # vLLM's share of GPU memory (recipe: 0.80)
+    ray_address: str | None = None  # submit to this cluster with `ray job submit` instead of a local Ray
+
+    @property
+    def gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
+    def tp(self) -> int:
+        return self.rollout_tp if self.rollout_tp is not None else min(4, self.gpus_per_node)
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses_sp if self.ulysses_sp is not None else min(8, self.gpus)
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload if self.offload is not None else self.gpus >= 8
+
+
+def hardware_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
+    """GPUs, parallelism, offload and token budgets (the recipe's: dynamic batch of prompt+response tokens)."""
+    tokens = config.max_prompt_length + config.max_response_length
+    return [
+        ("trainer.nnodes", hw.nnodes),
+        ("trainer.n_gpus_per_node", hw.gpus_per_node),
+        (f"{ROLLOUT}.tensor_model_parallel_size", hw.tp),
+        (f"{ROLLOUT}.gpu_memory_utilization", hw.gpu_memory_utilization),
+        (f"{ROLLOUT}.enable_chunked_prefill", True),
+        (f"{ROLLOUT}.max_num_batched_tokens", tokens),
+        (f"{ACTOR}.ulysses_sequence_parallel_size", hw.sp),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", hw.sp),
+        (f"{ACTOR}.fsdp_config.param_offload", hw.offloads),
+        (f"{ACTOR}.fsdp_config.optimizer_offload", hw.offloads),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload", hw.offloads),
+        (f"{ACTOR}.fsdp_config.fsdp_size", -1),
+        (f"{ACTOR}.use_dynamic_bsz", True),
+        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", True),
+        (f"{ROLLOUT}.log_prob_use_dynamic_bsz", True),
+        (f"{ACTOR}.ppo_max_token_len_per_gpu", tokens),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", tokens),
+        (f"{ROLLOUT}.log_prob_max_token_len_per_gpu", tokens),
+    ]
+
+
+def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
+    run_dir = Path(config.out).resolve()
+    return [("trainer.default_local_dir", str(run_dir / "checkpoints")),
+            ("trainer.experiment_name", run_dir.name),
+            ("trainer.rollout_data_dir", None),
+            ("trainer.validation_data_dir", str(run_dir / "validation"))]
+
+
+def _model_path(model: str) -> str:
+    if model in (None, "embedded"):
+        from dapo_suite.models import embedded_model_path
+
+        return str(embedded_model_path())
+    return str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value as Hydra override syntax."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    reads_as_other = re.fullmatch(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?|true|false|null|", text, re.I)
+    if re.fullmatch(r"[\w./~:@+-]*", text) and not reads_as_other:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The full override list: table, paper constants, hardware, run directory, then raw passthroughs."""
+    pairs: list[tuple[str, Any]] = []
+    for row in VERL_KEYS:
+        value = row.convert(getattr(config, row.field), config)
+        pairs += [(key, value) for key in row.keys]
+    pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, hw) + run_dir_overrides(config)
+    overrides = {key: f"{key}={hydra_value(value)}" for key, value in pairs}
+    for raw in passthrough:
+        if "=" not in raw:
+            raise VerlConfigError(f"--set verl.{raw!r}: expected verl.<hydra.key>=value")
+        key = raw.split("=", 1)[0]
+        plain = key.lstrip("+~")
+        # a passthrough replaces the generated value of the same key (Hydra rejects a key given twice)
+        for existing in [k for k in overrides if k.lstrip("+") == plain]:
+            del overrides[existing]
+        overrides[key] = raw
+    return list(overrides.values())
+

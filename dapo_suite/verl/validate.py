@@ -1,0 +1,212 @@
+"""Checks an override list before anything starts: verl's own config, value types, resources and inputs.
+
+`validate` composes the list with verl's packaged Hydra config (unknown keys fail there), checks value types
+against verl's defaults, runs verl's own `validate_config`, and checks the resource arithmetic (data-parallel
+divisibility, TP/SP vs GPUs, token budget per GPU) and that model and data exist. It also warns about the verl
+0.9.1 trap the override list cannot fix: the default V1 trainer (`trainer.use_v1=True`) filters groups in its
+replay buffer and ignores `max_num_gen_batches` (it keeps sampling until the batch is full).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from dapo_suite.config import TrainConfig
+from dapo_suite.verl.keys import ROLLOUT_CORRECTION, Hardware, VerlConfigError
+
+# verl types these str | float: a "lower_upper" threshold is a string where verl's default is a number
+UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def compose(overrides: list[str]):
+    """verl's packaged `ppo_trainer` config with the overrides applied (Hydra compose API; CPU, ~5 s first time)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+            return hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as error:
+        text = str(error)
+        match = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
+        if match and ("not in struct" in text or "append to your config" in text or "No match in config" in text):
+            raise VerlConfigError(f"unknown verl key {match.group(1)!r}: verl 0.9.1's ppo_trainer config has no such "
+                                  "key (check the spelling, or prefix it with + to add a new key)") from error
+        raise VerlConfigError(f"verl's Hydra config rejected the overrides: {text.splitlines()[0]}") from error
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults():
+    return compose([])
+
+
+def _default_types(cfg, keys: list[str]) -> list[str]:
+    """Values whose type differs from verl's default for the same key (YAML configs carry no schema)."""
+    from omegaconf import OmegaConf
+
+    problems = []
+    defaults = _defaults()
+    for key in keys:
+        plain = key.lstrip("+~")
+        if plain in UNION_TYPED_KEYS:
+            continue
+        default = OmegaConf.select(defaults, plain, throw_on_missing=False, default=None)
+        value = OmegaConf.select(cfg, plain, throw_on_missing=False, default=None)
+        if default is None or value is None:
+            continue
+        numeric = (int, float)
+        if isinstance(default, bool) != isinstance(value, bool):
+            problems.append(f"{plain} must be a boolean (True/False), got {value!r}")
+        elif isinstance(default, numeric) and not isinstance(value, numeric):
+            problems.append(f"{plain} must be a number, got {value!r}")
+        elif isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
+                and not value.is_integer():
+            problems.append(f"{plain} must be an integer, got {value!r}")
+        elif isinstance(default, str) and not isinstance(value, str):
+            problems.append(f"{plain} must be a string, got {value!r}")
+    return problems
+
+
+def resource_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
+    """Arithmetic that verl would only discover on the cluster (or not at all)."""
+    problems = []
+    actor = cfg.actor_rollout_ref.actor
+    gpus, tp, sp = hw.gpus, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
+    n = cfg.actor_rollout_ref.rollout.n
+    if hw.nnodes < 1 or hw.gpus_per_node < 1:
+        problems.append(f"need at least one node and one GPU per node (got {hw.nnodes} x {hw.gpus_per_node})")
+        return problems
+    if hw.gpus_per_node % tp:
+        problems.append(f"rollout tensor parallel size {tp} must divide the GPUs per node ({hw.gpus_per_node}): "
+                        "set --tp to a divisor")
+    if gpus % sp:
+        problems.append(f"Ulysses sequence parallel size {sp} must divide the number of GPUs ({gpus}): set --sp")
+    if not problems:
+        dp = gpus // sp
+        batch, mini = cfg.data.train_batch_size, actor.ppo_mini_batch_size
+        if mini > batch:
+            problems.append(f"mini-batch ({mini} prompts) is larger than the batch ({batch} prompts): "
+                            "lower mini_batch_size")
+        if (batch * n) % gpus:
+            problems.append(f"batch of {batch} prompts x {n} responses = {batch * n} is not divisible by the "
+                            f"{gpus} GPUs (verl splits responses evenly): change train_batch_size or group_size")
+        if (mini * n) % dp:
+            problems.append(f"mini-batch of {mini} prompts x {n} responses = {mini * n} is not divisible by the "
+                            f"data-parallel size {dp} (= {gpus} GPUs / SP {sp}): change mini_batch_size")
+    seq = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if actor.use_dynamic_bsz:
+        budget = actor.ppo_max_token_len_per_gpu * sp
+        if seq > budget:
+            problems.append(f"prompt+response = {seq} tokens exceeds the token budget per micro-batch "
+                            f"(ppo_max_token_len_per_gpu {actor.ppo_max_token_len_per_gpu} x SP {sp} = {budget}): "
+                            "raise actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    if config.dynamic_sampling and cfg.data.gen_batch_size and cfg.data.gen_batch_size < cfg.data.train_batch_size:
+        problems.append(f"gen_batch_size ({cfg.data.gen_batch_size}) must be >= train_batch_size "
+                        f"({cfg.data.train_batch_size})")
+    return problems
+
+
+def input_problems(config: TrainConfig) -> list[str]:
+    problems = []
+    model = config.model
+    if model not in (None, "embedded"):
+        path = Path(model).expanduser()
+        looks_local = model.startswith(("/", ".", "~")) or not HUB_ID.match(model)
+        if not path.exists() and looks_local:
+            problems.append(f"model path {model!r} does not exist (give a local HF directory or a hub id "
+                            "like Qwen/Qwen2.5-32B)")
+    if not config.train_file:
+        problems.append("--train-file is required with --backend verl (verl-format parquet, e.g. DAPO-Math-17k; "
+                        "see `python -m data_pipeline`)")
+    for name in ("train_file", "val_file"):
+        value = getattr(config, name)
+        if value and "://" not in value and not Path(value).expanduser().is_file():
+            problems.append(f"{name.replace('_', '-')} {value!r} does not exist")
+        if value and "://" not in value and not value.endswith(".parquet"):
+            problems.append(f"{name.replace('_', '-')} {value!r}: verl reads parquet (convert jsonl first)")
+        elif value and Path(value).expanduser().is_file():
+            problems += missing_verl_columns(Path(value).expanduser(), f"--{name.replace('_', '-')}")
+    if config.rollout_engine == "hf":
+        problems.append("rollout_engine 'hf' does not exist in verl 0.9.1's V1 trainer (its rollout registry "
+                        "has vllm, sglang, trtllm): use rollout_engine=vllm")
+    if config.adv_norm == "batch":
+        problems.append("adv_norm 'batch' (Lite PPO's batch-level std) does not exist in verl 0.9.1: use the "
+                        "embedded backend, or adv_norm group / none")
+    if config.val_max_response_length not in (None, config.max_response_length):
+        problems.append("verl validates with data.max_response_length: unset val_max_response_length")
+    return problems
+
+
+VERL_COLUMNS = ("data_source", "prompt", "reward_model")  # what verl's RLHFDataset and reward manager read
+
+
+def missing_verl_columns(path: Path, flag: str) -> list[str]:
+    """The DAPO-Math-17K columns a parquet lacks (read from its schema only: no rows are loaded)."""
+    import pyarrow.parquet as pq
+
+    try:
+        columns = set(pq.read_schema(path).names)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same message
+        return [f"{flag} {str(path)!r} is not a readable parquet file ({error})"]
+    missing = [column for column in VERL_COLUMNS if column not in columns]
+    if not missing:
+        return []
+    return [f"{flag} {str(path)!r} lacks the verl columns {missing} (has {sorted(columns)}); build it with "
+            "`dapo-suite data build`, which writes the DAPO-Math-17K schema"]
+
+
+def warnings_for(config: TrainConfig, cfg) -> list[str]:
+    notes = []
+    if config.dynamic_sampling and cfg.trainer.use_v1 and config.max_num_gen_batches > 0:
+        notes.append(f"max_num_gen_batches={config.max_num_gen_batches} is ignored by verl 0.9.1's default V1 "
+                     "trainer (trainer.use_v1=True): its replay buffer refills filtered groups until the batch is "
+                     "full, with no cap (bound concurrency with algorithm.filter_groups.max_inflight_gen_batches)")
+    if HUB_ID.match(str(config.model)) and not Path(config.model).exists():
+        notes.append(f"model {config.model!r} is a hub id: every node downloads it (set HF_HOME on shared storage)")
+    return notes
+
+
+def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inputs: bool = True):
+    """Compose and check; returns (composed config, warnings) or raises VerlConfigError listing every problem."""
+    from omegaconf import OmegaConf
+
+    problems = input_problems(config) if check_inputs else []
+    cfg = compose(overrides)
+    types = _default_types(cfg, [o.split("=", 1)[0] for o in overrides])
+    problems += types or resource_problems(config, hw, cfg)
+    if not problems:
+        problems += _verl_validate(cfg)
+    if cfg.reward.reward_manager.name == "dapo" and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None:
+        problems.append("reward_model.overlong_buffer.* is the legacy key verl 0.9 ignores: use "
+                        "reward.reward_kwargs.overlong_buffer_cfg.*")
+    if problems:
+        raise VerlConfigError("verl config is not runnable:\n  - " + "\n  - ".join(problems))
+    return cfg, warnings_for(config, cfg)
+
+
+def _verl_validate(cfg) -> list[str]:
+    """verl's own `validate_config` (the one main_ppo runs first), on a copy."""
+    import contextlib
+    import io
+
+    from omegaconf import OmegaConf
+    from verl.utils.config import validate_config
+
+    copy = OmegaConf.create(OmegaConf.to_container(cfg))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            validate_config(copy, use_reference_policy=False, use_critic=False)
+    except Exception as error:  # noqa: BLE001 - verl raises assertions, ValueErrors and Hydra instantiation errors
+        cause = error.__cause__ or error
+        return [f"verl's validate_config: {type(cause).__name__}: {cause}"]
+    return []
+
