@@ -11,6 +11,7 @@ import time
 from tqdm.auto import tqdm
 
 from dapo_suite.reward import compute_score, extract_answer
+from dapo_suite.stats import avg_at_k, avg_at_k_standard_error
 
 
 def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
@@ -23,26 +24,24 @@ def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max
     # Generate in the engine's own chunk size (whole groups), so the progress bar moves without smaller batches;
     # each chunk's generator is seeded from `seed` and its first problem.
     chunk = max(1, getattr(engine, "chunk_size", len(prompts) * n) // n)
-    rollouts, per_problem = [], [0.0] * len(prompts)
+    rollouts: list = []
+    correct: list[list[bool]] = [[] for _ in prompts]
     with tqdm(total=len(prompts) * n, desc="held-out eval", unit="sample", leave=False) as bar:
         for first in range(0, len(prompts), chunk):
             part = engine.generate(prompts[first : first + chunk], n, max_new_tokens, temperature, top_p,
                                    seed=seed + first)
             for rollout in part:
                 problem = first + rollout.group
-                per_problem[problem] += compute_score("heldout", rollout.text, answers[problem])["acc"] / n
+                correct[problem].append(bool(compute_score("heldout", rollout.text, answers[problem])["acc"]))
             rollouts += part
             bar.update(len(part))
-    count = len(per_problem)
-    mean = sum(per_problem) / count
-    variance = sum((p - mean) ** 2 for p in per_problem) / max(count - 1, 1)
     return {
-        "acc": mean,
-        "acc_stderr": (variance / count) ** 0.5,
+        "acc": avg_at_k(correct),
+        "acc_stderr": avg_at_k_standard_error(correct),
         "format_rate": sum(extract_answer(r.text) is not None for r in rollouts) / len(rollouts),
         "response_len_mean": sum(r.length for r in rollouts) / len(rollouts),
         "truncated": sum(r.truncated for r in rollouts) / len(rollouts),
-        "problems": count,
+        "problems": len(correct),
         "samples_per_problem": n,
         "seconds": time.monotonic() - start,
     }

@@ -33,7 +33,7 @@ import click
 from dapo_suite.config import TrainConfig, load_preset, resolve_config
 from dapo_suite.errors import UserError
 from dapo_suite.metrics import read_metrics
-from eval.metrics import mean_and_std, paired_t_test, sign_flip_test
+from dapo_suite.stats import mean_and_std, paired_t_test, sign_flip_test
 
 PLAN_FILE = "ladder_plan.json"
 TABLE_FILE = "ladder.md"

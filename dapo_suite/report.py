@@ -23,7 +23,7 @@ import yaml
 from dapo_suite import ladder
 from dapo_suite.metrics import read_metrics
 from dapo_suite.plots import plot_run
-from eval.metrics import confidence_interval_95
+from dapo_suite.stats import confidence_interval_95
 
 CHAIN_FILE = "chain.json"
 PACKAGES = ("dapo-suite", "torch", "transformers", "verl", "vllm", "math-verify", "datasets", "gradio")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval import metrics
+from dapo_suite import stats
 from eval.scoring import GENERATIONS_FILE, group_by_problem, read_generations
 
 
@@ -15,7 +15,7 @@ def paired_bootstrap(acc_a: list[float], acc_b: list[float], resamples: int = 10
     min(1, 2 min(P(Delta* <= 0), P(Delta* >= 0))). Significant at 5 % when the interval excludes 0."""
     import numpy as np
 
-    diffs = np.asarray(metrics.paired_differences(acc_a, acc_b), dtype=float)
+    diffs = np.asarray(stats.paired_differences(acc_a, acc_b), dtype=float)
     rng = np.random.default_rng(seed)
     index = rng.integers(0, len(diffs), size=(resamples, len(diffs)))
     boot = diffs[index].mean(axis=1)
@@ -43,8 +43,8 @@ def compare_runs(path_a: str | Path, path_b: str | Path, resamples: int = 10_000
     shared = [pid for pid in run_a if pid in run_b]
     if not shared:
         raise ValueError(f"{path_a} and {path_b} share no problem id: were they run on the same benchmark?")
-    acc_a = [metrics.problem_accuracy(run_a[p]) for p in shared]
-    acc_b = [metrics.problem_accuracy(run_b[p]) for p in shared]
+    acc_a = [stats.problem_accuracy(run_a[p]) for p in shared]
+    acc_b = [stats.problem_accuracy(run_b[p]) for p in shared]
     return {
         "a": str(path_a), "b": str(path_b), "shared_problems": len(shared),
         "only_a": len(run_a) - len(shared), "only_b": len(run_b) - len(shared),

@@ -1,7 +1,7 @@
 """Generation engines behind one protocol: `engine.generate(requests, sampling, emit)` calls `emit(Completion)`
 for every request as soon as it is done, so the runner can append it to disk (resume after a kill).
 
-- `HFEngine`: `rollout.sample_tokens`, batched (prompts sorted by length to limit padding), KV-cached, the
+- `HFEngine`: `sampling.sample_tokens`, batched (prompts sorted by length to limit padding), KV-cached, the
   samples of a problem sharing its prompt's cache;
   the CPU default, embedded model by default.
 - `VLLMEngine`: vLLM offline `LLM.generate` (GPU), one seed per sample, so reruns are bit-reproducible.
@@ -88,7 +88,7 @@ class HFEngine:
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         import torch
 
-        from dapo_suite.rollout import sample_tokens
+        from dapo_suite.sampling import sample_tokens
 
         # The samples of a problem decode together, sharing its prompt's KV cache (`samples_per_prompt`): the
         # prompt runs once and each decode step reads it once for all of them.
@@ -180,7 +180,7 @@ class OpenAIEngine:
 
     def __init__(self, endpoint: str, model: str | None = None, concurrency: int = 64, max_retries: int = 6,
                  timeout: float = 3600.0, backoff: float = 1.0, api_key: str = "EMPTY"):
-        from serve.endpoint import connect_endpoint
+        from dapo_suite.endpoint import connect_endpoint
 
         # One place normalises the URL and asks /v1/models for the name when --model is not given.
         served = connect_endpoint(endpoint, model)

@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from dapo_suite import stats
 from dapo_suite.reward import compute_score
 from eval import metrics
 
@@ -84,8 +85,8 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
     preds = [[s["pred"] for s in g] for g in groups.values()]
     flat = [s for g in groups.values() for s in g]
     n = min(len(c) for c in correct)
-    avg = metrics.avg_at_k(correct)
-    se = metrics.avg_at_k_standard_error(correct)
+    avg = stats.avg_at_k(correct)
+    se = stats.avg_at_k_standard_error(correct)
     wall = sum(s["wall_s"] for s in sessions or [])
     tokens = sum(s["tokens"] for s in sessions or [])
     summary = {
@@ -96,7 +97,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         f"avg@{n}": avg,
         "avg@k": avg,
         "avg@k_se": se,
-        "avg@k_ci95": list(metrics.confidence_interval_95(avg, se)),
+        "avg@k_ci95": list(stats.confidence_interval_95(avg, se)),
         "pass@k": {str(k): metrics.mean_pass_at_k(correct, k) for k in metrics.k_values(n)},
         "maj@k": {str(k): metrics.maj_at_k(preds, correct, k) for k in metrics.k_values(n)},
         "format_failure_rate": metrics.format_failure_rate([s["pred"] for s in flat]),
@@ -112,7 +113,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
             "answer": g[0]["answer"],
             "n": len(g),
             "correct": sum(bool(s["acc"]) for s in g),
-            "accuracy": metrics.problem_accuracy([bool(s["acc"]) for s in g]),
+            "accuracy": stats.problem_accuracy([bool(s["acc"]) for s in g]),
             "majority_correct": metrics.majority_correct([s["pred"] for s in g], [bool(s["acc"]) for s in g]),
             "format_failures": sum(s["pred"] is None for s in g),
             "mean_len": sum(s["num_tokens"] for s in g) / len(g),

@@ -1,6 +1,6 @@
 """The front of `dapo-suite serve api`: an OpenAI-compatible HTTP server that guards the model server behind it.
 
-`transformers serve` (or `vllm serve`) runs as a child on a private port (serve/endpoint.py); this front, on the
+`transformers serve` (or `vllm serve`) runs as a child on a private port (dapo_suite/endpoint.py); this front, on the
 port users call, adds what the child lacks:
 - `GET /v1/models` answers with the served model itself (the child's listing scans the Hugging Face cache and
   answers 500 on a machine where that cache does not exist yet);

@@ -93,9 +93,9 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     A prompt longer than the limit, or a max_tokens that is not a positive integer within the context, gets
     400 at once; a client that disconnects stops its generation; /v1/models lists the served model.
     """
+    from dapo_suite.endpoint import EndpointError, free_port, start_endpoint
     from serve.api import serve_front
     from serve.app import stop_on_sigterm
-    from serve.endpoint import EndpointError, free_port, start_endpoint
 
     stop_on_sigterm()
     port = port or free_port(host)

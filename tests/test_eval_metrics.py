@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from dapo_suite import stats
 from eval import metrics
 from eval.compare import compare_runs, paired_bootstrap
 from eval.scoring import group_by_problem, read_generations, regrade, summarize
@@ -106,9 +107,9 @@ def test_majority_vote_groups_equal_answers_and_breaks_ties_by_first_seen():
 
 
 def test_standard_error_and_interval_edges():
-    assert math.isnan(metrics.avg_at_k_standard_error([[True, False]]))
-    assert metrics.avg_at_k_standard_error([[True], [True]]) == 0.0
-    assert metrics.confidence_interval_95(0.99, 0.1) == (pytest.approx(0.99 - 0.196, abs=1e-3), 1.0)
+    assert math.isnan(stats.avg_at_k_standard_error([[True, False]]))
+    assert stats.avg_at_k_standard_error([[True], [True]]) == 0.0
+    assert stats.confidence_interval_95(0.99, 0.1) == (pytest.approx(0.99 - 0.196, abs=1e-3), 1.0)
 
 
 def test_truncated_last_line_is_dropped_and_repaired(tmp_path):
@@ -158,10 +159,10 @@ def test_compare_runs_on_fixed_files(tmp_path):
 
 def test_student_t_p_values_by_hand_and_against_the_incomplete_beta():
     # df 1: p = 1 - (2/pi) atan|t|; df 2: p = 1 - |t| / sqrt(t^2 + 2); df 3: 1 - (2/pi)(theta + sin cos theta)
-    assert metrics.student_t_two_sided_p(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0), abs=1e-14)
-    assert metrics.student_t_two_sided_p(-1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(1.5**2 + 2), abs=1e-14)
+    assert stats.student_t_two_sided_p(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0), abs=1e-14)
+    assert stats.student_t_two_sided_p(-1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(1.5**2 + 2), abs=1e-14)
     theta = math.atan(2.0 / math.sqrt(3))
-    assert metrics.student_t_two_sided_p(2.0, 3) == pytest.approx(
+    assert stats.student_t_two_sided_p(2.0, 3) == pytest.approx(
         1 - 2 / math.pi * (theta + math.sin(theta) * math.cos(theta)), abs=1e-14)
     # Every df against an independent formula: p = I_{df/(df+t^2)}(df/2, 1/2) (mpmath, shipped with sympy).
     import mpmath
@@ -169,54 +170,54 @@ def test_student_t_p_values_by_hand_and_against_the_incomplete_beta():
     for df in range(1, 31):
         for t in (0.0, 0.3, 1.0, 2.2, 5.0, 40.0):
             expected = float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
-            assert metrics.student_t_two_sided_p(t, df) == pytest.approx(expected, abs=1e-12), (df, t)
+            assert stats.student_t_two_sided_p(t, df) == pytest.approx(expected, abs=1e-12), (df, t)
 
 
 def test_student_t_quantiles_are_the_textbook_values():
     for df, expected in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
-        assert metrics.student_t_quantile(0.95, df) == pytest.approx(expected, abs=1e-4)
+        assert stats.student_t_quantile(0.95, df) == pytest.approx(expected, abs=1e-4)
 
 
 def test_paired_t_test_by_hand():
     # d = (1, 2, 3): mean 2, s_d 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on 2 df
-    result = metrics.paired_t_test([0.5, 0.0, 1.0], [1.5, 2.0, 4.0])
+    result = stats.paired_t_test([0.5, 0.0, 1.0], [1.5, 2.0, 4.0])
     assert result["n"] == 3 and result["df"] == 2 and result["delta"] == pytest.approx(2.0)
     assert result["t"] == pytest.approx(2 * math.sqrt(3))
     assert result["p_value"] == pytest.approx(1 - math.sqrt(12 / 14))
     half = 4.302652729749464 / math.sqrt(3)
     assert result["ci95"] == pytest.approx([2 - half, 2 + half])
     # A and B swapped: the same test, mirrored
-    swapped = metrics.paired_t_test([1.5, 2.0, 4.0], [0.5, 0.0, 1.0])
+    swapped = stats.paired_t_test([1.5, 2.0, 4.0], [0.5, 0.0, 1.0])
     assert swapped["t"] == pytest.approx(-result["t"]) and swapped["p_value"] == pytest.approx(result["p_value"])
     # Pairing matters: the same B values paired differently, d = (1.5, 4, 0.5), vary more: p 0.19 instead of 0.07
-    assert metrics.paired_t_test([0.5, 0.0, 1.0], [2.0, 4.0, 1.5])["p_value"] == pytest.approx(0.1946, abs=1e-4)
+    assert stats.paired_t_test([0.5, 0.0, 1.0], [2.0, 4.0, 1.5])["p_value"] == pytest.approx(0.1946, abs=1e-4)
 
 
 def test_paired_t_test_edges():
-    assert metrics.paired_t_test([1.0, 2.0], [1.0, 2.0])["p_value"] == 1.0
-    constant = metrics.paired_t_test([1.0, 2.0], [2.0, 3.0])  # d = (1, 1): s_d = 0, t infinite
+    assert stats.paired_t_test([1.0, 2.0], [1.0, 2.0])["p_value"] == 1.0
+    constant = stats.paired_t_test([1.0, 2.0], [2.0, 3.0])  # d = (1, 1): s_d = 0, t infinite
     assert constant["t"] == math.inf and constant["p_value"] == 0.0
-    one = metrics.paired_t_test([1.0], [2.0])
+    one = stats.paired_t_test([1.0], [2.0])
     assert one["delta"] == 1.0 and math.isnan(one["p_value"])
     with pytest.raises(ValueError, match="same length"):
-        metrics.paired_t_test([1.0, 2.0], [1.0])
+        stats.paired_t_test([1.0, 2.0], [1.0])
 
 
 def test_sign_flip_test_enumerates_the_sign_patterns():
     # d = (1, 2, 3): only all-plus and all-minus reach |sum| >= 6: 2 of 8
-    result = metrics.sign_flip_test([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])
+    result = stats.sign_flip_test([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])
     assert result["p_value"] == 0.25 and result["min_p_value"] == 0.25 and result["delta"] == pytest.approx(2.0)
     # d = (1, -2, 3, 4), sum 6: |+-1 +-2 +-3 +-4| >= 6 for 10, 8, 6 and their negatives: 6 of 16
-    assert metrics.sign_flip_test([0.0] * 4, [1.0, -2.0, 3.0, 4.0])["p_value"] == 0.375
+    assert stats.sign_flip_test([0.0] * 4, [1.0, -2.0, 3.0, 4.0])["p_value"] == 0.375
     # Differences equal up to rounding still count as extreme (0.1 + 0.2 != 0.3 in floats)
-    assert metrics.sign_flip_test([0.0, 0.0], [0.1 + 0.2, 0.3])["p_value"] == 0.5
-    assert metrics.sign_flip_test([1.0, 2.0], [1.0, 2.0])["p_value"] == 1.0
-    assert metrics.sign_flip_test([0.0] * 6, [1.0] * 6)["p_value"] == pytest.approx(2 / 64)
+    assert stats.sign_flip_test([0.0, 0.0], [0.1 + 0.2, 0.3])["p_value"] == 0.5
+    assert stats.sign_flip_test([1.0, 2.0], [1.0, 2.0])["p_value"] == 1.0
+    assert stats.sign_flip_test([0.0] * 6, [1.0] * 6)["p_value"] == pytest.approx(2 / 64)
     with pytest.raises(ValueError, match="more than 20"):
-        metrics.sign_flip_test([0.0] * 21, [1.0] * 21)
+        stats.sign_flip_test([0.0] * 21, [1.0] * 21)
 
 
 def test_mean_and_std_use_the_sample_std():
-    assert metrics.mean_and_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    mean, std = metrics.mean_and_std([4.0])
+    assert stats.mean_and_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    mean, std = stats.mean_and_std([4.0])
     assert mean == 4.0 and math.isnan(std)

@@ -19,7 +19,7 @@ from serve.scripted_server import ScriptedServer
 @pytest.fixture(scope="module")
 def transformers_server():
     """`transformers serve` with the embedded model on a free port (serve's own launcher); stopped after the module."""
-    from serve.endpoint import start_endpoint
+    from dapo_suite.endpoint import start_endpoint
 
     with start_endpoint(None, engine="auto") as endpoint:
         yield endpoint.base_url, endpoint.model_name

@@ -17,7 +17,7 @@ def _encoded(tokenizer):
 
 
 def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
-    from dapo_suite.rollout import sample_tokens
+    from dapo_suite.sampling import sample_tokens
 
     encoded = _encoded(tokenizer)
     generator = torch.Generator().manual_seed(7)

@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
+from dapo_suite.endpoint import Endpoint, free_port, start_endpoint
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
-from serve.endpoint import Endpoint, free_port, start_endpoint
 
 pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402

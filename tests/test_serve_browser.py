@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dapo_suite.endpoint import free_port, start_endpoint
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
-from serve.endpoint import free_port, start_endpoint
 
 CHROMIUM = Path("/usr/bin/chromium")
 QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens

@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dapo_suite.errors import UserError
-from serve.endpoint import (
+from dapo_suite.endpoint import (
     EndpointError,
     connect_endpoint,
     free_port,
@@ -24,6 +23,7 @@ from serve.endpoint import (
     server_command,
     start_endpoint,
 )
+from dapo_suite.errors import UserError
 
 
 def _down(base_url: str) -> bool:

@@ -54,7 +54,7 @@ def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits()
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
-    from dapo_suite.rollout import sample_top_p
+    from dapo_suite.sampling import sample_top_p
 
     log_probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4000, 1)
     generator = torch.Generator().manual_seed(0)
@@ -93,7 +93,7 @@ def test_sampling_that_drops_finished_rows_matches_generate(embedded_model_dir):
     """Greedy decoding through `sample_tokens` (which cuts finished rows out of the KV cache) gives exactly the
     tokens of `model.generate`, for left-padded prompts of different lengths."""
     from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.rollout import sample_tokens
+    from dapo_suite.sampling import sample_tokens
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
