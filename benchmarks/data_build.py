@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target says
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted server, a test double
 
 
 def bench_dedup_decontam() -> None:
@@ -48,9 +50,9 @@ def bench_dedup_decontam() -> None:
 
 def bench_llm(requests: int, latency: float, concurrency: int) -> None:
     import openai  # noqa: F401  (imported before the clock starts: the import takes about a second)
+    from scripted_server import scripted_server_process
 
     from data_pipeline.llm import LLMRewriter
-    from serve.scripted_server import scripted_server_process
 
     reply = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
     with scripted_server_process(latency_s=latency, reply=reply) as base_url, tempfile.TemporaryDirectory() as tmp:

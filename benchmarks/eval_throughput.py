@@ -12,7 +12,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted server, a test double
 
 
 def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
@@ -54,8 +58,9 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
 
 
 def endpoint_part(requests_total: int, concurrency: int, latency: float) -> float:
+    from scripted_server import scripted_server_process
+
     from eval.engines import OpenAIEngine, Request, Sampling
-    from serve.scripted_server import scripted_server_process
 
     with scripted_server_process(latency_s=latency) as url:
         engine = OpenAIEngine(url, concurrency=concurrency, max_retries=0)

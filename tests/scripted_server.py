@@ -11,8 +11,9 @@ POST /v1/chat/completions follows a script of behaviours, one per request in arr
     with ScriptedServer(script=["429", "503"], latency_s=0.1) as server:
         ... server.base_url, server.requests (bodies received), server.stats (requests, completed, max_in_flight)
 
-Used by the data pipeline's and the evaluator's retry tests and by benchmarks/data_build.py and
-benchmarks/eval_throughput.py (`scripted_server_process`, its own process so it shares no GIL with the client).
+A test double, so it lives in tests/ (tests import it as a sibling module). Used by the data pipeline's and the
+evaluator's retry tests and by benchmarks/data_build.py and benchmarks/eval_throughput.py (`scripted_server_process`,
+its own process so it shares no GIL with the client).
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ class ScriptedServer:
 @contextmanager
 def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -> Iterator[str]:
     """A ScriptedServer in a child process (no GIL shared with the client being measured); yields its base URL."""
-    child = subprocess.Popen([sys.executable, "-m", "serve.scripted_server", "--latency", str(latency_s),
-                              "--reply", reply], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, __file__, "--latency", str(latency_s), "--reply", reply],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = child.stdout.readline().strip()
         if not url:
@@ -139,7 +140,7 @@ def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -
 
 
 def main() -> None:
-    """`python -m serve.scripted_server --latency 0.2`: print the base URL, serve until stdin closes."""
+    """`python tests/scripted_server.py --latency 0.2`: print the base URL, serve until stdin closes."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

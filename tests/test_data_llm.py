@@ -15,9 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from scripted_server import ScriptedServer
 
 from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
-from serve.scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,12 +8,12 @@ import socket
 
 import pytest
 from click.testing import CliRunner
+from scripted_server import ScriptedServer
 
 from dapo_suite.cli import main
 from dapo_suite.errors import UserError
 from eval.engines import OpenAIEngine, Request, Sampling
 from eval.scoring import read_generations
-from serve.scripted_server import ScriptedServer
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from serve.scripted_server import ScriptedServer
+from scripted_server import ScriptedServer
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
