@@ -23,6 +23,7 @@ gsm8k: $(STAMP)
 # The default suite (under 15 minutes), then the slow end-to-end tests (a few minutes more).
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "not slow" -q
 	$(BIN)/python -m pytest -m slow -q
 

@@ -108,22 +108,29 @@ def compute_score(
 def extract_answer(text: str, window: int = ANSWER_WINDOW) -> str | None:
     """The last `Answer:` line starting in the response's last `window` characters, else the content of the
     last `\\boxed{}` of the whole response, else None; Minerva's phrasing and math delimiters removed."""
-    answer = _last_answer_line(text, max(0, len(text) - window))
-    if answer is None:
-        answer = last_boxed(text)
+    line = _last_answer_line(text, max(0, len(text) - window))
+    answer = line[1] if line is not None else last_boxed(text)
     return None if answer is None else clean_answer(answer)
 
 
-def _last_answer_line(text: str, start: int) -> str | None:
-    """Content of the last `Answer:` line that starts at or after `start` (a line cut by the window is not one).
-    Finds each "answer" in the window, last first, and matches its line: far cheaper than a regex scan."""
+def answer_mark(text: str, window: int = ANSWER_WINDOW) -> int | None:
+    """Where the `Answer:` line that `extract_answer` reads has its "answer" word, or None when there is no such
+    line (the answer, if any, is a `\\boxed{}`): where a reader splits the reasoning from the answer."""
+    line = _last_answer_line(text, max(0, len(text) - window))
+    return None if line is None else line[0]
+
+
+def _last_answer_line(text: str, start: int) -> tuple[int, str] | None:
+    """(position of its "answer" word, content) of the last `Answer:` line that starts at or after `start` (a
+    line cut by the window is not one). Finds each "answer" in the window, last first, and matches its line: far
+    cheaper than a regex scan."""
     for found in reversed([m.start() for m in _ANSWER_WORD.finditer(text, start)]):
         line_start = text.rfind("\n", 0, found) + 1
         if line_start < start:
             return None
         match = _ANSWER_LINE.match(text, line_start)
         if match and match.start(1) > found:  # this line is an answer line (not one with "answer" in prose)
-            return match[1]
+            return found, match[1]
     return None
 
 

@@ -8,19 +8,11 @@ rarely ends with an `Answer:` line), which is what gives dynamic sampling mixed 
 
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_suite.errors import UserError
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    problem: str
-    answer: str
+from dapo_suite.problems import Problem, read_rows
 
 
 def arithmetic_problems() -> list[Problem]:
@@ -58,16 +50,10 @@ def load_problems(path: str | Path) -> list[Problem]:
     if not path.is_file():
         raise UserError(f"training data {path} does not exist; pass a .parquet or .jsonl file, or build one "
                         f"with `dapo-suite data build --input SOURCE --out {path.parent}`")
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        rows = pd.read_parquet(path).to_dict("records")
-        where = "row"
-    elif path.suffix in (".jsonl", ".json"):
-        rows = read_jsonl(path)
-        where = "line"
-    else:
+    if path.suffix not in (".parquet", ".jsonl", ".json"):
         raise UserError(f"{path}: expected .parquet or .jsonl")
+    rows = read_rows(path)
+    where = "row" if path.suffix == ".parquet" else "line"
     problems = []
     for number, row in enumerate(rows, 1):
         if not isinstance(row, dict):
@@ -79,19 +65,6 @@ def load_problems(path: str | Path) -> list[Problem]:
         row_id = str((row.get("extra_info") or {}).get("index", number)) if isinstance(row.get("extra_info"), dict) else str(number)
         problems.append(Problem(id=row_id, problem=problem, answer=str(answer)))
     return problems
-
-
-def read_jsonl(path: Path) -> list:
-    """The records of a jsonl file (blank lines skipped); a line that is not JSON is named by its number."""
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise UserError(f"{path} line {number}: not valid JSON ({error.msg}); fix or remove it") from None
-    return rows
 
 
 def _problem_text(row: dict) -> str | None:

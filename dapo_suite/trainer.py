@@ -44,11 +44,12 @@ from dapo_suite.errors import UserError
 from dapo_suite.evaluate import heldout_accuracy
 from dapo_suite.metrics import MetricsLogger
 from dapo_suite.models import eval_mode, load_model_and_tokenizer
+from dapo_suite.problems import Problem
 from dapo_suite.prompts import chat_messages
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, VLLMRollout, make_engine
 from dapo_suite.rollout_correction import rollout_correction
-from dapo_suite.tasks import Problem, builtin_task, load_problems, split_heldout
+from dapo_suite.tasks import builtin_task, load_problems, split_heldout
 
 log = logging.getLogger("dapo_suite.train")
 

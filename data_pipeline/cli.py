@@ -80,9 +80,9 @@ def build(config_path: str | None, **flags) -> None:
       README.md       dataset card; reports/: duplicate clusters, contamination matches, dropped rows per stage
     The ledger is printed at the end. A build in which every row is rejected for the same reason stops with it.
     """
+    from dapo_suite.errors import UserError
     from data_pipeline.build import run_build
     from data_pipeline.config import BuildConfig
-    from data_pipeline.sources import SourceError
 
     flags["inputs"] = list(flags["inputs"]) or None
     if flags.get("decontaminate") is not None:
@@ -92,7 +92,7 @@ def build(config_path: str | None, **flags) -> None:
         if not config.out:
             raise ValueError("--out DIR is required.")
         stats = run_build(config, log=click.echo)
-    except (ValueError, SourceError) as error:
+    except (ValueError, UserError) as error:  # SourceError and unreadable files alike
         raise click.ClickException(str(error)) from None
     click.echo(f"exported {stats['exported_rows']} rows to {Path(config.out) / 'train.parquet'}; "
                f"rejected {stats['ledger']['dropped_rows']} (each with its reason in "

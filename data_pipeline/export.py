@@ -8,14 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dapo_suite.prompts import chat_messages
 from data_pipeline.config import BuildConfig
-
-# DAPO's prompt template (reference doc section 4), verbatim.
-PROMPT_TEMPLATE = (
-    "Solve the following math problem step by step. The last line of your response should be of the form "
-    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
-    'Remember to put your answer on its own line after "Answer:".'
-)
 
 
 def to_dapo_record(row: dict[str, Any], index: int, config: BuildConfig) -> dict[str, Any]:
@@ -23,7 +17,7 @@ def to_dapo_record(row: dict[str, Any], index: int, config: BuildConfig) -> dict
     rewrite = row["rewrite"]
     return {
         "data_source": config.data_source,
-        "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(problem=rewrite["problem"])}],
+        "prompt": chat_messages(rewrite["problem"]),
         "ability": config.ability,
         "reward_model": {"ground_truth": str(rewrite["answer"]), "style": config.reward_style},
         "extra_info": {

@@ -10,13 +10,13 @@ without a name, the usual spellings are tried in order (problem/question/prompt,
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dapo_suite.errors import UserError
+from dapo_suite.problems import BENCHMARKS, benchmark_path, read_rows
 from data_pipeline.answers import gsm8k_final_answer, solution_steps
 
 DATA_ENV = "DAPO_SUITE_DATA"
@@ -28,7 +28,7 @@ NAMED_SOURCES = {
 }
 # named sources shipped inside this package (no data root needed); docs/data.md says what each holds
 SHIPPED_SOURCES = {"arithmetic": Path(__file__).parent / "raw" / "arithmetic.jsonl"}
-EVAL_SETS = ("aime24", "amc23", "math500", "gsm8k")
+EVAL_SETS = tuple(BENCHMARKS)
 # where each evaluation set lies under the raw data root when the `eval` package does not ship it
 _EVAL_RAW = {
     "aime24": "aime24/test.normalized.jsonl",
@@ -71,35 +71,6 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
     if path.is_file():
         return "file", path
     raise SourceError(f"--input {spec}: no such file, and not a named source ({', '.join([*SHIPPED_SOURCES, *NAMED_SOURCES])}) or hf:ID.")
-
-
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a jsonl, json (a list, or {"data": [...]}), parquet or csv file, as dicts."""
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise SourceError(f"{path}:{line_number}: not JSON ({error.msg})") from None
-    elif suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            data = next((v for v in data.values() if isinstance(v, list)), [data])
-        yield from data
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        yield from pq.read_table(path).to_pylist()
-    elif suffix in (".csv", ".tsv"):
-        import csv
-
-        with open(path, encoding="utf-8", newline="") as handle:
-            yield from csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-    else:
-        raise SourceError(f"{path}: unknown format {suffix!r} (use .jsonl, .json, .parquet or .csv)")
 
 
 def _read_hf(dataset_id: str) -> Iterator[dict[str, Any]]:
@@ -148,7 +119,7 @@ def load_source(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows, invalid) for one --input. Row numbers count from 0 in the source's own order."""
     kind, location = resolve_source(spec, data_root)
-    records = _read_hf(str(location)) if kind == "hf" else read_records(Path(location))
+    records = _read_hf(str(location)) if kind == "hf" else read_rows(location)
     name = spec if kind == "named" else (f"hf:{location}" if kind == "hf" else Path(location).stem)
     rows, invalid = [], []
     for number, record in enumerate(records):
@@ -179,12 +150,11 @@ def load_source(
 def load_eval_set(name: str, eval_dir: Path | None = None, data_root: Path | None = None) -> list[dict[str, Any]]:
     """Problems of one evaluation set: the installed `eval` package's data, else --eval-dir, else the raw data."""
     candidates: list[Path] = []
-    try:
-        from importlib.resources import files
-
-        candidates.append(Path(str(files("eval") / "benchmarks" / f"{name}.jsonl")))
-    except (ModuleNotFoundError, TypeError):
-        pass
+    if name in BENCHMARKS:
+        try:
+            candidates.append(benchmark_path(name))
+        except ModuleNotFoundError:  # the `eval` package, which ships them, is not installed
+            pass
     if eval_dir is not None:
         candidates += [Path(eval_dir) / f"{name}.jsonl", Path(eval_dir) / name / "test.jsonl"]
     if name in _EVAL_RAW:
@@ -193,7 +163,7 @@ def load_eval_set(name: str, eval_dir: Path | None = None, data_root: Path | Non
         if path.is_file():
             return [
                 {"id": str(r.get("id", r.get("unique_id", i))), "problem": str(_first_field(r, PROBLEM_FIELDS) or "")}
-                for i, r in enumerate(read_records(path))
+                for i, r in enumerate(read_rows(path))
             ]
     raise SourceError(
         f"--decontaminate {name}: evaluation set not found (looked in {', '.join(map(str, candidates))}). "

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from dapo_suite.problems import BENCHMARKS
 from eval.config import ENGINES, EvalConfig
-from eval.data import BENCHMARKS
 from eval.prompts import TEMPLATES
 
 _D = EvalConfig()

@@ -1,41 +1,12 @@
-"""Evaluation sets: the four shipped with the package (`eval/benchmarks/*.jsonl`) and any jsonl/parquet file.
-
-A problem is `Problem(id, problem, answer, extra)`; `answer` is always a string (integers as plain digits), the
-form `dapo_suite.reward.compute_score` grades against. Provenance of the shipped files:
-`/work/shared/data/PROVENANCE.md` (AIME/AMC statements are (c) MAA: evaluation use only).
-"""
+"""Evaluation sets: the four shipped benchmarks (`dapo_suite.problems.BENCHMARKS`) and any jsonl/parquet file,
+read into the shared `Problem` record by field name (`--problem-key`, `--answer-key`, `--id-key`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from dapo_suite.errors import UserError
-from dapo_suite.tasks import read_jsonl
-
-# name -> (rows, what it is); the rows are checked by tests/test_eval_data.py
-BENCHMARKS = {
-    "aime24": (30, "AIME 2024 I and II, integer answers 0-999 (the paper's headline benchmark)"),
-    "amc23": (40, "AMC 2023, integer answers (overlaps DAPO-Math-17k: 8 exact duplicates)"),
-    "math500": (500, "MATH-500, LaTeX answers graded symbolically; keeps subject and level"),
-    "gsm8k": (1319, "GSM8K test, integer answers (the number after ####)"),
-}
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    problem: str
-    answer: str
-    extra: dict = field(default_factory=dict)
-
-
-def benchmark_path(name: str) -> Path:
-    """The jsonl file of a shipped benchmark."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"Unknown benchmark {name!r}: choose one of {', '.join(BENCHMARKS)}, or pass --file PATH.")
-    return Path(str(resources.files("eval") / "benchmarks" / f"{name}.jsonl"))
+from dapo_suite.problems import Problem, benchmark_path, read_rows
 
 
 def answer_text(value: object) -> str:
@@ -45,18 +16,6 @@ def answer_text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl or .parquet file."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--file {path}: no such file.")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    return read_jsonl(path)
 
 
 def _lookup(row: dict, key: str):
@@ -78,7 +37,10 @@ def load_problems(
     limit: int | None = None,
 ) -> list[Problem]:
     """The first `limit` problems of a shipped benchmark or of a file (ids default to the row number)."""
-    rows = read_rows(file if file else benchmark_path(benchmark or ""))
+    path = Path(file) if file else benchmark_path(benchmark or "")
+    if not path.is_file():
+        raise UserError(f"--file {path}: no such file.")
+    rows = read_rows(path)
     problems = []
     for index, row in enumerate(rows[:limit] if limit else rows):
         try:

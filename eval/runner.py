@@ -16,8 +16,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from dapo_suite.problems import Problem
 from eval.config import EvalConfig
-from eval.data import Problem, load_problems
+from eval.data import load_problems
 from eval.engines import Completion, Engine, Request, Sampling, make_engine, sample_seed
 from eval.prompts import format_prompt
 from eval.scoring import GENERATIONS_FILE, SESSIONS_FILE, grade, read_generations, read_sessions, summarize

@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterator
 
 from dapo_suite.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
+from dapo_suite.problems import Problem
 from dapo_suite.prompts import format_prompt
-from serve.chat import Problem, Speed, check, find_problem, load_examples, split_reply
+from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no phoning home from a local model server

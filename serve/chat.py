@@ -4,31 +4,21 @@ benchmark's answer when the question is a known AIME 2024 problem, and the per-r
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from importlib import resources
 
-from dapo_suite.reward import ANSWER_WINDOW, compute_score, extract_answer, parse_integer
+from dapo_suite.problems import Problem, benchmark_path, read_rows
+from dapo_suite.reward import answer_mark, compute_score, extract_answer, parse_integer
 
-_ANSWER_MARK = re.compile(r"(?i)answer\s*:\s*([^\n]+)")  # the pattern the reward reads (dapo_suite.reward)
 _SPACE = re.compile(r"\s+")
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    problem: str
-    answer: str
 
 
 def load_examples(name: str = "aime24") -> list[Problem]:
     """AIME 2024 from the evaluator's package data; [] (no examples, no checks) when it is not installed."""
     try:
-        text = (resources.files("eval") / "benchmarks" / f"{name}.jsonl").read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError, OSError):
+        rows = read_rows(benchmark_path(name))
+    except (ValueError, ModuleNotFoundError, OSError):  # not a shipped benchmark, or `eval` not installed
         return []
-    rows = (json.loads(line) for line in text.splitlines() if line.strip())
     return [Problem(str(row["id"]), row["problem"], str(row["answer"])) for row in rows]
 
 
@@ -52,13 +42,8 @@ class Reply:
 def split_reply(text: str) -> Reply:
     """Split a (possibly partial) reply at the `Answer:` the reward reads (the last one in its window); a
     `\\boxed{}` answer stays inside the reasoning, where the model wrote it."""
-    answer = extract_answer(text)
-    thinking = text
-    if answer is not None:
-        window_start = max(0, len(text) - ANSWER_WINDOW)
-        marks = list(_ANSWER_MARK.finditer(text, window_start))
-        if marks:
-            thinking = text[: marks[-1].start()].rstrip().removesuffix("**").rstrip()
+    answer, mark = extract_answer(text), answer_mark(text)
+    thinking = text if mark is None else text[:mark].rstrip().removesuffix("**").rstrip()
     return Reply(thinking=thinking.strip(), answer=answer, integer=parse_integer(answer) if answer else None)
 
 

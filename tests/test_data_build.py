@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from data_fixtures import shared_data_dir
 
 from dapo_suite.errors import UserError
+from dapo_suite.prompts import DAPO_TEMPLATE
 from data_pipeline.build import run_build
 from data_pipeline.cli import data
 from data_pipeline.config import BuildConfig
-from data_pipeline.export import PROMPT_TEMPLATE
 from data_pipeline.sources import load_eval_set, load_source
 
 
@@ -35,7 +35,7 @@ def test_cli_build_math_train_rules(shared_data: Path, tmp_path: Path) -> None:
     first = frame.iloc[0]
     assert first["data_source"] == "math_dapo" and first["ability"] == "MATH"
     assert first["prompt"][0]["role"] == "user"
-    assert first["prompt"][0]["content"].startswith(PROMPT_TEMPLATE.split("{problem}")[0])
+    assert first["prompt"][0]["content"].startswith(DAPO_TEMPLATE.split("{problem}")[0])
     assert first["reward_model"]["style"] == "rule-lighteval/MATH_v2"
     assert all(int(gt) == int(gt) for gt in frame["reward_model"].map(lambda r: r["ground_truth"]))
     assert frame["extra_info"].map(lambda e: e["verified"]).all()
@@ -123,7 +123,7 @@ def test_a_dapo_17k_row_with_circled_labels_is_exported_unchanged(tmp_path: Path
     run_build(BuildConfig(inputs=[str(tmp_path / "dapo.parquet")], out=str(tmp_path / "out"), decontaminate=[]),
               log=lambda _: None)
     exported = pd.read_parquet(tmp_path / "out" / "train.parquet").iloc[0]
-    assert exported["prompt"][0]["content"] == PROMPT_TEMPLATE.format(problem=CIRCLED)
+    assert exported["prompt"][0]["content"] == DAPO_TEMPLATE.format(problem=CIRCLED)
     assert exported["extra_info"]["original_problem"] == CIRCLED
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dapo_suite.problems import BENCHMARKS, benchmark_path
 from eval.config import EvalConfig
-from eval.data import BENCHMARKS, benchmark_path, load_problems
+from eval.data import load_problems
 from eval.prompts import DAPO_TEMPLATE, format_prompt
 
 SHARED = Path("/work/shared/data")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dapo_suite.problems import Problem
 from serve.app import history_to_messages, render
-from serve.chat import Problem, Speed, check, find_problem, load_examples, split_reply
+from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig
 
 AIME_1 = Problem("2024-I-1", "Every morning Aya goes for a walk.\nFind the minutes.", "204")
