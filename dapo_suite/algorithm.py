@@ -511,7 +511,7 @@ def compute_advantages(
     return estimator.fn(scores, group_ids, lengths, norm, eps)
 
 
-def overlong_penalty(
+def soft_overlong_penalty(
     lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float = 1.0
 ) -> torch.Tensor:
     """Soft overlong punishment (eq. 13), added to the correctness reward:

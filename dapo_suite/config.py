@@ -86,7 +86,7 @@ class TrainConfig:
 
     # The DAPO switches (Table 1 of the paper)
     dynamic_sampling: bool = True  # eq. 11: keep only groups with 0 < accuracy < 1
-    filter_metric: str = "acc"  # what "accuracy" means for the filter: "acc" (paper) or "score" (incl. penalty)
+    filter_metric: str = "acc"  # what the filter tests: "acc" (paper: mixed accuracy) or "reward" (incl. penalty)
     max_num_gen_batches: int = 10  # generation batches per step before training on what was found (0 = no limit)
     reuse_surplus_groups: bool = False  # keep mixed groups beyond train_batch_size for the next step
     clip_low: float = 0.2  # eps_low
@@ -161,8 +161,8 @@ class TrainConfig:
         if self.overlong_penalty and not 0 < self.overlong_buffer_len <= self.max_response_length:
             problems.append(f"overlong_buffer_len ({self.overlong_buffer_len}) must be in (0, max_response_length "
                             f"= {self.max_response_length}]")
-        if self.filter_metric not in ("acc", "score"):
-            problems.append("filter_metric must be 'acc' or 'score'")
+        if self.filter_metric not in ("acc", "reward"):
+            problems.append("filter_metric must be 'acc' or 'reward'")
         if self.backend not in ("embedded", "verl"):
             problems.append("backend must be 'embedded' or 'verl'")
         if self.rollout_engine not in ("auto", "hf", "vllm"):

@@ -32,7 +32,7 @@ import click
 
 from dapo_suite.config import TrainConfig, load_preset, resolve_config
 from dapo_suite.errors import UserError
-from dapo_suite.metrics import read_metrics
+from dapo_suite.run_log import read_metrics
 from dapo_suite.stats import mean_and_std, paired_t_test, sign_flip_test
 
 PLAN_FILE = "ladder_plan.json"

@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 
 from dapo_suite import ladder
-from dapo_suite.metrics import read_metrics
 from dapo_suite.plots import plot_run
+from dapo_suite.run_log import read_metrics
 from dapo_suite.stats import confidence_interval_95
 
 CHAIN_FILE = "chain.json"

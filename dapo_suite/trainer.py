@@ -34,21 +34,21 @@ from dapo_suite.algorithm import (
     compute_advantages,
     entropy_from_logits,
     mixed_groups,
-    overlong_penalty,
     policy_loss,
+    soft_overlong_penalty,
     token_log_probs,
 )
 from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from dapo_suite.config import TrainConfig
 from dapo_suite.errors import UserError
 from dapo_suite.evaluate import heldout_accuracy
-from dapo_suite.metrics import MetricsLogger
 from dapo_suite.models import eval_mode, load_model_and_tokenizer
 from dapo_suite.problems import Problem
 from dapo_suite.prompts import chat_messages
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, VLLMRollout, make_engine
 from dapo_suite.rollout_correction import rollout_correction
+from dapo_suite.run_log import MetricsLogger
 from dapo_suite.tasks import builtin_task, load_problems, split_heldout
 
 log = logging.getLogger("dapo_suite.train")
@@ -80,7 +80,8 @@ def padded(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 def keeps_group(group: list[Rollout], metric: str) -> bool:
     """Dynamic sampling's test for one group: mixed accuracy (`acc`, the paper) or a non-constant reward
-    (`score`, verl 0.9's default, which also keeps uniform-accuracy groups that the length penalty splits)."""
+    (`reward`, `Rollout.reward`: verl's "reward" metric, which also keeps uniform-accuracy groups that the length
+    penalty splits)."""
     if metric == "acc":
         return bool(mixed_groups(torch.tensor([r.acc for r in group]), [0] * len(group))[0])
     return len({r.reward for r in group}) > 1
@@ -95,7 +96,7 @@ def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: s
     for group in groups:
         accuracy = sum(r.acc for r in group) / len(group)
         counts["all_correct" if accuracy == 1 else "all_wrong" if accuracy == 0 else "mixed"] += 1
-        counts["zero_advantage"] += not keeps_group(group, "score")
+        counts["zero_advantage"] += not keeps_group(group, "reward")
         if not dynamic_sampling or keeps_group(group, metric):
             kept.append(group)
     return kept, counts
@@ -169,8 +170,8 @@ class DAPOTrainer:
             rollout.score, rollout.acc = result["score"], result["acc"]
             timeouts += result["timeout"]
         lengths = torch.tensor([r.length for r in rollouts])
-        penalty = (overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
-                                    config.overlong_penalty_factor)
+        penalty = (soft_overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
+                                         config.overlong_penalty_factor)
                    if config.overlong_penalty else torch.zeros(len(rollouts)))
         rewards = torch.tensor([r.score for r in rollouts]) + penalty
         for rollout, reward in zip(rollouts, rewards.tolist(), strict=True):

@@ -16,8 +16,8 @@ from dapo_suite.algorithm import (
     group_advantages,
     mask_truncated,
     mixed_groups,
-    overlong_penalty,
     policy_loss,
+    soft_overlong_penalty,
     token_log_probs,
 )
 
@@ -200,12 +200,12 @@ def test_group_advantages_hand_computed():
 
 def test_overlong_penalty_each_branch():
     lengths = torch.tensor([0, 16, 17, 18, 20, 24, 25, 100])
-    penalty = overlong_penalty(lengths, max_len=24, buffer_len=8)
+    penalty = soft_overlong_penalty(lengths, max_len=24, buffer_len=8)
     expected = [0.0, 0.0, -1 / 8, -2 / 8, -4 / 8, -1.0, -1.0, -1.0]
     assert penalty.tolist() == pytest.approx(expected)
-    assert overlong_penalty(torch.tensor([20]), 24, 8, factor=0.5).item() == pytest.approx(-0.25)
+    assert soft_overlong_penalty(torch.tensor([20]), 24, 8, factor=0.5).item() == pytest.approx(-0.25)
     with pytest.raises(ValueError, match="buffer_len"):
-        overlong_penalty(lengths, max_len=4, buffer_len=8)
+        soft_overlong_penalty(lengths, max_len=4, buffer_len=8)
 
 
 def test_overlong_penalty_matches_verl_dapo_reward_manager_formula():
@@ -213,7 +213,7 @@ def test_overlong_penalty_matches_verl_dapo_reward_manager_formula():
     max_len, buffer_len, factor = 20480, 4096, 1.0
     lengths = torch.arange(0, max_len + 1, 97)
     expected = torch.clamp(-(lengths - (max_len - buffer_len)) / buffer_len * factor, max=0.0)
-    torch.testing.assert_close(overlong_penalty(lengths, max_len, buffer_len, factor), expected.float())
+    torch.testing.assert_close(soft_overlong_penalty(lengths, max_len, buffer_len, factor), expected.float())
 
 
 def test_mixed_groups_keeps_only_groups_with_both_outcomes():

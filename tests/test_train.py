@@ -48,7 +48,7 @@ def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits()
     # All wrong, but one response is also too long: same accuracy, different reward (NeMo-RL #2431's trap).
     group = [rollout(0, False, reward=-1.0), rollout(0, False, reward=-1.5)]
     assert filter_groups([group], True, "acc")[0] == []
-    assert filter_groups([group], True, "score")[0] == [group]
+    assert filter_groups([group], True, "reward")[0] == [group]
     # All wrong, yet not zero-advantage: the penalty gives the group a gradient.
     assert filter_groups([group], True, "acc")[1] == {"all_correct": 0, "all_wrong": 1, "mixed": 0, "zero_advantage": 0}
 
