@@ -142,7 +142,7 @@ def test_build_end_to_end_against_transformers_serve(tmp_path: Path) -> None:
         second = subprocess.run(command + ["--allow-unverified"], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert second.returncode == 0, second.stderr
         assert "[rewrite] resumed" in second.stdout
-        (tmp_path / "out" / "stages" / "05_rewrite.meta.json").unlink()  # force the LLM step to run again
+        (tmp_path / "out" / "stages" / "06_rewrite.meta.json").unlink()  # force the LLM step to run again
         third = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
         stats = json.loads((tmp_path / "out" / "stats.json").read_text())
         assert third.returncode == 0 and stats["llm"]["requests"] == 0 and stats["llm"]["cache_hits"] == 2
