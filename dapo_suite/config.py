@@ -23,6 +23,7 @@ import yaml
 
 from dapo_suite.errors import UserError
 from dapo_suite.fields import typed_value, within
+from dapo_suite.provenance import PROVENANCE_KEYS, provenance
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
@@ -218,7 +219,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: Path) -> None:
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """The resolved config, then the package version and git revision (`provenance`)."""
+        path.write_text(yaml.safe_dump({**self.to_dict(), **provenance()}, sort_keys=False))
 
 
 def preset_path(name: str) -> Path:
@@ -238,6 +240,7 @@ def available_presets() -> list[str]:
 
 def load_preset(name: str) -> dict[str, Any]:
     values = yaml.safe_load(preset_path(name).read_text()) or {}
+    values = {key: value for key, value in values.items() if key not in PROVENANCE_KEYS}  # a run's config.yaml
     unknown = set(values) - {f.name for f in fields(TrainConfig)}
     if unknown:
         raise ValueError(f"preset {name!r} sets unknown keys {sorted(unknown)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.errors import UserError
+from dapo_suite.provenance import provenance
 from data_pipeline.config import BuildConfig
 from data_pipeline.export import build_stats, dataset_card, format_ledger
 from data_pipeline.pipeline import Context, read_jsonl, reason_kind, run_pipeline, write_jsonl
@@ -21,7 +22,7 @@ def run_build(config: BuildConfig, log: Callable[[str], None] = print) -> dict[s
         raise UserError("no input: pass --input (a named source such as math_train, a file, or hf:ID).")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    (out / "config.json").write_text(json.dumps({**config.to_dict(), **provenance()}, indent=1))
     ctx = Context(config, out, log)
     rows = run_pipeline(build_steps(), ctx)
     rejected = [{"stage": step, **row} for step in ctx.metas for row in read_jsonl(out / "reports" / f"{step}.dropped.jsonl")]

@@ -9,6 +9,7 @@ from typing import Any
 
 from dapo_suite.errors import UserError
 from dapo_suite.fields import typed_value, within
+from dapo_suite.provenance import PROVENANCE_KEYS
 
 REWRITERS = ("rules", "llm", "rules+llm")
 # The allowed interval of every numeric field (None = unset is always allowed).
@@ -81,6 +82,7 @@ class BuildConfig:
             import yaml
 
             loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
+            loaded = {key: value for key, value in loaded.items() if key not in PROVENANCE_KEYS}  # a build's config.json
             unknown = set(loaded) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise UserError(f"--config {yaml_path}: unknown keys {sorted(unknown)}")

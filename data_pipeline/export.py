@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from dapo_suite.prompts import chat_messages
+from dapo_suite.provenance import provenance
 from data_pipeline.config import BuildConfig
 
 
@@ -70,7 +70,7 @@ def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], co
         "llm": metas.get("rewrite", {}).get("report", {}).get("llm"),
         "exported_rows": len(rows),
         "unverified_rows": sum(not r.get("verified", False) for r in rows),
-        "git_revision": _git_revision(),
+        "git_revision": provenance()["git_rev"],
     }
 
 
@@ -89,14 +89,6 @@ def format_ledger(book: dict[str, Any]) -> str:
     reasons = ", ".join(f"{kind} {count}" for kind, count in sorted(book["dropped"].items(), key=lambda x: -x[1]))
     return (f"{book['input_rows']} input rows = {book['exported_rows']} exported + {book['dropped_rows']} rejected"
             + (f" ({reasons})" if reasons else ""))
-
-
-def _git_revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def dataset_card(stats: dict[str, Any], rows: list[dict[str, Any]]) -> str:

@@ -12,11 +12,11 @@ Run directory:
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 from dapo_suite.problems import Problem
+from dapo_suite.provenance import provenance
 from eval.config import EvalConfig
 from eval.data import load_problems
 from eval.engines import Completion, Engine, Request, Sampling, make_engine, sample_seed
@@ -26,18 +26,8 @@ from eval.scoring import GENERATIONS_FILE, SESSIONS_FILE, grade, read_generation
 CONFIG_FILE = "config.json"
 
 
-def git_revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def prepare_run_dir(config: EvalConfig) -> Path:
     """Create the run directory, or check that an existing one was made with the same generation settings."""
-    from dapo_suite import __version__
-
     run_dir = config.run_dir
     saved_path = run_dir / CONFIG_FILE
     if saved_path.is_file():
@@ -52,7 +42,7 @@ def prepare_run_dir(config: EvalConfig) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if not saved_path.is_file():
         saved_path.write_text(json.dumps({"generation": config.generation_settings(), "config": config.to_dict(),
-                                          "version": __version__, "git_revision": git_revision()}, indent=2))
+                                          **provenance()}, indent=2))
     return run_dir
 
 

@@ -1,0 +1,39 @@
+"""Every run directory records the package version and git revision (`dapo_suite.provenance`), and a saved
+config stays readable as input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from dapo_suite import __version__
+from dapo_suite.config import TrainConfig, load_preset
+from dapo_suite.provenance import provenance
+from data_pipeline.config import BuildConfig
+
+
+def test_provenance_gives_the_version_and_a_revision_or_none():
+    record = provenance()
+    assert set(record) == {"version", "git_rev"} and record["version"] == __version__
+    assert record["git_rev"] is None or re.fullmatch("[0-9a-f]{40}", record["git_rev"])
+
+
+def test_no_git_gives_no_revision(monkeypatch):
+    def missing_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", missing_git)
+    assert provenance() == {"version": __version__, "git_rev": None}
+
+
+def test_saved_configs_carry_provenance_and_read_back(tmp_path):
+    config = TrainConfig(seed=3)
+    config.save(tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert f"version: {__version__}\n" in text and "git_rev:" in text
+    assert load_preset(str(tmp_path / "config.yaml"))["seed"] == 3
+
+    build = BuildConfig(out=str(tmp_path / "data"), limit=7)
+    (tmp_path / "config.json").write_text(json.dumps({**build.to_dict(), **provenance()}))
+    assert BuildConfig.from_sources(tmp_path / "config.json") == build
