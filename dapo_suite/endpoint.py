@@ -67,11 +67,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def pick_engine(engine: str = "auto") -> str:
     """'vllm' when asked for, or on auto when vLLM is installed and a GPU is visible; else 'transformers'."""
-    if engine != "auto":
-        return engine
-    from dapo_suite.models import vllm_usable
+    from dapo_suite.models import choose_engine
 
-    return "vllm" if vllm_usable() else "transformers"
+    return choose_engine(engine, cpu_engine="transformers")
 
 
 def server_command(engine: str, model: str, host: str, port: int) -> list[str]:

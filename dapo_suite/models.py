@@ -176,6 +176,15 @@ def vllm_usable() -> bool:
     return vllm_unavailable_reason() is None
 
 
+def choose_engine(engine: str, cpu_engine: str = "hf", on_gpu: bool = True) -> str:
+    """The one "auto" rule of the trainer, eval and serve: a named engine is itself; "auto" is "vllm" when vLLM
+    is installed, a CUDA GPU is visible and the model runs on it (`on_gpu`), else `cpu_engine` (the caller's name
+    for transformers: "hf", or "transformers" for a server)."""
+    if engine != "auto":
+        return engine
+    return "vllm" if on_gpu and vllm_usable() else cpu_engine
+
+
 def require_vllm(what: str, on_cpu: str) -> None:
     """Raise a RuntimeError that says how to get `what` working, unless vLLM and a GPU are both there."""
     if (reason := vllm_unavailable_reason()) is not None:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from dapo_suite.models import eval_mode, require_vllm, vllm_usable
+from dapo_suite.models import choose_engine, eval_mode, require_vllm
 from dapo_suite.sampling import sample_tokens
 
 log = logging.getLogger(__name__)
@@ -154,8 +154,7 @@ def make_engine(config, model, tokenizer) -> RolloutEngine:
     """The engine `config.rollout_engine` names: "hf"; "vllm" (one GPU); or "auto", which is vLLM when it is
     installed and the policy is on a GPU, else "hf". On "auto", a vLLM that fails to start falls back to "hf"
     with a warning that carries the error; on "vllm" the error stops the run."""
-    if config.rollout_engine == "hf" or (config.rollout_engine == "auto"
-                                         and not (vllm_usable() and model.device.type == "cuda")):
+    if choose_engine(config.rollout_engine, on_gpu=model.device.type == "cuda") == "hf":
         return HFRollout(model, tokenizer, dtype=config.sampling_dtype)
     max_model_len = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)
     try:

@@ -264,11 +264,9 @@ def sample_seed(seed: int, problem_id: str, sample_index: int) -> int:
 
 def make_engine(config) -> Engine:
     """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else hf."""
-    engine = config.engine
-    if engine == "auto":
-        from dapo_suite.models import vllm_usable
+    from dapo_suite.models import choose_engine
 
-        engine = "openai" if config.endpoint else ("vllm" if vllm_usable() else "hf")
+    engine = "openai" if config.engine == "auto" and config.endpoint else choose_engine(config.engine)
     if engine == "openai":
         return OpenAIEngine(config.endpoint, config.model, config.concurrency, config.max_retries,
                             config.request_timeout)
