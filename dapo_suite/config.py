@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from dapo_suite.errors import UserError
-from dapo_suite.fields import typed_value, within
-from dapo_suite.provenance import PROVENANCE_KEYS, provenance
+from dapo_suite.fields import read_config_file, typed_value, within
+from dapo_suite.provenance import provenance
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
@@ -239,14 +239,11 @@ def available_presets() -> list[str]:
 
 
 def load_preset(name: str) -> dict[str, Any]:
-    values = yaml.safe_load(preset_path(name).read_text()) or {}
-    values = {key: value for key, value in values.items() if key not in PROVENANCE_KEYS}  # a run's config.yaml
-    unknown = set(values) - {f.name for f in fields(TrainConfig)}
-    if unknown:
-        raise ValueError(f"preset {name!r} sets unknown keys {sorted(unknown)}")
+    """The typed fields a preset (a name, or a YAML path such as a run's config.yaml) sets."""
+    values = read_config_file(TrainConfig, preset_path(name), "train")
     if name in LADDER and set(values) - set(SWITCHES):
         raise ValueError(f"ablation preset {name!r} may only set the switches {SWITCHES}")
-    return {key: typed_value(TrainConfig, key, value, where=f"preset {name}:") for key, value in values.items()}
+    return values
 
 
 def parse_override(assignment: str) -> tuple[str, Any]:

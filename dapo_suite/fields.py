@@ -1,4 +1,5 @@
-"""Typing a user's value (`--set key=value`, a YAML preset or config file) against a dataclass field's type hint.
+"""Typing a user's value (`--set key=value`, a YAML preset or config file) against a dataclass field's type hint,
+and the one config loader of every stage (`load_config`: YAML file, then overrides, then validation).
 
 Driven by the hints alone, so a field added to a config is covered without a line here: `lr: float` takes
 `3e-5` or `1` and refuses `abc` ("lr takes a float"), `dynamic_sampling: bool` takes true/false (yes/no, on/off,
@@ -12,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 
 from dapo_suite.errors import UserError
+from dapo_suite.provenance import PROVENANCE_KEYS
+
+Config = TypeVar("Config")
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 _NULL = {"null", "none", "~", ""}
@@ -37,6 +42,29 @@ def typed_value(cls: type, key: str, value: Any, where: str = "--set") -> Any:
         return _coerce(hint, value)
     except (TypeError, ValueError):
         raise UserError(f"{where} {key}={value}: {key} takes {_describe(hint)}") from None
+
+
+def read_config_file(cls: type, path: str | Path, stage: str, section: str | None = None) -> dict[str, Any]:
+    """The fields a YAML (or JSON) file sets for the config dataclass `cls`, typed against their hints; read
+    under a top-level `section:` key when the file has one. A run's provenance keys are skipped (a saved config
+    reads back as input); any other key that is not a field is refused, naming the file and the valid keys."""
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    if section and isinstance(values.get(section), dict):
+        values = values[section]
+    values = {key: value for key, value in values.items() if key not in PROVENANCE_KEYS}
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserError(f"Unknown {stage} setting(s) {unknown} in {path}; valid: {sorted(known)}.")
+    return {key: typed_value(cls, key, value, where=f"{path}:") for key, value in values.items()}
+
+
+def load_config(cls: type[Config], path: str | Path | None, overrides: dict[str, Any], stage: str,
+                section: str | None = None) -> Config:
+    """The one config loader of every stage: the dataclass defaults, then the file's values (`read_config_file`),
+    then `overrides` (the flags given), then validation by the dataclass's own `__post_init__`."""
+    values = read_config_file(cls, path, stage, section) if path else {}
+    return cls(**{**values, **overrides})
 
 
 def within(value: float, interval: str) -> bool:

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.errors import UserError
-from dapo_suite.fields import typed_value, within
-from dapo_suite.provenance import PROVENANCE_KEYS
+from dapo_suite.fields import load_config, within
 
 REWRITERS = ("rules", "llm", "rules+llm")
 # The allowed interval of every numeric field (None = unset is always allowed).
@@ -76,20 +75,9 @@ class BuildConfig:
 
     @classmethod
     def from_sources(cls, yaml_path: str | Path | None = None, **overrides: Any) -> BuildConfig:
-        """Defaults, then the YAML file's values, then every override that is not None."""
-        values: dict[str, Any] = {}
-        if yaml_path:
-            import yaml
-
-            loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
-            loaded = {key: value for key, value in loaded.items() if key not in PROVENANCE_KEYS}  # a build's config.json
-            unknown = set(loaded) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise UserError(f"--config {yaml_path}: unknown keys {sorted(unknown)}")
-            values.update({key: typed_value(cls, key, value, where=f"--config {yaml_path}:")
-                           for key, value in loaded.items()})
-        values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
-        return cls(**values)
+        """Defaults, then the YAML file's values, then every override that is not None (`load_config`)."""
+        given = {k: v for k, v in overrides.items() if v is not None and v != ()}
+        return load_config(cls, yaml_path, given, "data build")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}

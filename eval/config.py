@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
+
+from dapo_suite.fields import load_config
 
 ENGINES = ("auto", "hf", "vllm", "openai")
 
@@ -91,19 +93,6 @@ class EvalConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> EvalConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown eval setting(s) {unknown}; valid: {sorted(known)}.")
-        return cls(**values)
-
-    @classmethod
     def from_yaml(cls, path: str | Path, **overrides) -> EvalConfig:
-        """Settings from a YAML mapping (optionally under a top-level `eval:` key), then `overrides`."""
-        import yaml
-
-        values = yaml.safe_load(Path(path).read_text()) or {}
-        if "eval" in values and isinstance(values["eval"], dict):
-            values = values["eval"]
-        return cls.from_dict({**values, **overrides})
+        """Settings from a YAML mapping (optionally under a top-level `eval:` key), then `overrides` (`load_config`)."""
+        return load_config(cls, path, overrides, "eval", section="eval")

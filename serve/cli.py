@@ -4,7 +4,9 @@ Gradio, openai and the model server load only when a command runs."""
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
+from dapo_suite.fields import load_config
 from serve.config import ENGINES, ServeConfig
 
 _DEFAULTS = ServeConfig()
@@ -47,8 +49,10 @@ def _engine_option(func):
               help="Seconds the model server may take to become healthy.")
 @click.option("--no-dapo-prompt", "dapo_prompt", flag_value=False, default=True,
               help="Start with the DAPO prompt checkbox off (questions are sent as typed).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML of ServeConfig fields; flags given on the command line override it.")
 @click.pass_context
-def serve(ctx: click.Context, **options) -> None:
+def serve(ctx: click.Context, config_file: str | None, **options) -> None:
     """Chat with a trained reasoner in the browser, or serve it over an OpenAI-compatible API.
 
     \b
@@ -66,8 +70,9 @@ def serve(ctx: click.Context, **options) -> None:
         return
     from serve.app import launch_app
 
+    given = {k: v for k, v in options.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
     try:
-        config = ServeConfig(**options)
+        config = load_config(ServeConfig, config_file, given, "serve")
     except ValueError as error:
         raise click.BadParameter(str(error)) from error
     launch_app(config)
