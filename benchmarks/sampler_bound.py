@@ -90,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.rollout import sample_tokens
+    from dapo_suite.sampling import sample_tokens
     from eval.data import load_problems
     from eval.prompts import format_prompt
 

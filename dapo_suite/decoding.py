@@ -1,4 +1,4 @@
-"""One decode step at a time for `rollout.sample_tokens`: a static KV cache and a lean forward pass.
+"""One decode step at a time for `sampling.sample_tokens`: a static KV cache and a lean forward pass.
 
 On a CPU, decoding the embedded model one token at a time is bound by memory traffic and Python overhead, not
 arithmetic. transformers' own step (`HFStepper`) grows its KV cache with `torch.cat` on every step, so each step

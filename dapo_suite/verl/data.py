@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.config import TrainConfig
-from dapo_suite.verl.keys import REPO_ROOT
-
-AIME24_JSONL = REPO_ROOT / "eval" / "benchmarks" / "aime24.jsonl"
+from dapo_suite.problems import benchmark_path
 
 
 def write_aime24_parquet(path: Path) -> Path:
@@ -19,7 +17,7 @@ def write_aime24_parquet(path: Path) -> Path:
     from dapo_suite.prompts import chat_messages
 
     rows = []
-    for index, line in enumerate(AIME24_JSONL.read_text().splitlines()):
+    for index, line in enumerate(benchmark_path("aime24").read_text().splitlines()):
         item = json.loads(line)
         rows.append({"data_source": "aime24", "prompt": chat_messages(item["problem"]), "ability": "MATH",
                      "reward_model": {"ground_truth": str(item["answer"]), "style": "rule-lighteval/MATH_v2"},

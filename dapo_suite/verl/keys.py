@@ -93,8 +93,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("rollout_engine", (f"{ROLLOUT}.name",), lambda v, c: "vllm" if v == "auto" else v),
     # the DAPO switches
     VerlKey("dynamic_sampling", ("algorithm.filter_groups.enable",)),
-    # our "score" (correctness + overlong penalty) is verl's canonical "reward"; "acc" is compute_score's acc
-    VerlKey("filter_metric", ("algorithm.filter_groups.metric",), lambda v, c: "reward" if v == "score" else v),
+    # "reward" (correctness + overlong penalty) and "acc" (compute_score's acc) are verl's own metric names
+    VerlKey("filter_metric", ("algorithm.filter_groups.metric",)),
     VerlKey("max_num_gen_batches", ("algorithm.filter_groups.max_num_gen_batches",)),
     VerlKey("clip_low", (f"{ACTOR}.clip_ratio_low",)),
     VerlKey("clip_high", (f"{ACTOR}.clip_ratio_high",)),
