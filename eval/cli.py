@@ -122,10 +122,9 @@ def run_command(ctx: click.Context, benchmark: str | None, config_file: str | No
 def score_command(generations: str, out: str | None) -> None:
     """Re-grade saved generations (a generations.jsonl or its run directory) without a model."""
     from eval.runner import CONFIG_FILE, write_results
-    from eval.scoring import GENERATIONS_FILE, read_generations, regrade
+    from eval.scoring import generations_file, read_generations, regrade
 
-    path = Path(generations)
-    file = path / GENERATIONS_FILE if path.is_dir() else path
+    file = generations_file(generations)
     run_dir = Path(out) if out else file.parent
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = file.parent / CONFIG_FILE

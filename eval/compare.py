@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dapo_suite import stats
-from eval.scoring import GENERATIONS_FILE, group_by_problem, read_generations
+from eval.scoring import GENERATIONS_FILE, generations_file, group_by_problem, read_generations
 
 
 def paired_bootstrap(acc_a: list[float], acc_b: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
@@ -30,8 +30,7 @@ def paired_bootstrap(acc_a: list[float], acc_b: list[float], resamples: int = 10
 def load_run(path: str | Path) -> dict[str, list[bool]]:
     """Correctness per problem of a run directory or a generations file."""
     path = Path(path)
-    file = path / GENERATIONS_FILE if path.is_dir() else path
-    records = read_generations(file)
+    records = read_generations(generations_file(path))
     if not records:
         raise ValueError(f"{path}: no generations found (expected a run directory or a {GENERATIONS_FILE}).")
     return {pid: [bool(s["acc"]) for s in g] for pid, g in group_by_problem(records).items()}

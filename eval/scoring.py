@@ -3,6 +3,7 @@ compute every metric of `eval.metrics` per benchmark and per problem."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Iterable
@@ -24,13 +25,24 @@ def grade(text: str, answer: str) -> dict:
             "timeout": bool(verdict["timeout"])}
 
 
+def generations_file(path: str | Path) -> Path:
+    """The generations file of a run directory (`generations.jsonl`, or its gzip as committed under docs/results),
+    or `path` itself when it is a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    plain = path / GENERATIONS_FILE
+    packed = path / f"{GENERATIONS_FILE}.gz"
+    return packed if packed.is_file() and not plain.is_file() else plain
+
+
 def read_generations(path: str | Path, repair: bool = False) -> list[dict]:
-    """The records of a generations file. A last line cut short by a kill is dropped (and, with `repair`,
-    removed from the file so appends start on a clean line); a bad line elsewhere is an error."""
+    """The records of a generations file (`.gz` read as gzip). A last line cut short by a kill is dropped (and,
+    with `repair`, removed from the file so appends start on a clean line); a bad line elsewhere is an error."""
     path = Path(path)
     if not path.is_file():
         return []
-    raw = path.read_bytes()
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     lines = raw.split(b"\n")
     records, good_bytes = [], 0
     for number, line in enumerate(lines, 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -155,6 +156,11 @@ def test_compare_runs_on_fixed_files(tmp_path):
     assert result["avg_a"] == pytest.approx(0.25) and result["avg_b"] == pytest.approx(0.25 + 1 / 3)
     assert [p["id"] for p in result["problems"] if p["acc_a"] != p["acc_b"]] == ["p3"]
     assert result["bootstrap"]["delta"] == pytest.approx(1 / 3)
+    # a run directory whose generations are committed gzipped (docs/results) compares the same
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "generations.jsonl.gz").write_bytes(gzip.compress(b.read_bytes()))
+    assert compare_runs(a, packed, resamples=2000)["bootstrap"] == result["bootstrap"]
 
 
 def test_student_t_p_values_by_hand_and_against_the_incomplete_beta():
