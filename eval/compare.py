@@ -67,7 +67,9 @@ def format_comparison(result: dict, show_all: bool = False) -> str:
         lines.append("(no problem differs)")
     lo, hi = boot["ci95"]
     verdict = "significant" if boot["significant"] else "not significant"
+    # no resample crossed zero: the bootstrap can only say p is below its resolution, 2 / resamples (two-sided)
+    p_text = f"p < {2 / boot['resamples']:.4f}" if boot["p_value"] == 0 else f"p = {boot['p_value']:.3f}"
     lines += ["", f"avg: A {100 * result['avg_a']:.1f} %, B {100 * result['avg_b']:.1f} %, "
               f"B - A = {100 * boot['delta']:+.1f} points (95 % CI {100 * lo:+.1f} to {100 * hi:+.1f}, "
-              f"p = {boot['p_value']:.3f}, paired bootstrap over problems, {boot['resamples']} resamples): {verdict} at 5 %"]
+              f"{p_text}, paired bootstrap over problems, {boot['resamples']} resamples): {verdict} at 5 %"]
     return "\n".join(lines)

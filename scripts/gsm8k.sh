@@ -3,7 +3,7 @@
 # the paired comparison. Every stage resumes when the script is rerun. About 1.5 h on 2 quiet cores with bf16 matmuls.
 #   stage 1 (format): the first 7 steps of the default run (`tiny-cpu` scale, `dapo` switches) on the built-in
 #     arithmetic task, where the untrained model is right often enough (~2 %) to learn to end with an `Answer:`
-#     line (train samples with one: 3.5 % at step 1, 62.5 % at step 7);
+#     line (train samples with one: 2.7 % at step 1, 62.5 % at step 7);
 #   stage 2 (gsm8k): the `gsm8k-cpu` preset from stage 1's weights, on GSM8K's 2-step train problems (plus the
 #     arithmetic set). From the untrained model, GSM8K alone gives no right answer to learn from (0/256 samples
 #     in the first steps: docs/train.md).
