@@ -19,6 +19,14 @@ def chat_messages(problem: str, template: str = DAPO_TEMPLATE) -> list[dict[str,
     return [{"role": "user", "content": format_prompt(problem, template)}]
 
 
+def render_chat(tokenizer, chat: str | list[dict[str, str]]) -> str:
+    """The text a chat model continues: `chat` (a list of messages, or one user turn as a string) through the
+    tokenizer's chat template, ending with the assistant's turn opened. The one place a template is applied, so
+    training, evaluation and serving feed a model the same text for the same chat."""
+    messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def strip_template(content: str, template: str = DAPO_TEMPLATE) -> str:
     """The bare problem of a prompt built with `template` (content without the wrapper is returned as is)."""
     head, _, tail = template.partition("{problem}")

@@ -44,7 +44,7 @@ from dapo_suite.errors import UserError
 from dapo_suite.evaluate import heldout_accuracy
 from dapo_suite.models import eval_mode, load_model_and_tokenizer
 from dapo_suite.problems import Problem
-from dapo_suite.prompts import chat_messages
+from dapo_suite.prompts import chat_messages, render_chat
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.rollout import Rollout, VLLMRollout, make_engine
 from dapo_suite.rollout_correction import rollout_correction
@@ -155,8 +155,7 @@ class DAPOTrainer:
         return train, heldout
 
     def prompt_text(self, problem: Problem) -> str:
-        return self.tokenizer.apply_chat_template(chat_messages(problem.problem), tokenize=False,
-                                                  add_generation_prompt=True)
+        return render_chat(self.tokenizer, chat_messages(problem.problem))
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Protocol
 from tqdm.auto import tqdm
 
 from dapo_suite.errors import UserError
+from dapo_suite.prompts import render_chat
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,7 @@ class HFEngine:
     def render(self, prompt: str, chat_template: bool) -> str:
         if not chat_template:
             return prompt
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, prompt)
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         import torch
@@ -158,8 +157,7 @@ class VLLMEngine:
         tokenizer = self.llm.get_tokenizer()
         for chunk in _chunks(list(requests), self.chunk):
             prompts = [
-                tokenizer.apply_chat_template([{"role": "user", "content": r.prompt}], tokenize=False,
-                                              add_generation_prompt=True) if sampling.chat_template else r.prompt
+                render_chat(tokenizer, r.prompt) if sampling.chat_template else r.prompt
                 for r in chunk
             ]
             params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,

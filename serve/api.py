@@ -9,7 +9,10 @@ port users call, adds what the child lacks:
   model sees it, so one oversized request cannot hold the model for minutes;
 - the child always streams: when the client disconnects, the front closes the child's stream, and the child
   stops generating (it cancels a generation whose stream is closed). A non-streaming client gets the streamed
-  pieces joined into one response.
+  pieces joined into one response;
+- `n` > 1 (several choices for one prompt, which `transformers serve` does not give) fans out to n requests of one
+  choice each (seed, when given, becomes seed + i for choice i), whose choices come back as indices 0..n-1, in one
+  response or interleaved in one stream.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from typing import Any
 
 import httpx
 
+from dapo_suite.prompts import render_chat
+
 DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
+MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 
 
 @dataclass
@@ -60,6 +66,11 @@ def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < limits.context:
         return None, (400, f"{key}={max_tokens!r}: must be an integer from 1 to {limits.context - 1} (the model's "
                            f"context is {limits.context} tokens)", key)
+    choices = body.get("n", 1)
+    if choices is None:
+        choices = 1
+    if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
+        return None, (400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
     field = "messages" if chat else "prompt"
     if field not in body:
         return None, (400, f"the request has no {field}", field)
@@ -72,7 +83,16 @@ def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[
         return None, (400, f"the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
                            f"(context {limits.context} - {key} {max_tokens}). Shorten the prompt or lower {key}.",
                       field)
-    return {**body, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}, None
+    return {**body, "max_tokens": max_tokens, "n": choices, "stream": True,
+            "stream_options": {"include_usage": True}}, None
+
+
+def fan_out(body: dict) -> list[dict]:
+    """One single-choice request per choice of `body` (its `n`); choice i gets seed + i when a seed is given, so
+    the choices differ and a repeated request repeats them."""
+    seed = body.get("seed")
+    return [{**body, "n": 1, **({"seed": seed + index} if isinstance(seed, int) else {})}
+            for index in range(body["n"])]
 
 
 def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
@@ -85,8 +105,7 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     def count_chat(messages) -> int:
-        return len(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False))
+        return len(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
 
     def count_text(prompt) -> int:
         return len(tokenizer(prompt if isinstance(prompt, str) else "".join(prompt))["input_ids"])
@@ -113,10 +132,12 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
         if problem:
             return _error(*problem)
         url = upstream + ("/chat/completions" if chat else "/completions")
+        requests = fan_out(forward)
         if body.get("stream"):
-            return StreamingResponse(_relay(client, url, forward), media_type="text/event-stream")
+            stream = _relay(client, url, forward) if len(requests) == 1 else _interleave(client, url, requests)
+            return StreamingResponse(stream, media_type="text/event-stream")
         # Join the child's stream into one response, and close it as soon as the client has gone.
-        joining = asyncio.ensure_future(_join(client, url, forward, chat))
+        joining = asyncio.ensure_future(_join_all(client, url, requests, chat))
         while not joining.done():
             if await request.is_disconnected():
                 joining.cancel()
@@ -141,6 +162,59 @@ async def _relay(client: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     async with client.stream("POST", url, json=body) as upstream:
         async for piece in upstream.aiter_raw():
             yield piece
+
+
+async def _interleave(client: httpx.AsyncClient, url: str, bodies: list[dict]) -> AsyncIterator[bytes]:
+    """The streams of several single-choice requests as one stream, each chunk's choice renumbered to its
+    request's index; leaving this generator (client gone) cancels every request."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump(index: int, body: dict) -> None:
+        try:
+            async with client.stream("POST", url, json=body) as upstream:
+                if upstream.status_code != 200:
+                    await queue.put(b"data: " + await upstream.aread() + b"\n\n")
+                    return
+                async for line in upstream.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    for choice in chunk.get("choices") or []:
+                        choice["index"] = index
+                    await queue.put(f"data: {json.dumps(chunk)}\n\n".encode())
+        finally:
+            await queue.put(None)
+
+    pumps = [asyncio.create_task(pump(index, body)) for index, body in enumerate(bodies)]
+    try:
+        running = len(pumps)
+        while running:
+            piece = await queue.get()
+            if piece is None:
+                running -= 1
+            else:
+                yield piece
+        yield b"data: [DONE]\n\n"
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+async def _join_all(client: httpx.AsyncClient, url: str, bodies: list[dict], chat: bool) -> tuple[int, dict]:
+    """(status, one OpenAI response) holding the choices of several single-choice requests, as indices 0..n-1;
+    the first failed request's answer when one fails. Usage: the prompt once, the completions summed."""
+    answers = await asyncio.gather(*(_join(client, url, body, chat) for body in bodies))
+    for status, payload in answers:
+        if status != 200:
+            return status, payload
+    payload = answers[0][1]
+    payload["choices"] = [{**answer["choices"][0], "index": index} for index, (_, answer) in enumerate(answers)]
+    usages = [answer.get("usage") for _, answer in answers]
+    if all(usages):
+        completion = sum(usage.get("completion_tokens", 0) for usage in usages)
+        prompt = usages[0].get("prompt_tokens", 0)
+        payload["usage"] = {**usages[0], "completion_tokens": completion, "total_tokens": prompt + completion}
+    return 200, payload
 
 
 async def _join(client: httpx.AsyncClient, url: str, body: dict, chat: bool) -> tuple[int, dict]:

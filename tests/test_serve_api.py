@@ -79,6 +79,33 @@ def test_a_bad_max_tokens_gets_400(api, max_tokens):
     assert answer.status_code == 400 and "max_tokens=" in answer.json()["error"]["message"]
 
 
+def test_n_choices_come_back_as_indices_in_one_response_and_in_one_stream(api):
+    """transformers serve gives one choice per request; the front fans `n` out and renumbers the choices."""
+    base_url, model, _ = api
+    client = _client(base_url)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=3, n=3, seed=7)
+    assert [choice.index for choice in reply.choices] == [0, 1, 2]
+    assert all(choice.message.content for choice in reply.choices)
+    assert 3 <= reply.usage.completion_tokens <= 9  # summed over the choices, each 1 to max_tokens
+    text: dict[int, str] = {}
+    finished = set()
+    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=3, n=2, stream=True):
+        for choice in chunk.choices:
+            text[choice.index] = text.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert sorted(text) == [0, 1] and finished == {0, 1} and all(text.values())
+
+
+@pytest.mark.parametrize("n", [0, 129, "two"])
+def test_a_bad_n_gets_400(api, n):
+    base_url, model, _ = api
+    answer = httpx.post(f"{base_url}/chat/completions", timeout=10, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": n})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "n"
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its descendants that are still running."""
     total, pending = 0.0, [pid]

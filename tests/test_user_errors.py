@@ -116,3 +116,53 @@ def test_llm_partial_failure_stops_unless_allowed(tmp_path: Path) -> None:
     output = allowed.stdout + allowed.stderr
     assert allowed.returncode == 0, output
     assert "1 of 2 LLM requests failed" in output and "llm_request_failed 1" in output
+
+
+def _small_model(embedded: Path, target: Path) -> str:
+    """A randomly initialised 2-layer model with the embedded model's tokenizer: another model, seconds to train."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(embedded)
+    config.num_hidden_layers, config.hidden_size, config.intermediate_size = 2, 64, 128
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(target)
+    AutoTokenizer.from_pretrained(embedded).save_pretrained(target)
+    return str(target)
+
+
+def test_resume_into_a_run_of_another_model_says_which_model_wrote_it(tmp_path: Path,
+                                                                      embedded_model_dir: Path) -> None:
+    from toy import TOY_FLAGS
+
+    small, run = _small_model(embedded_model_dir, tmp_path / "small"), str(tmp_path / "run")
+    first = run_cli(["train", "--model", small, "--out", run, "--max-steps", "1", *TOY_FLAGS], tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = run_cli(["train", "--resume", "--out", run, "--max-steps", "2", *TOY_FLAGS], tmp_path, timeout=600)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode != 0, output
+    assert "was written by another model" in output and "resume with that run's --model" in output, output
+    assert "Traceback" not in output and "size mismatch" not in output, output
+
+
+def test_a_bug_is_one_line_pointing_at_debug_and_debug_shows_its_traceback() -> None:
+    """An unexpected exception (not a UserError) is a bug: one line naming it and `--debug`; with --debug the
+    traceback. Driven through the real command group with one extra command that fails as a bug would."""
+    from click.testing import CliRunner
+
+    from dapo_suite.cli import main
+
+    @main.command("explode")
+    def explode() -> None:
+        raise ZeroDivisionError("division by zero in a stage")
+
+    try:
+        plain = CliRunner().invoke(main, ["explode"])
+        assert plain.exit_code == 1
+        assert "unexpected ZeroDivisionError: division by zero in a stage" in plain.output, plain.output
+        assert "rerun with `dapo-suite --debug ...`" in plain.output and "Traceback" not in plain.output
+        debug = CliRunner().invoke(main, ["--debug", "explode"])
+        assert isinstance(debug.exception, ZeroDivisionError)
+    finally:
+        main.commands.pop("explode")
