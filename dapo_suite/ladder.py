@@ -194,11 +194,12 @@ def read_run(run_dir: Path, rung: str, seed: int) -> RunRecord:
 
 
 def comparisons(rungs: list[str]) -> list[tuple[str, str]]:
-    """(A, B) pairs to test B against: each rung against the one before it, then against `grpo` when it is
+    """(A, B) pairs to test B against: each rung against the one before it, then against the first rung (the
+    baseline: `grpo` in the paper's ladder, `dapo` in `--presets dapo,gspo,cispo`) and against `grpo` when it is
     among the rungs (a pair already listed, in either order, is not repeated)."""
     pairs = list(zip(rungs[:-1], rungs[1:], strict=True))
-    if "grpo" in rungs:
-        pairs += [("grpo", rung) for rung in rungs if rung != "grpo"]
+    for baseline in dict.fromkeys([*rungs[:1], *(["grpo"] if "grpo" in rungs else [])]):
+        pairs += [(baseline, rung) for rung in rungs if rung != baseline]
     unique: list[tuple[str, str]] = []
     for a, b in pairs:
         if {a, b} not in [set(pair) for pair in unique]:

@@ -202,9 +202,10 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
     The table (ladder.md, ladder.csv; everything in ladder.json): per rung, the mean and sample std across seeds
     of the held-out accuracy after training and of the last 3 steps' entropy, response length, share of
     zero-advantage groups before filtering, upper clip fraction and train accuracy. The tests: each rung against
-    the one before it and against grpo (when it is a rung), paired by seed (d = B - A per seed): a paired t-test
-    on the differences (N-1 degrees of freedom, 95 % interval) and an exact sign-flip permutation test over all
-    2^N sign patterns, whose smallest possible p is 2/2^N (0.25 with 3 seeds: use 6 or more seeds to reach 5 %).
+    the one before it, against the first rung and against grpo (when it is a rung), paired by seed (d = B - A
+    per seed): a paired t-test on the differences (N-1 degrees of freedom, 95 % interval) and an exact sign-flip
+    permutation test over all 2^N sign patterns, whose smallest possible p is 2/2^N (0.25 with 3 seeds: use 6 or
+    more seeds to reach 5 %).
     The plots (ladder_dynamics.png): each figure per step, mean across seeds with a min-max band, one colour per rung.
 
     \b

@@ -44,10 +44,12 @@ def write_ladder(out: Path, finished: bool = True) -> None:
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_comparisons_are_each_rung_against_the_previous_and_grpo_once():
+def test_comparisons_are_each_rung_against_the_previous_the_first_and_grpo_once():
     assert comparisons(["grpo", "a", "b"]) == [("grpo", "a"), ("a", "b"), ("grpo", "b")]
-    assert comparisons(["dapo", "grpo", "gspo"]) == [("dapo", "grpo"), ("grpo", "gspo")]
-    assert comparisons(["dapo", "gspo", "cispo"]) == [("dapo", "gspo"), ("gspo", "cispo")]
+    assert comparisons(["dapo", "grpo", "gspo"]) == [("dapo", "grpo"), ("grpo", "gspo"), ("dapo", "gspo")]
+    assert comparisons(["dapo", "gspo", "cispo"]) == [("dapo", "gspo"), ("gspo", "cispo"), ("dapo", "cispo")]
+    assert comparisons(["a", "b", "grpo", "c"]) == [("a", "b"), ("b", "grpo"), ("grpo", "c"), ("a", "grpo"),
+                                                   ("a", "c")]
     assert comparisons(["dapo"]) == []
 
 
