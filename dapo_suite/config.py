@@ -144,6 +144,10 @@ class TrainConfig:
     # Rollouts in another precision than training (e.g. "bfloat16" on CPUs with native bf16 matmuls); null =
     # dtype. On this project's AVX2 test machine bf16 sampling measured slower (docs/benchmarks.md), so off.
     sampling_dtype: str | None = None
+    # Mixed precision for the trainer's forward and backward passes (log-probs, old log-probs, the update): the
+    # matmuls run under torch.autocast in this dtype while weights, gradients and AdamW state stay in `dtype`
+    # (verl's actor.fsdp_config.mixed_precision.param_dtype, with fp32 master weights). null = off.
+    autocast_dtype: str | None = None
     device: str = "auto"
 
     # The scale presets applied before this config's own values (resolved; for the record).
@@ -195,6 +199,8 @@ class TrainConfig:
                             f"{' / '.join(estimator.norms)} (or null for its own)")
         if self.sampling_dtype not in (None, "float32", "bfloat16", "float16"):
             problems.append("sampling_dtype must be null (= dtype), float32, bfloat16 or float16")
+        if self.autocast_dtype not in (None, "bfloat16", "float16"):
+            problems.append("autocast_dtype must be null (off), bfloat16 or float16")
         if self.rollout_correction not in ("auto", "on", "off"):
             problems.append("rollout_correction must be 'auto', 'on' or 'off'")
         # The correction's own parsers say what is wrong with a level, criterion or threshold.

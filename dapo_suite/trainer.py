@@ -267,8 +267,11 @@ class DAPOTrainer:
         attention = torch.stack(masks).long().to(self.model.device)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
         # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                            logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1].float()
+        autocast = self.config.autocast_dtype
+        with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
+                            enabled=autocast is not None):
+            logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                                logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         targets = input_ids[:, prompt_len:]

@@ -151,6 +151,7 @@ NOT_MAPPED = {
     "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
     "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
     "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
+    "autocast_dtype": "embedded trainer only; verl's FSDP actor always computes in mixed precision (bf16)",
     "device": "verl uses the GPUs Ray gives it",
     "presets": "record only",
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
