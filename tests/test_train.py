@@ -217,6 +217,25 @@ def test_trainer_recomputes_behaviour_log_probs_an_engine_does_not_return(tmp_pa
         torch.testing.assert_close(r.old_log_prob, expected, atol=2e-4, rtol=0)
 
 
+def test_autocast_computes_log_probs_in_bf16_and_keeps_weights_and_gradients_in_f32(tmp_path):
+    """autocast_dtype=bfloat16: the forward runs in bf16 (log-probs close to f32's but not equal), while the
+    parameters and their gradients stay float32 (AdamW keeps f32 state)."""
+    f32 = _tiny_trainer(tmp_path / "f32")
+    mixed = _tiny_trainer(tmp_path / "bf16", autocast_dtype="bfloat16")
+    problems = f32.sampler.next(2)
+    torch.manual_seed(0)
+    rollouts = f32.engine.generate([f32.prompt_text(p) for p in problems], 2, 8, 1.0, 1.0)
+    with torch.no_grad():
+        exact, _, mask = f32.forward_log_probs(rollouts)
+    approx, _, _ = mixed.forward_log_probs(rollouts)
+    difference = ((approx.detach() - exact).abs() * mask).max()
+    assert 0 < difference < 0.5, difference
+    (approx * mask).sum().backward()
+    parameters = list(mixed.model.parameters())
+    assert all(p.dtype == torch.float32 and (p.grad is None or p.grad.dtype == torch.float32) for p in parameters)
+    assert any(p.grad is not None for p in parameters)
+
+
 def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
     import importlib.util
 

@@ -44,6 +44,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "set_type_bool": (["train", "--set", "dynamic_sampling=maybe"], "dynamic_sampling takes true/false"),
         "set_range": (["train", "--set", "lr=-1"], "lr=-1.0: must be in (0, inf)"),
         "set_unknown": (["train", "--set", "clip_hi=0.3"], "unknown key 'clip_hi'"),
+        "set_autocast": (["train", "--set", "autocast_dtype=float8"], "autocast_dtype must be null (off), bfloat16"),
         "train_model_missing": (["train", "--model", "/no/such/dir"], "--model /no/such/dir: no such directory"),
         "train_malformed_line": (["train", "--train-file", write_jsonl(tmp / "bad.jsonl", [
             {"problem": "What is 1+1?", "answer": "2"}, "{not json"])], "bad.jsonl line 2: not valid JSON"),
@@ -72,7 +73,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-CASES = ["set_type_float", "set_type_bool", "set_range", "set_unknown", "train_model_missing", "train_malformed_line",
+CASES = ["set_type_float", "set_type_bool", "set_range", "set_unknown", "set_autocast", "train_model_missing", "train_malformed_line",
          "train_no_answer", "eval_model_missing", "eval_no_tokenizer", "eval_empty_answer", "eval_max_retries",
          "data_no_answer_field", "data_max_tokens", "data_config_type", "data_llm_unreachable"]
 
