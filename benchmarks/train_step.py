@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/train_step.py                    # 4 prompts x 8 responses, micro-batch 8
     .venv/bin/python benchmarks/train_step.py --prompts 2 --group-size 4 --prompt-len 32 --response-len 16 --reps 1
+    .venv/bin/python benchmarks/train_step.py --bf16       # both in bf16 mixed precision (f32 weights and AdamW)
 
 One DAPO update on the embedded SmolLM2-135M-Instruct, in one process, over the same pre-built rollouts (no
 generation is timed for either): prompts*group_size responses of about --prompt-len prompt tokens and up to
@@ -26,7 +27,9 @@ the same denominator here, one process, one generation batch = one mini-batch. T
 while generating (which this benchmark skips), so the prepared batch applies it exactly as TRL does (last token not
 EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, interleaved; tokens/s counts real
 (unpadded) prompt + response tokens, truncated responses included (both sides run them). Target: ours >= 1.5x TRL.
-With overlong filtering, `update` leaves truncated responses out of its forward and backward passes (they carry
+--bf16: both sides compute under bf16 autocast with float32 weights and optimizer state (ours `autocast_dtype=
+bfloat16`, TRL `bf16=True`; run without --bf16 for the float32 figures); the loss check then allows --rtol 5e-2
+(the two sides' bf16 rounding differs). With overlong filtering, `update` leaves truncated responses out of its forward and backward passes (they carry
 no loss and no gradient); TRL runs them and masks their loss.
 """
 
@@ -115,13 +118,13 @@ def trl_inputs(groups: list[list[Rollout]], micro_batch: int, pad_id: int, eos_i
             for s in range(0, len(flat), micro_batch)]
 
 
-def build_trl(args, model_path: str, out: str, num_micro: int):
+def build_trl(args, model_path: str, out: str, num_micro: int, bf16: bool):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     config = GRPOConfig(
-        output_dir=out, report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=args.seed,
+        output_dir=out, report_to="none", use_cpu=True, bf16=bf16, gradient_checkpointing=False, seed=args.seed,
         loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=10.0, mask_truncated_completions=True, beta=0.0,
         temperature=1.0, num_generations=args.group_size, max_completion_length=args.response_len,
         per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=num_micro,
@@ -164,9 +167,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed steps of each, after one warm-up step")
     parser.add_argument("--noise", type=float, default=0.3, help="std of log pi_old - log pi_theta")
     parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--rtol", type=float, default=1e-4, help="loss check tolerance (relative)")
+    parser.add_argument("--rtol", type=float, help="loss check tolerance (relative; default 1e-4, 5e-2 with --bf16)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision on both sides")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.rtol = args.rtol if args.rtol is not None else (5e-2 if args.bf16 else 1e-4)
     total = args.prompts * args.group_size
     if total % args.micro_batch:
         parser.error(f"prompts * group_size ({total}) must be a multiple of --micro-batch ({args.micro_batch})")
@@ -188,12 +193,12 @@ def main() -> None:
             "max_response_length": args.response_len, "overlong_buffer_len": max(1, args.response_len // 4),
             "clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0, "loss_agg": "token-mean", "overlong_filter": True,
             "lr": args.lr, "warmup_steps": 0, "weight_decay": 0.1, "grad_clip": 1.0, "temperature": 1.0,
-            "dtype": "float32", "device": "cpu"})
+            "dtype": "float32", "autocast_dtype": "bfloat16" if args.bf16 else None, "device": "cpu"})
         ours = DAPOTrainer(config)
         tokenizer = ours.tokenizer
         groups = make_rollouts(args, tokenizer.eos_token_id, ours.model.config.vocab_size)
         fill_old_log_probs(ours, groups, args.micro_batch, args.noise, args.seed)
-        trainer = build_trl(args, model_path, f"{tmp}/trl", num_micro)
+        trainer = build_trl(args, model_path, f"{tmp}/trl", num_micro, args.bf16)
         micro_inputs = trl_inputs(groups, args.micro_batch, tokenizer.pad_token_id, trainer.eos_token_ids)
 
         flat = [r for group in groups for r in group]
@@ -202,7 +207,8 @@ def main() -> None:
               f", {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
         print(f"[train-step] {args.prompts} prompts x {args.group_size} responses = {total}; {tokens} tokens "
               f"(prompt ~{args.prompt_len}, response <= {args.response_len}, "
-              f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer update")
+              f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer update, "
+              f"{'bf16 autocast' if args.bf16 else 'float32'}")
 
         # Warm-up step from identical weights: the loss check.
         metrics = ours.update(groups)

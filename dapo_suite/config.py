@@ -142,11 +142,13 @@ class TrainConfig:
     wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
     dtype: str = "float32"  # "bfloat16" on GPUs; float32 is faster on most CPUs
     # Rollouts in another precision than training (e.g. "bfloat16" on CPUs with native bf16 matmuls); null =
-    # dtype. On this project's AVX2 test machine bf16 sampling measured slower (docs/benchmarks.md), so off.
+    # dtype; "auto" = bfloat16 where bf16 is native (AVX-512 BF16 / AMX CPUs, bf16 GPUs), else null: on an AVX2
+    # CPU bf16 sampling measured slower (docs/benchmarks.md). The run's config.yaml records the value used.
     sampling_dtype: str | None = None
     # Mixed precision for the trainer's forward and backward passes (log-probs, old log-probs, the update): the
     # matmuls run under torch.autocast in this dtype while weights, gradients and AdamW state stay in `dtype`
-    # (verl's actor.fsdp_config.mixed_precision.param_dtype, with fp32 master weights). null = off.
+    # (verl's actor.fsdp_config.mixed_precision.param_dtype, with fp32 master weights). null = off; "auto" as
+    # for sampling_dtype.
     autocast_dtype: str | None = None
     device: str = "auto"
 
@@ -197,10 +199,10 @@ class TrainConfig:
         elif self.adv_norm is not None and self.adv_norm not in estimator.norms:
             problems.append(f"adv_norm {self.adv_norm!r}: adv_estimator {self.adv_estimator} normalises only as "
                             f"{' / '.join(estimator.norms)} (or null for its own)")
-        if self.sampling_dtype not in (None, "float32", "bfloat16", "float16"):
-            problems.append("sampling_dtype must be null (= dtype), float32, bfloat16 or float16")
-        if self.autocast_dtype not in (None, "bfloat16", "float16"):
-            problems.append("autocast_dtype must be null (off), bfloat16 or float16")
+        if self.sampling_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+            problems.append("sampling_dtype must be null (= dtype), auto, float32, bfloat16 or float16")
+        if self.autocast_dtype not in (None, "auto", "bfloat16", "float16"):
+            problems.append("autocast_dtype must be null (off), auto, bfloat16 or float16")
         if self.rollout_correction not in ("auto", "on", "off"):
             problems.append("rollout_correction must be 'auto', 'on' or 'off'")
         # The correction's own parsers say what is wrong with a level, criterion or threshold.

@@ -158,6 +158,28 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
     return model, tokenizer
 
 
+def native_bf16(device_type: str = "cpu") -> bool:
+    """Whether bf16 matmuls run natively: a CUDA GPU that supports bf16, or a CPU with AVX-512 BF16 or AMX
+    (elsewhere bf16 is emulated and slower than float32)."""
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_precision(value: str | None, device_type: str = "cpu") -> str | None:
+    """A reduced-precision setting as run: "auto" -> "bfloat16" where bf16 is native (`native_bf16`), else None
+    (full precision); any other value as is."""
+    if value != "auto":
+        return value
+    return "bfloat16" if native_bf16(device_type) else None
+
+
 def vllm_unavailable_reason() -> str | None:
     """Why vLLM cannot run here, or None when it can (there is no CPU build of vLLM on PyPI)."""
     import importlib.util

@@ -24,7 +24,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -42,7 +42,7 @@ from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_ch
 from dapo_suite.config import TrainConfig
 from dapo_suite.errors import UserError
 from dapo_suite.evaluate import heldout_accuracy
-from dapo_suite.models import eval_mode, load_model_and_tokenizer
+from dapo_suite.models import eval_mode, load_model_and_tokenizer, resolve_precision
 from dapo_suite.problems import Problem
 from dapo_suite.prompts import chat_messages, render_chat
 from dapo_suite.reward import compute_score, extract_answer
@@ -121,6 +121,11 @@ class DAPOTrainer:
         random.seed(config.seed)
         device = None if config.device == "auto" else config.device
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        # "auto" precisions become what this machine runs (and config.yaml records that).
+        device_type = self.model.device.type
+        self.config = config = replace(
+            config, sampling_dtype=resolve_precision(config.sampling_dtype, device_type),
+            autocast_dtype=resolve_precision(config.autocast_dtype, device_type))
         self.model.config.use_cache = True
         self.engine = make_engine(config, self.model, self.tokenizer)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),

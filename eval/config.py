@@ -40,7 +40,10 @@ class EvalConfig:
     seed: int = 0
     limit: int | None = None  # evaluate only the first `limit` problems
     out: str | None = None  # run directory; default runs/eval/<benchmark>-<model>
-    dtype: str = "float32"  # hf/vllm weights dtype (float32 is the fast one on CPU)
+    # hf/vllm weights dtype; "auto": bfloat16 for vllm, and for hf where bf16 matmuls are native (a bf16 GPU, an
+    # AVX-512 BF16/AMX CPU), else float32 (on an AVX2 CPU bf16 is emulated and slower). Resolved before the run
+    # directory is made, so its config records the dtype used.
+    dtype: str = "auto"
     batch_size: int = 64  # hf: sequences generated together (64-128 is the CPU sweet spot)
     concurrency: int = 64  # openai: requests in flight
     max_retries: int = 6  # openai: retries per request, exponential backoff from 1 s

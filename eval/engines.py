@@ -260,15 +260,34 @@ def sample_seed(seed: int, problem_id: str, sample_index: int) -> int:
     return zlib.crc32(f"{seed}:{problem_id}:{sample_index}".encode()) & 0x7FFFFFFF
 
 
-def make_engine(config) -> Engine:
+def engine_name(config) -> str:
     """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else hf."""
     from dapo_suite.models import choose_engine
 
-    engine = "openai" if config.engine == "auto" and config.endpoint else choose_engine(config.engine)
+    return "openai" if config.engine == "auto" and config.endpoint else choose_engine(config.engine)
+
+
+def engine_dtype(config) -> str:
+    """`config.dtype` as the engine will load weights: "auto" -> bfloat16 for vLLM, and for hf where bf16 is
+    native on the device it runs on (`dapo_suite.models.resolve_precision`), else float32."""
+    if config.dtype != "auto":
+        return config.dtype
+    if engine_name(config) == "vllm":
+        return "bfloat16"
+    import torch
+
+    from dapo_suite.models import resolve_precision
+
+    return resolve_precision("auto", "cuda" if torch.cuda.is_available() else "cpu") or "float32"
+
+
+def make_engine(config) -> Engine:
+    """The engine `config` names (`engine_name`), loading weights in `engine_dtype(config)`."""
+    engine = engine_name(config)
     if engine == "openai":
         return OpenAIEngine(config.endpoint, config.model, config.concurrency, config.max_retries,
                             config.request_timeout)
     if engine == "vllm":
-        return VLLMEngine(config.model, config.dtype, config.seed)
-    return HFEngine(config.model, config.dtype, config.batch_size, config.seed)
+        return VLLMEngine(config.model, engine_dtype(config), config.seed)
+    return HFEngine(config.model, engine_dtype(config), config.batch_size, config.seed)
 

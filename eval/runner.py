@@ -11,6 +11,7 @@ Run directory:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from dapo_suite.problems import Problem
 from dapo_suite.provenance import provenance
 from eval.config import EvalConfig
 from eval.data import load_problems
-from eval.engines import Completion, Engine, Request, Sampling, make_engine, sample_seed
+from eval.engines import Completion, Engine, Request, Sampling, engine_dtype, make_engine, sample_seed
 from eval.prompts import format_prompt
 from eval.scoring import GENERATIONS_FILE, SESSIONS_FILE, grade, read_generations, read_sessions, summarize
 
@@ -60,6 +61,7 @@ def run_eval(config: EvalConfig, engine: Engine | None = None) -> dict:
     """Generate what is missing, then score everything in the run directory; returns results.json's content."""
     problems = load_problems(config.benchmark, config.file, config.problem_key, config.answer_key,
                              config.id_key, config.limit)
+    config = dataclasses.replace(config, dtype=engine_dtype(config))  # "auto" as run, for the record and resume
     run_dir = prepare_run_dir(config)
     generations = run_dir / GENERATIONS_FILE
     done = {(str(r["problem_id"]), int(r["sample_index"])) for r in read_generations(generations, repair=True)}
