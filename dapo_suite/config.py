@@ -268,9 +268,11 @@ def parse_override(assignment: str) -> tuple[str, Any]:
     return key, typed_value(TrainConfig, key, raw.strip())
 
 
-def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Build a TrainConfig from presets and overrides in the documented order."""
-    overrides = dict(overrides or {})
+def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[str, Any] | None = None,
+                   settings: dict[str, Any] | None = None) -> TrainConfig:
+    """Build a TrainConfig from presets, then `overrides` (command-line flags: None = not given, skipped), then
+    `settings` (`--set key=value`, applied as given: `--set sampling_dtype=null` turns off what a preset set)."""
+    overrides = {**(overrides or {}), **(settings or {})}
     values: dict[str, Any] = {}
     model = overrides.get("model", "embedded")
     applied = []
@@ -279,7 +281,7 @@ def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[st
     applied += list(presets)
     for name in applied:
         values.update(load_preset(name))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values.update({k: v for k, v in overrides.items() if v is not None or k in (settings or {})})
     values["presets"] = applied
     return TrainConfig(**values)
 

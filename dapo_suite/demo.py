@@ -87,10 +87,12 @@ def run_demo(config: DemoConfig) -> Path:
     chain.run("eval before", f"dapo-suite eval aime24 {aime_flags} --out {out / 'eval/aime24-before'}",
               lambda: aime(None, "aime24-before"))
 
-    train_config = resolve_config([config.preset], {**config.train_overrides, "max_steps": config.max_steps,
-                                                    "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)})
+    train_config = resolve_config([config.preset], {"max_steps": config.max_steps,
+                                                    "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)},
+                                  config.train_overrides)
     train_flags = f" --max-steps {config.max_steps}" if config.max_steps else ""
-    train_flags += "".join(f" --set {key}={value}" for key, value in config.train_overrides.items())
+    train_flags += "".join(f" --set {key}={'null' if value is None else value}"
+                           for key, value in config.train_overrides.items())
 
     def train() -> None:
         resume = (train_dir / "metrics.jsonl").is_file()

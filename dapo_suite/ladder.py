@@ -121,7 +121,7 @@ def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[
     if len(set(rungs)) < len(rungs):
         raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
     check_overrides(presets, overrides)
-    plan = {"presets": presets, "seeds": seeds, "overrides": {k: v for k, v in overrides.items() if v is not None}}
+    plan = {"presets": presets, "seeds": seeds, "overrides": overrides}
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
         earlier = json.loads(plan_path.read_text())["overrides"]
@@ -130,8 +130,9 @@ def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[
                             f"{plan['overrides'] or 'none'}: repeat the same --max-steps/--model/--set, or "
                             "pick another --out")
     # Every config first, so a bad preset or value stops the ladder before hours of training.
-    configs = {(preset, seed): resolve_config([preset], {**overrides, "seed": seed,
-                                                         "out": str(run_path(out, rung_name(preset), seed))})
+    configs = {(preset, seed): resolve_config([preset], {"seed": seed,
+                                                         "out": str(run_path(out, rung_name(preset), seed))},
+                                              overrides)
                for seed in seeds for preset in presets}
     out.mkdir(parents=True, exist_ok=True)
     plan_path.write_text(json.dumps(plan, indent=2) + "\n")

@@ -72,12 +72,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
                      backend=backend)
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
-        for assignment in assignments:
-            if assignment.startswith("verl."):
-                continue
-            key, value = parse_override(assignment)
-            overrides[key] = value
-        config = resolve_config(presets, overrides)
+        settings = dict(parse_override(a) for a in assignments if not a.startswith("verl."))
+        config = resolve_config(presets, overrides, settings)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     if print_config:
@@ -226,8 +222,9 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
         if report_only:
             table = write_ladder_outputs(Path(out), presets, list(range(seeds)) if seeds else None)
         else:
-            overrides: dict = {"max_steps": max_steps, "model": model}
-            overrides.update(parse_override(assignment) for assignment in assignments)
+            overrides = {key: value for key, value in {"max_steps": max_steps, "model": model}.items()
+                         if value is not None}
+            overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides)
     except ValueError as error:

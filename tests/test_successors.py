@@ -375,6 +375,11 @@ TINY = {"heldout_size": 2, "group_size": 3, "gen_batch_size": 2, "train_batch_si
         "overlong_filter": False, "lr": 1e-4, "warmup_steps": 0}
 
 
+# Sampling and training in float32 on every CPU (tiny-cpu's `auto` picks bf16 where it is native); a test that
+# wants bf16 asks for it.
+FLOAT32 = {"sampling_dtype": None, "autocast_dtype": None}
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     """One embedded trainer for this module (loading the model is most of a one-step run's time): every group
@@ -382,14 +387,14 @@ def trainer(tmp_path_factory):
     from dapo_suite.config import resolve_config
     from dapo_suite.trainer import DAPOTrainer
 
-    return DAPOTrainer(resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}))
+    return DAPOTrainer(resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}, FLOAT32))
 
 
 def configure(trainer, presets, **overrides):
     """Point the shared trainer at another resolved config: the objective is read from it at every step."""
     from dapo_suite.config import resolve_config
 
-    trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY, **overrides})
+    trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY}, {**FLOAT32, **overrides})
     return trainer
 
 

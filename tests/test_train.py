@@ -197,7 +197,9 @@ def _tiny_trainer(out: Path, **overrides):
 
     values = {"out": str(out), "heldout_size": 2, "group_size": 2, "gen_batch_size": 2, "train_batch_size": 2,
               "mini_batch_size": 1, "micro_batch_size": 3, "max_response_length": 8, "overlong_buffer_len": 4}
-    return DAPOTrainer(resolve_config(["dapo"], {**values, **overrides}))
+    # float32 throughout unless a test asks otherwise (tiny-cpu's `auto` would pick bf16 on an AVX-512 BF16 CPU).
+    return DAPOTrainer(resolve_config(["dapo"], values, {"sampling_dtype": None, "autocast_dtype": None,
+                                                         **overrides}))
 
 
 def test_trainer_recomputes_behaviour_log_probs_an_engine_does_not_return(tmp_path):

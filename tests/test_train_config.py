@@ -117,3 +117,14 @@ def test_every_numeric_field_has_a_range():
 def test_out_of_range_values_are_refused_naming_the_field(name, bad):
     with pytest.raises(ValueError, match=f"{name}="):
         resolve_config([], {name: bad})
+
+
+def test_set_null_turns_off_what_a_preset_set_while_an_absent_flag_keeps_it():
+    """`--set sampling_dtype=null` must beat tiny-cpu's `auto`; a flag not given (None) must not."""
+    from dapo_suite.config import parse_override, resolve_config
+
+    settings = dict([parse_override("sampling_dtype=null"), parse_override("autocast_dtype=null")])
+    off = resolve_config(["dapo"], {"max_steps": None, "out": "runs/x"}, settings)
+    assert off.sampling_dtype is None and off.autocast_dtype is None and off.max_steps == 12
+    kept = resolve_config(["dapo"], {"max_steps": None, "sampling_dtype": None, "out": "runs/x"})
+    assert kept.sampling_dtype == "auto" and kept.autocast_dtype == "auto"
