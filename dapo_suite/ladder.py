@@ -184,6 +184,9 @@ def read_run(run_dir: Path, rung: str, seed: int) -> RunRecord:
     steps = [r for r in records if "reward/acc" in r]
     evaluations = [r for r in records if "val/acc" in r and "reward/acc" not in r]
     before = next((r["val/acc"] for r in evaluations if r["step"] == 0), None)
+    summary_path = run_dir / "summary.json"
+    if before is None and summary_path.is_file():  # measured by another rung of the seed, copied to this summary
+        before = json.loads(summary_path.read_text()).get("before", {}).get("acc")
     after = next((r["val/acc"] for r in reversed(evaluations) if r["step"] > 0), None)
     run = RunRecord(rung, seed, steps, [(r["step"], r["val/acc"]) for r in records if "val/acc" in r], before, after)
     run.figures = {"heldout_acc": after if after is not None else math.nan}
