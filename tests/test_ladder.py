@@ -150,3 +150,18 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     after = json.loads((run_dir / "summary.json").read_text())["after"]
     assert after.pop("seconds") > 0 and after == {k: v for k, v in summaries["dapo", 1]["after"].items() if k != "seconds"}
     assert json.loads((out / "ladder.json").read_text())["missing"] == []
+
+
+@pytest.mark.parametrize("folder", ["ladder", "successors"])
+def test_the_committed_ladder_tables_rebuild_from_the_committed_metrics(folder: str, tmp_path: Path) -> None:
+    """docs/results/<folder>/ladder.md is what `--report-only` makes of the plan and metrics committed beside it."""
+    import shutil
+
+    committed = Path(__file__).resolve().parent.parent / "docs" / "results" / folder
+    copy = tmp_path / folder
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("ladder.md", "ladder.json", "ladder.csv",
+                                                                   "ladder_dynamics.png"))
+    result = dapo_suite("train", "ladder", "--out", str(copy), "--report-only", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (copy / "ladder.md").read_text() == (committed / "ladder.md").read_text()
+    assert (copy / "ladder_dynamics.png").read_bytes()[:4] == b"\x89PNG"
