@@ -13,7 +13,8 @@ OUT=${OUT:-runs/gsm8k-recipe}
 EVAL=(--n 2 --temperature 1.0 --top-p 0.7 --dtype bfloat16 --batch-size 128 --seed 0)
 
 "$BIN/dapo-suite" data build --input gsm8k --input arithmetic --max-solution-steps 2 --out runs/data/gsm8k
-"$BIN/dapo-suite" train --resume --max-steps 7 --out "$OUT/format"
+# float32 throughout, as the committed results were trained (before tiny-cpu's bf16 `auto`)
+"$BIN/dapo-suite" train --resume --max-steps 7 --set sampling_dtype=null --set autocast_dtype=null --out "$OUT/format"
 "$BIN/dapo-suite" train --resume --preset gsm8k-cpu --model "$OUT/format/checkpoint-last" --out "$OUT/gsm8k"
 trained="$OUT/gsm8k/checkpoint-last"
 "$BIN/dapo-suite" eval run gsm8k "${EVAL[@]}" --max-tokens 256 --out "$OUT/eval/gsm8k-before"
