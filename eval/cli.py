@@ -86,7 +86,9 @@ def _default(name: str):
               help="Wrap the prompt in the model's chat template.")
 @click.option("--seed", type=int, default=_default("seed"), show_default=True)
 @click.option("--limit", type=int, help="Only the first N problems.")
-@click.option("--dtype", default=_default("dtype"), show_default=True, help="Weights dtype (hf, vllm).")
+@click.option("--dtype", default=_default("dtype"), show_default=True,
+              help="Weights dtype (hf, vllm): auto = bfloat16 where bf16 matmuls are native (vLLM; AVX-512 "
+                   "BF16/AMX CPUs), else float32; or float32, bfloat16, float16.")
 @click.option("--batch-size", type=int, default=_default("batch_size"), show_default=True,
               help="hf: sequences generated together.")
 @click.option("--concurrency", type=int, default=_default("concurrency"), show_default=True,
