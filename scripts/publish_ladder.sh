@@ -17,11 +17,12 @@ if seeds:
     plan["seeds"] = list(range(int(seeds)))
 (dst / "ladder_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
 for preset in plan["presets"]:
+    rung = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset  # as dapo_suite.ladder names it
     for seed in plan["seeds"]:
-        run = src / preset / f"seed-{seed}"
+        run = src / rung / f"seed-{seed}"
         if not (run / "summary.json").is_file():
             continue
-        target = dst / preset / f"seed-{seed}"
+        target = dst / rung / f"seed-{seed}"
         target.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "summary.json", "config.yaml"):
             shutil.copy(run / name, target / name)
