@@ -44,7 +44,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "set_type_bool": (["train", "--set", "dynamic_sampling=maybe"], "dynamic_sampling takes true/false"),
         "set_range": (["train", "--set", "lr=-1"], "lr=-1.0: must be in (0, inf)"),
         "set_unknown": (["train", "--set", "clip_hi=0.3"], "unknown key 'clip_hi'"),
-        "set_autocast": (["train", "--set", "autocast_dtype=float8"], "autocast_dtype must be null (off), bfloat16"),
+        "set_autocast": (["train", "--set", "autocast_dtype=float8"], "autocast_dtype must be null (off), auto, bfloat16"),
         "train_model_missing": (["train", "--model", "/no/such/dir"], "--model /no/such/dir: no such directory"),
         "train_malformed_line": (["train", "--train-file", write_jsonl(tmp / "bad.jsonl", [
             {"problem": "What is 1+1?", "answer": "2"}, "{not json"])], "bad.jsonl line 2: not valid JSON"),
