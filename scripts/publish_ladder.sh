@@ -6,9 +6,10 @@
 set -euo pipefail
 src=$1 dst=$2 presets=${3:-} seeds=${4:-}
 mkdir -p "$dst"
-python - "$src" "$dst" "$presets" "$seeds" <<'PY'
+"${BIN:-.venv/bin}/python" - "$src" "$dst" "$presets" "$seeds" <<'PY'
 import json, shutil, sys
 from pathlib import Path
+from dapo_suite.ladder import rung_name, run_path
 src, dst, presets, seeds = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 plan = json.loads((src / "ladder_plan.json").read_text())
 if presets:
@@ -17,12 +18,12 @@ if seeds:
     plan["seeds"] = list(range(int(seeds)))
 (dst / "ladder_plan.json").write_text(json.dumps(plan, indent=2) + "\n")
 for preset in plan["presets"]:
-    rung = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset  # as dapo_suite.ladder names it
+    rung = rung_name(preset)
     for seed in plan["seeds"]:
-        run = src / rung / f"seed-{seed}"
+        run = run_path(src, rung, seed)
         if not (run / "summary.json").is_file():
             continue
-        target = dst / rung / f"seed-{seed}"
+        target = run_path(dst, rung, seed)
         target.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "summary.json", "config.yaml"):
             shutil.copy(run / name, target / name)
