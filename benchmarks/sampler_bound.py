@@ -5,8 +5,9 @@
     .venv/bin/python benchmarks/sampler_bound.py --batches 64 --groups 1,8   # 8 prompts x 8 samples, shared cache
 
 In one run it measures the machine (STREAM-style copy bandwidth, matmul FLOP/s, on the threads the sampler
-uses), derives a roofline bound in tokens/s per batch size (bytes per decode step = weights + the KV cache read,
-against bandwidth; FLOPs per step against FLOP/s; the slower of the two; plus the prompt pass's FLOPs), then times `sample_tokens` (the lean
+uses), derives a roofline bound in tokens/s for the responses actually produced (`bound_seconds`: per decode step,
+weights + the KV cache of the rows still decoding against bandwidth, or FLOPs against FLOP/s, whichever is slower;
+plus the prompt pass's FLOPs), then times `sample_tokens` (the lean
 decoder) and a plain batched `model.generate` on the same GSM8K prompts. Tokens are counted only while a
 response is unfinished (generate keeps computing rows that have stopped). It also reports the log-prob gap
 between a lower sampling dtype and the float32 trainer.
@@ -42,19 +43,34 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
     return 2 * size**3 / best_seconds(lambda: a @ b, repeats=3)
 
 
-def bound_tokens_per_s(config, params: int, embed_params: int, batch: int, context: float, dtype_bytes: int,
-                       bandwidth: float, flops: float, kv_read: float | None = None) -> float:
-    """Roofline bound of one decode step for `batch` rows at mean context length `context`. `kv_read`: cache
-    positions read per step (default batch * context; less when the samples of a prompt share its cache)."""
+def bound_seconds(config, params: int, embed_params: int, lengths: torch.Tensor, prompt_tokens: torch.Tensor, group: int,
+                  dtype_bytes: int, bandwidth: float, flops: float) -> float:
+    """Roofline time for producing exactly these responses: the prompt pass (its FLOPs against FLOP/s) plus,
+    for every decode step, the slower of its bytes against bandwidth (all weights once, plus the KV cache of the
+    rows still decoding: each prompt once when its G samples share it, else once per row) and its FLOPs against
+    FLOP/s (2 per weight per row, plus attention's QK^T and AV over the row's context).
+
+    Only rows that are still decoding count: a response that has ended needs no more work, so a step with few
+    rows left is bandwidth-bound on the weights alone. lengths: (rows,) generated tokens; prompt_tokens:
+    (prompts,) real (unpadded) prompt tokens; row i belongs to prompt i // group."""
     head_dim = config.hidden_size // config.num_attention_heads
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim  # keys + values
-    kv_read = batch * context if kv_read is None else kv_read
-    step_bytes = params * dtype_bytes + kv_read * kv_per_token * dtype_bytes
-    # Matmuls: every non-embedding weight, plus the (tied) output projection; attention: QK^T and AV.
-    token_flops = 2 * (params - embed_params) + 2 * embed_params
-    token_flops += 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * context
-    step_seconds = max(step_bytes / bandwidth, batch * token_flops / flops)
-    return batch / step_seconds
+    attention_flops = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim  # per context position
+    row_prompt = prompt_tokens.repeat_interleave(group).double()
+    # the prompt pass keeps the logits of its last position only: no output projection for the rest
+    seconds = 2 * ((params - embed_params) * float(prompt_tokens.sum()) + embed_params * len(prompt_tokens)) / flops
+    for step in range(int(lengths.max())):
+        alive = lengths > step
+        context = float((row_prompt[alive] + step).sum())
+        if group > 1:  # the prompts with a live row, read once each, plus each live row's own tokens
+            prompts_alive = alive.view(-1, group).any(-1)
+            kv_read = float(prompt_tokens[prompts_alive].sum()) + int(alive.sum()) * step
+        else:
+            kv_read = context
+        step_bytes = (params + kv_read * kv_per_token) * dtype_bytes
+        step_flops = 2 * params * int(alive.sum()) + attention_flops * context
+        seconds += max(step_bytes / bandwidth, step_flops / flops)
+    return seconds
 
 
 def generated_tokens(rows: torch.Tensor, eos: int) -> int:
@@ -97,39 +113,41 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(None)
     model.eval()
     config = model.config
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters())  # the tied embedding once: it is the output projection
     embed_params = model.model.embed_tokens.weight.numel()
-    bandwidth = copy_bandwidth()
-    print(f"machine: {torch.get_num_threads()} threads, copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"machine: {torch.get_num_threads()} threads; copy bandwidth measured before each row (on a shared host it "
+          "moves by up to 2x within an hour)")
     batches = [int(b) for b in args.batches.split(",")]
-    problems = load_problems("gsm8k", limit=max(batches))
+    problems = load_problems("gsm8k", limit=max(batches + [8]))
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
                                            add_generation_prompt=True) for p in problems]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    print("| dtype | batch (prompts x G) | sampler tok/s | bound tok/s | % of bound | generate tok/s | "
+    print("| dtype | batch (prompts x G) | copy GB/s | sampler tok/s | bound tok/s | % of bound | generate tok/s | "
           "sampler / generate |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         flops = matmul_flops(dtype)
         print(f"<!-- {dtype_name} matmul: {flops / 1e9:.1f} GFLOP/s -->")
+        # One short call first: in bf16 it compiles the decode attention (once per process; inductor caches it on
+        # disk), which every timed call below reuses, as a trainer's later rollouts do.
+        encoded = tokenizer(texts[:8], return_tensors="pt", padding=True, add_special_tokens=False)
+        start = time.perf_counter()
+        sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 8, 1.0, 0.7, {eos}, pad, dtype=dtype)
+        print(f"<!-- {dtype_name} warm-up call (8 rows x 8 tokens): {time.perf_counter() - start:.1f} s -->")
         for batch, group in [(b, g) for b in batches for g in map(int, args.groups.split(",")) if b % g == 0]:
             encoded = tokenizer(texts[: batch // group], return_tensors="pt", padding=True, add_special_tokens=False)
             generator = torch.Generator().manual_seed(0)
+            bandwidth = copy_bandwidth()
             start = time.perf_counter()
             sampled = sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], args.max_tokens, 1.0, 0.7,
                                     {eos}, pad, samples_per_prompt=group, generator=generator, dtype=dtype)
             seconds = time.perf_counter() - start
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
-            prompt_len, generated = encoded["input_ids"].shape[1], float(sampled.lengths.float().mean()) / 2
-            # shared: each prompt's cache is read once per step for its G rows, each row reads its own tokens
-            kv_read = batch // group * prompt_len + batch * generated if group > 1 else None
-            # The prompt pass is part of every call: its FLOPs (compute-bound) are added to the bound's time.
-            prompt_flops = 2 * params * int(encoded["attention_mask"].sum())
-            decode = bound_tokens_per_s(config, params, embed_params, batch, prompt_len + generated, dtype.itemsize,
-                                        bandwidth, flops, kv_read)
-            bound = tokens / (prompt_flops / flops + tokens / decode)
+            prompt_len = encoded["input_ids"].shape[1]
+            bound = tokens / bound_seconds(config, params, embed_params, sampled.lengths, encoded["attention_mask"].sum(-1), group,
+                                           dtype.itemsize, bandwidth, flops)
             generate_cell, ratio_cell = "-", "-"
             if not args.skip_generate:
                 torch.manual_seed(0)
@@ -140,7 +158,8 @@ def main() -> None:
                                             num_return_sequences=group)
                 generate_rate = generated_tokens(output[:, prompt_len:], eos) / (time.perf_counter() - start)
                 generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"
-            print(f"| {dtype_name} | {batch} ({batch // group} x {group}) | {rate:.1f} | {bound:.1f} | "
+            print(f"| {dtype_name} | {batch} ({batch // group} x {group}) | {bandwidth / 1e9:.1f} | {rate:.1f} | "
+                  f"{bound:.1f} | "
                   f"{100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |", flush=True)
             if group == 1:
                 max_gap, mean_gap = logprob_gap(model, encoded, sampled)

@@ -6,7 +6,8 @@ copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB p
 and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
 in one tensor, so dropping finished rows is one `index_select`), fuses the q/k/v and gate/up projections into
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
-`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. Both take the KV cache that transformers'
+`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. In bfloat16 on a CPU with oneDNN's bf16
+kernels, its weights are reordered once into oneDNN's blocked layout (`Projection`). Both take the KV cache that transformers'
 prefill produced, so the prompt is always processed by the model's own code.
 
 Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32 (tests/test_sampler.py).
@@ -14,6 +15,8 @@ Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transforme
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Protocol
 
 import torch
@@ -50,6 +53,31 @@ class HFStepper:
         self.mask = self.mask[keep]
 
 
+def packs_bf16(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `Projection` reorders weights for oneDNN: bfloat16 weights on a CPU whose oneDNN runs bf16."""
+    return (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Projection:
+    """x W^T + b for a weight that stays fixed while the stepper lives.
+
+    In bfloat16 on a CPU the weight is reordered once into oneDNN's blocked layout and applied by oneDNN's linear
+    kernel: at the decoder's shapes (576-3072 outputs, 1-128 rows) that is 1.3-3x aten's bf16 `F.linear`, which
+    reads the weights at 13-26 GB/s where a copy runs at ~40, and gives the same values bit for bit
+    (tests/test_sampler.py; benchmarks/sampler_bound.py). Any other dtype or device uses `F.linear`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.packed = packs_bf16(weight.dtype, weight.device)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 def lean_supported(model) -> bool:
     """Whether `LeanStepper` implements this model's block exactly (plain Llama/Qwen2 block, default RoPE)."""
     config = model.config
@@ -72,6 +100,42 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
 # Attention that also returns the log-sum-exp of the scores, which `merge_attention` needs. The public
 # scaled_dot_product_attention returns the output only; this is the same CPU kernel it dispatches to.
 _attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def sdpa_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention_with_lse` by PyTorch's CPU flash-attention kernel (what F.scaled_dot_product_attention runs)."""
+    return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
+
+
+def attention_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention (Vaswani et al. 2017, arXiv 1706.03762) and the log-sum-exp of its scores:
+        S = scale * q K^T + bias,   lse = log sum_t e^S_t,   out = e^(S - lse) V,
+    in float32 arithmetic. q (B, H, Q, D); keys, values (B, H, T, D); bias (B, 1, 1, T) -> out (B, H, Q, D) in
+    q's dtype, lse (B, H, Q) in float32.
+
+    Written as broadcast products and sums, not matmuls, so that torch.compile (`fused_attention`) turns it into
+    one loop over each row's cache. CPU SDPA instead runs two tiny GEMMs per (row, head), with a few query rows
+    each, and reads a bf16 cache at 10-14 GB/s."""
+    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(-1) * scale + bias.float()
+    lse = scores.logsumexp(-1)
+    weights = (scores - lse.unsqueeze(-1)).exp()
+    return (weights.unsqueeze(-1) * values.float().unsqueeze(-3)).sum(-2).to(q.dtype), lse
+
+
+@functools.cache
+def fused_attention():
+    """`attention_with_lse` compiled by inductor for any batch and cache length (compiled on first call, ~10 s)."""
+    return torch.compile(attention_with_lse, dynamic=True)
+
+
+# Where the compiled attention beats SDPA (bf16, 2 threads, fused vs SDPA): from 4 rows (at 450 positions: 56 vs
+# 39 us at 1 row, 96 vs 97 at 4, 262 vs 349 at 15; 0.63 vs 1.05 ms at 64 rows x 300), and for few query rows per
+# key/value head (a decode step's grouped heads: 3 here, 7 for Qwen2.5-0.5B: 1.20 vs 1.52 ms at 64 rows); SDPA's
+# GEMMs win on many (12 queries: 283 vs 249 us at 8 rows; the shared prompt's G x 3: 398 vs 316).
+FUSED_ATTENTION_MIN_ROWS = 4
+FUSED_ATTENTION_MAX_QUERIES = 8
 
 
 class LeanStepper:
@@ -102,8 +166,16 @@ class LeanStepper:
         self.inv_freq, self.rope_scale = rotary.inv_freq.float(), rotary.attention_scaling
         # The weights are a snapshot (fused, in the sampling dtype): a stepper lives for one sample_tokens call,
         # between two updates of the policy.
-        self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.to(dtype)
-        self.lm_head = self.embed if model.lm_head.weight is inner.embed_tokens.weight else model.lm_head.weight.to(dtype)
+        # The residual stream and the RMSNorms stay in float32 whatever the sampling dtype; only the projections'
+        # inputs are cast down. That is what the trainer's autocast computes (so the sampler's log-probs stay close
+        # to its recomputation), and float32 RMSNorm is one fused op where bf16 falls back to eight.
+        self.dtype = dtype
+        # bf16 decode attention through `fused_attention`; float32 keeps SDPA, the kernel transformers runs, so that
+        # float32 samples equal transformers' (tests/test_sampler.py)
+        self.fused = dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+        self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
+        tied = model.lm_head.weight is inner.embed_tokens.weight
+        self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype))
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -111,10 +183,11 @@ class LeanStepper:
             if LEAN_ARCHITECTURES[config.model_type]:
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
             self.layers.append((
-                layer.input_layernorm.weight.to(dtype),
-                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias,
-                attn.o_proj.weight.to(dtype), layer.post_attention_layernorm.weight.to(dtype),
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), mlp.down_proj.weight.to(dtype),
+                layer.input_layernorm.weight.float(),
+                Projection(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias),
+                Projection(attn.o_proj.weight.to(dtype)), layer.post_attention_layernorm.weight.float(),
+                Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),
+                Projection(mlp.down_proj.weight.to(dtype)),
             ))
         self.scale = self.head_dim ** -0.5
         # `cache` holds each prompt once (P slots, left-padded); `attention_mask` is (prompts, P + 1).
@@ -157,7 +230,7 @@ class LeanStepper:
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # one fused op; in float32 it equals transformers' LlamaRMSNorm bit for bit (tests/test_sampler.py)
-        return F.rms_norm(hidden, weight.shape, weight, self.eps)
+        return F.rms_norm(hidden, weight.shape, weight, self.eps).to(self.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq
@@ -165,20 +238,30 @@ class LeanStepper:
         return ((angles.cos() * self.rope_scale).to(dtype)[:, None, :],
                 (angles.sin() * self.rope_scale).to(dtype)[:, None, :])
 
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (self.fused and q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES):
+            return sdpa_with_lse(q, keys, values, bias, self.scale)
+        try:
+            return fused_attention()(q, keys, values, bias, self.scale)
+        except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no C++ compiler: SDPA computes the same
+            warnings.warn(f"compiled decode attention unavailable, decoding with SDPA: {error}", stacklevel=2)
+            self.fused = False
+            return sdpa_with_lse(q, keys, values, bias, self.scale)
+
     def _attend(self, index: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 bias: torch.Tensor) -> torch.Tensor:
         """q (B, H_kv, H/H_kv, D) against the row's own cache and, when shared, its prompt's."""
+        own, own_lse = self._attention(q, keys[index], values[index], bias)
         if not self.shared:
-            return F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=bias, scale=self.scale)
-        own, own_lse = _attention_with_lse(q, keys[index], values[index], attn_mask=bias, scale=self.scale)[:2]
+            return own
         batch, kv_heads, fold, dim = q.shape
         prompts = self.prompt_kv.shape[2]
         grid = q.new_zeros(prompts * self.width, kv_heads, fold, dim)
         grid[self.slots] = q
         grid = grid.view(prompts, self.width, kv_heads, fold, dim).transpose(1, 2)
-        out, lse = _attention_with_lse(grid.reshape(prompts, kv_heads, self.width * fold, dim),
-                                       self.prompt_kv[0, index], self.prompt_kv[1, index],
-                                       attn_mask=self.prompt_bias, scale=self.scale)[:2]
+        out, lse = self._attention(grid.reshape(prompts, kv_heads, self.width * fold, dim),
+                                   self.prompt_kv[0, index], self.prompt_kv[1, index], self.prompt_bias)
         out = out.view(prompts, kv_heads, self.width, fold, dim).transpose(1, 2).reshape(-1, kv_heads, fold, dim)
         lse = lse.view(prompts, kv_heads, self.width, fold).transpose(1, 2).reshape(-1, kv_heads, fold)
         return merge_attention(own, own_lse, out[self.slots], lse[self.slots])
@@ -186,24 +269,24 @@ class LeanStepper:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         batch, slot = tokens.shape[0], self.length
         self.length += 1
-        cos, sin = self._rope(positions, self.embed.dtype)
+        cos, sin = self._rope(positions, self.dtype)
         bias = self.bias[:, :, :, : self.length]  # (B, 1, 1, t)
         keys, values = self.kv[0, :, :, :, : self.length], self.kv[1, :, :, :, : self.length]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        hidden = F.embedding(tokens, self.embed)
+        hidden = F.embedding(tokens, self.embed).float()
         heads_qk = self.heads + self.kv_heads
-        for index, (norm_in, w_qkv, b_qkv, w_o, norm_post, w_gu, w_down) in enumerate(self.layers):
-            qkv = F.linear(self._norm(hidden, norm_in), w_qkv, b_qkv)
+        for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
+            qkv = qkv_proj(self._norm(hidden, norm_in))
             # queries and keys rotate together: one RoPE for both instead of one each
             qk = self._rotate(qkv[:, : q_size + kv_size].view(batch, heads_qk, self.head_dim), cos, sin)
             self.kv[0, index, :, :, slot] = qk[:, self.heads :]
             self.kv[1, index, :, :, slot] = qkv[:, q_size + kv_size :].view(batch, self.kv_heads, self.head_dim)
             q = qk[:, : self.heads].view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
             attended = self._attend(index, q, keys, values, bias)
-            hidden = hidden + F.linear(attended.reshape(batch, q_size), w_o)
-            gate, up = F.linear(self._norm(hidden, norm_post), w_gu).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, w_down)
-        return F.linear(self._norm(hidden, self.final_norm), self.lm_head).float()
+            hidden = hidden + o_proj(attended.reshape(batch, q_size))
+            gate, up = gate_up_proj(self._norm(hidden, norm_post)).chunk(2, dim=-1)
+            hidden = hidden + down_proj(F.silu(gate) * up)
+        return self.lm_head(self._norm(hidden, self.final_norm)).float()
 
     def select(self, keep: torch.Tensor) -> None:
         self.kv, self.bias = self.kv.index_select(2, keep), self.bias[keep]

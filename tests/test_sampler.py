@@ -77,3 +77,54 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     first, first_lse = _attention_with_lse(q, k, v)[:2]
     second, second_lse = _attention_with_lse(q, k2, v2)[:2]
     torch.testing.assert_close(merge_attention(first, first_lse, second, second_lse), whole, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_projection_in_bfloat16_equals_aten_linear_bit_for_bit(rows):
+    """The oneDNN-packed bf16 projection the lean stepper uses gives exactly aten's bf16 `F.linear` values, with
+    and without a bias; without native bf16 it is `F.linear` itself."""
+    from dapo_suite.decoding import Projection, packs_bf16
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(960, 576, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(960, generator=generator).to(torch.bfloat16)
+    x = torch.randn(rows, 576, generator=generator).to(torch.bfloat16)
+    for b in (None, bias):
+        projection = Projection(weight, b)
+        assert projection.packed == packs_bf16(torch.bfloat16, x.device)
+        assert torch.equal(projection(x), torch.nn.functional.linear(x, weight, b))
+    assert not Projection(weight.float()).packed  # float32 stays on aten (MKL), as the equality tests require
+
+
+def _attention_inputs(rows: int, length: int, dtype: torch.dtype, seed: int = 0):
+    """q and slices of a preallocated (rows, H_kv, slots, D) cache, as the lean stepper passes them, with the
+    first positions of row 0 masked like left padding."""
+    generator = torch.Generator().manual_seed(seed)
+    cache = torch.randn(2, rows, 3, length + 7, 64, generator=generator).to(dtype)
+    q = torch.randn(rows, 3, 3, 64, generator=generator).to(dtype)
+    bias = torch.zeros(rows, 1, 1, length, dtype=dtype)
+    bias[0, ..., :5] = float("-inf")
+    return q, cache[0, ..., :length, :], cache[1, ..., :length, :], bias
+
+
+def test_attention_written_for_the_compiler_equals_sdpa_in_float32():
+    from dapo_suite.decoding import attention_with_lse, sdpa_with_lse
+
+    q, keys, values, bias = _attention_inputs(5, 33, torch.float32)
+    out, lse = attention_with_lse(q, keys, values, bias, 0.125)
+    expected_out, expected_lse = sdpa_with_lse(q, keys, values, bias, 0.125)
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_decode_attention_matches_sdpa_in_bfloat16_for_any_batch_and_length():
+    """The inductor-compiled attention the bf16 stepper uses (one compile, dynamic shapes) against SDPA."""
+    from dapo_suite.decoding import fused_attention, sdpa_with_lse
+
+    for rows, length in [(8, 40), (5, 71), (64, 130)]:
+        q, keys, values, bias = _attention_inputs(rows, length, torch.bfloat16, seed=rows)
+        out, lse = fused_attention()(q, keys, values, bias, 0.125)
+        expected_out, expected_lse = sdpa_with_lse(q, keys, values, bias, 0.125)
+        assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+        torch.testing.assert_close(out.float(), expected_out.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse, expected_lse, atol=2e-2, rtol=1e-2)
