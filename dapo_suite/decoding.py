@@ -245,7 +245,10 @@ class LeanStepper:
         try:
             return fused_attention()(q, keys, values, bias, self.scale)
         except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no C++ compiler: SDPA computes the same
-            warnings.warn(f"compiled decode attention unavailable, decoding with SDPA: {error}", stacklevel=2)
+            cause = error.inner_exception
+            warnings.warn(f"compiled decode attention unavailable ({type(cause).__name__}: {str(cause).splitlines()[0]}"
+                          "); decoding with SDPA, ~1.6x slower attention at 64 rows. A C++ compiler (g++ or clang, "
+                          "what torch.compile's inductor needs) enables it.", stacklevel=2)
             self.fused = False
             return sdpa_with_lse(q, keys, values, bias, self.scale)
 

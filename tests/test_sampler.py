@@ -128,3 +128,31 @@ def test_compiled_decode_attention_matches_sdpa_in_bfloat16_for_any_batch_and_le
         assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
         torch.testing.assert_close(out.float(), expected_out.float(), atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(lse, expected_lse, atol=2e-2, rtol=1e-2)
+
+
+def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_sdpa_and_says_so(tmp_path):
+    """Where inductor cannot compile the decode attention (no C++ compiler), bf16 sampling still runs, on SDPA,
+    with a warning that names the cause and the fix (a fresh inductor cache, so nothing compiled earlier is used)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, torch\n"
+        "from dapo_suite.models import load_model_and_tokenizer\n"
+        "from dapo_suite.sampling import sample_tokens\n"
+        "model, tok = load_model_and_tokenizer(None); model.eval()\n"
+        "enc = tok(['Say hi.'] * 4, return_tensors='pt', padding=True)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    s = sample_tokens(model, enc['input_ids'], enc['attention_mask'], 6, 1.0, 0.9, {tok.eos_token_id},\n"
+        "                      tok.pad_token_id, dtype=torch.bfloat16)\n"
+        "print('ROWS', len(s.lengths), 'ALL GENERATED', bool((s.lengths >= 1).all()))\n"
+        "print('WARNINGS', [str(w.message) for w in caught if 'compiled decode attention' in str(w.message)])\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ROWS 4 ALL GENERATED True" in result.stdout
+    warning = result.stdout.split("WARNINGS", 1)[1]
+    assert "InvalidCxxCompiler" in warning and "decoding with SDPA" in warning and "g++ or clang" in warning
