@@ -6,9 +6,10 @@ copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB p
 and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
 in one tensor, so dropping finished rows is one `index_select`), fuses the q/k/v and gate/up projections into
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
-`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. In bfloat16 on a CPU with oneDNN's bf16
-kernels, its weights are reordered once into oneDNN's blocked layout (`Projection`). Both take the KV cache that transformers'
-prefill produced, so the prompt is always processed by the model's own code.
+`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. In bfloat16 on a CPU, the lean stepper's
+weights are reordered once into oneDNN's blocked layout (`Projection`) and its decode attention is compiled
+(`fused_attention`). Both steppers take the KV cache that transformers' prefill produced, so the prompt is always
+processed by the model's own code.
 
 Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32 (tests/test_sampler.py).
 """
@@ -168,11 +169,11 @@ class LeanStepper:
         # between two updates of the policy.
         # The residual stream and the RMSNorms stay in float32 whatever the sampling dtype; only the projections'
         # inputs are cast down. That is what the trainer's autocast computes (so the sampler's log-probs stay close
-        # to its recomputation), and float32 RMSNorm is one fused op where bf16 falls back to eight.
+        # to its recomputation), and RMSNorm in float32 is cheaper than in bf16 (which upcasts and casts back).
         self.dtype = dtype
         # bf16 decode attention through `fused_attention`; float32 keeps SDPA, the kernel transformers runs, so that
         # float32 samples equal transformers' (tests/test_sampler.py)
-        self.fused = dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+        self.compiled_attention = dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
         self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype))
@@ -240,7 +241,7 @@ class LeanStepper:
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not (self.fused and q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES):
+        if not (self.compiled_attention and q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES):
             return sdpa_with_lse(q, keys, values, bias, self.scale)
         try:
             return fused_attention()(q, keys, values, bias, self.scale)
@@ -249,7 +250,7 @@ class LeanStepper:
             warnings.warn(f"compiled decode attention unavailable ({type(cause).__name__}: {str(cause).splitlines()[0]}"
                           "); decoding with SDPA, ~1.6x slower attention at 64 rows. A C++ compiler (g++ or clang, "
                           "what torch.compile's inductor needs) enables it.", stacklevel=2)
-            self.fused = False
+            self.compiled_attention = False
             return sdpa_with_lse(q, keys, values, bias, self.scale)
 
     def _attend(self, index: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
