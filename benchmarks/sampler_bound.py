@@ -43,8 +43,8 @@ def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
     return 2 * size**3 / best_seconds(lambda: a @ b, repeats=3)
 
 
-def bound_seconds(config, params: int, embed_params: int, lengths: torch.Tensor, prompt_tokens: torch.Tensor, group: int,
-                  dtype_bytes: int, bandwidth: float, flops: float) -> float:
+def bound_seconds(config, params: int, embed_params: int, lengths: torch.Tensor, prompt_tokens: torch.Tensor,
+                  group: int, dtype_bytes: int, bandwidth: float, flops: float) -> float:
     """Roofline time for producing exactly these responses: the prompt pass (its FLOPs against FLOP/s) plus,
     for every decode step, the slower of its bytes against bandwidth (all weights once, plus the KV cache of the
     rows still decoding: each prompt once when its G samples share it, else once per row) and its FLOPs against
@@ -146,7 +146,8 @@ def main() -> None:
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
             prompt_len = encoded["input_ids"].shape[1]
-            bound = tokens / bound_seconds(config, params, embed_params, sampled.lengths, encoded["attention_mask"].sum(-1), group,
+            prompt_tokens = encoded["attention_mask"].sum(-1)
+            bound = tokens / bound_seconds(config, params, embed_params, sampled.lengths, prompt_tokens, group,
                                            dtype.itemsize, bandwidth, flops)
             generate_cell, ratio_cell = "-", "-"
             if not args.skip_generate:
@@ -159,8 +160,7 @@ def main() -> None:
                 generate_rate = generated_tokens(output[:, prompt_len:], eos) / (time.perf_counter() - start)
                 generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"
             print(f"| {dtype_name} | {batch} ({batch // group} x {group}) | {bandwidth / 1e9:.1f} | {rate:.1f} | "
-                  f"{bound:.1f} | "
-                  f"{100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |", flush=True)
+                  f"{bound:.1f} | {100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |", flush=True)
             if group == 1:
                 max_gap, mean_gap = logprob_gap(model, encoded, sampled)
                 print(f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max {max_gap:.2e}, "

@@ -241,7 +241,8 @@ class LeanStepper:
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not (self.compiled_attention and q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES):
+        worth_it = q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES
+        if not (self.compiled_attention and worth_it):
             return sdpa_with_lse(q, keys, values, bias, self.scale)
         try:
             return fused_attention()(q, keys, values, bias, self.scale)
