@@ -22,11 +22,11 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the sc
 def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
     import torch
 
+    from dapo_suite.engines import HFEngine, Request, Sampling
     from eval.data import load_problems
-    from eval.engines import HFEngine, Request, Sampling
     from eval.prompts import format_prompt
 
-    engine = HFEngine(batch_size=batch_size, seed=0)
+    engine = HFEngine.load(batch_size=batch_size)
     model, tokenizer = engine.model, engine.tokenizer
     problems = load_problems("gsm8k", limit=prompts)
     requests = [Request(p.id, 0, format_prompt(p.problem), i) for i, p in enumerate(problems)]
@@ -60,7 +60,8 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
 def endpoint_part(requests_total: int, concurrency: int, latency: float) -> float:
     from scripted_server import scripted_server_process
 
-    from eval.engines import OpenAIEngine, Request, Sampling
+    from dapo_suite.engines import Request, Sampling
+    from eval.engines import OpenAIEngine
 
     with scripted_server_process(latency_s=latency) as url:
         engine = OpenAIEngine(url, concurrency=concurrency, max_retries=0)

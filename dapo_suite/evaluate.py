@@ -10,37 +10,41 @@ import time
 
 from tqdm.auto import tqdm
 
+from dapo_suite.engines import Completion, Engine, Request, Sampling
 from dapo_suite.reward import compute_score, extract_answer
 from dapo_suite.stats import avg_at_k, avg_at_k_standard_error
 
 
-def heldout_accuracy(engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
+def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
                      temperature: float, top_p: float, seed: int = 0) -> dict[str, float]:
     """avg@n (mean correctness over all samples), its standard error over problems, and length statistics.
 
     Sampling uses its own generator seeded with `seed`: the same model gives the same measurement, and
     measuring does not move the training run's random stream."""
     start = time.monotonic()
-    # Generate in the engine's own chunk size (whole groups), so the progress bar moves without smaller batches;
-    # each chunk's generator is seeded from `seed` and its first problem.
-    chunk = max(1, getattr(engine, "chunk_size", len(prompts) * n) // n)
-    rollouts: list = []
+    # Generate in the engine's own batch size (whole groups), so the progress bar moves without smaller batches;
+    # each part's generator is seeded from `seed` and its first problem.
+    chunk = max(1, getattr(engine, "batch_size", len(prompts) * n) // n)
+    completions: list[Completion] = []
     correct: list[list[bool]] = [[] for _ in prompts]
     with tqdm(total=len(prompts) * n, desc="held-out eval", unit="sample", leave=False) as bar:
         for first in range(0, len(prompts), chunk):
-            part = engine.generate(prompts[first : first + chunk], n, max_new_tokens, temperature, top_p,
-                                   seed=seed + first)
-            for rollout in part:
-                problem = first + rollout.group
-                correct[problem].append(bool(compute_score("heldout", rollout.text, answers[problem])["acc"]))
-            rollouts += part
+            requests = [Request(str(problem), index, prompts[problem])
+                        for problem in range(first, min(first + chunk, len(prompts))) for index in range(n)]
+            part: list[Completion] = []
+            engine.generate(requests, Sampling(temperature, top_p, max_new_tokens, chat_template=False,
+                                               seed=seed + first), part.append)
+            for completion in part:
+                problem = int(completion.problem_id)
+                correct[problem].append(bool(compute_score("heldout", completion.text, answers[problem])["acc"]))
+            completions += part
             bar.update(len(part))
     return {
         "acc": avg_at_k(correct),
         "acc_stderr": avg_at_k_standard_error(correct),
-        "format_rate": sum(extract_answer(r.text) is not None for r in rollouts) / len(rollouts),
-        "response_len_mean": sum(r.length for r in rollouts) / len(rollouts),
-        "truncated": sum(r.truncated for r in rollouts) / len(rollouts),
+        "format_rate": sum(extract_answer(c.text) is not None for c in completions) / len(completions),
+        "response_len_mean": sum(c.num_tokens for c in completions) / len(completions),
+        "truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "problems": len(correct),
         "samples_per_problem": n,
         "seconds": time.monotonic() - start,

@@ -46,7 +46,7 @@ from dapo_suite.models import eval_mode, load_model_and_tokenizer, resolve_preci
 from dapo_suite.problems import Problem
 from dapo_suite.prompts import chat_messages, render_chat
 from dapo_suite.reward import compute_score, extract_answer
-from dapo_suite.rollout import Rollout, VLLMRollout, make_engine
+from dapo_suite.rollout import Rollout, make_engine, sample_rollouts
 from dapo_suite.rollout_correction import rollout_correction
 from dapo_suite.run_log import MetricsLogger
 from dapo_suite.tasks import builtin_task, load_problems, split_heldout
@@ -210,8 +210,9 @@ class DAPOTrainer:
             problems = self.sampler.next(config.gen_batch_size if config.dynamic_sampling
                                          else config.train_batch_size - len(kept))
             start = time.monotonic()
-            rollouts = self.engine.generate([self.prompt_text(p) for p in problems], config.group_size,
-                                            config.max_response_length, config.temperature, config.top_p)
+            rollouts = sample_rollouts(self.engine, self.tokenizer, [self.prompt_text(p) for p in problems],
+                                       config.group_size, config.max_response_length, config.temperature,
+                                       config.top_p)
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
@@ -291,7 +292,7 @@ class DAPOTrainer:
         if self.config.rollout_correction != "auto":
             return self.config.rollout_correction == "on"
         return (self.config.sampling_dtype not in (None, self.config.dtype)
-                or isinstance(self.engine, VLLMRollout))
+                or self.engine.name == "vllm")
 
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:

@@ -16,11 +16,12 @@ import json
 import time
 from pathlib import Path
 
+from dapo_suite.engines import Completion, Engine, Request, Sampling, sample_seed
 from dapo_suite.problems import Problem
 from dapo_suite.provenance import provenance
 from eval.config import EvalConfig
 from eval.data import load_problems
-from eval.engines import Completion, Engine, Request, Sampling, engine_dtype, make_engine, sample_seed
+from eval.engines import engine_dtype, make_engine
 from eval.prompts import format_prompt
 from eval.scoring import GENERATIONS_FILE, SESSIONS_FILE, grade, read_generations, read_sessions, summarize
 

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from scripted_server import ScriptedServer
 
 from dapo_suite.cli import main
+from dapo_suite.engines import Request, Sampling
 from dapo_suite.errors import UserError
-from eval.engines import OpenAIEngine, Request, Sampling
+from eval.engines import OpenAIEngine
 from eval.scoring import read_generations
 
 

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from dapo_suite.rollout import Rollout
+from dapo_suite.rollout import Rollout, sample_rollouts
 from dapo_suite.trainer import filter_groups
 
 # A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
@@ -174,13 +175,15 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
     from dapo_suite.algorithm import token_log_probs
     from dapo_suite.models import load_model_and_tokenizer
     from dapo_suite.prompts import chat_messages
-    from dapo_suite.rollout import HFRollout
+    from dapo_suite.rollout import hf_engine, sample_rollouts
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     prompts = [tokenizer.apply_chat_template(chat_messages(q), tokenize=False, add_generation_prompt=True)
                for q in ("What is 7 + 5?", "What is 12 - 3? Explain every step carefully before answering.")]
     torch.manual_seed(0)
-    rollouts = HFRollout(model, tokenizer).generate(prompts, group_size=3, max_new_tokens=12)
+    config = SimpleNamespace(sampling_dtype=None)
+    rollouts = sample_rollouts(hf_engine(config, model, tokenizer), tokenizer, prompts, group_size=3,
+                               max_new_tokens=12)
     assert [r.group for r in rollouts] == [0, 0, 0, 1, 1, 1]
     assert len({tuple(r.response_ids.tolist()) for r in rollouts}) > 1  # sampled, not copied
     for r in rollouts:
@@ -208,7 +211,8 @@ def test_trainer_recomputes_behaviour_log_probs_an_engine_does_not_return(tmp_pa
     trainer = _tiny_trainer(tmp_path / "run", temperature=0.7)  # pi_old is of the temperature-scaled policy
     problems = trainer.sampler.next(2)
     torch.manual_seed(0)
-    rollouts = trainer.engine.generate([trainer.prompt_text(p) for p in problems], 3, 8, 0.7, 1.0)
+    rollouts = sample_rollouts(trainer.engine, trainer.tokenizer, [trainer.prompt_text(p) for p in problems], 3, 8,
+                               0.7, 1.0)
     recorded = [r.old_log_prob for r in rollouts]
     for r in rollouts:
         r.old_log_prob = None
@@ -226,7 +230,7 @@ def test_autocast_computes_log_probs_in_bf16_and_keeps_weights_and_gradients_in_
     mixed = _tiny_trainer(tmp_path / "bf16", autocast_dtype="bfloat16")
     problems = f32.sampler.next(2)
     torch.manual_seed(0)
-    rollouts = f32.engine.generate([f32.prompt_text(p) for p in problems], 2, 8, 1.0, 1.0)
+    rollouts = sample_rollouts(f32.engine, f32.tokenizer, [f32.prompt_text(p) for p in problems], 2, 8, 1.0, 1.0)
     with torch.no_grad():
         exact, _, mask = f32.forward_log_probs(rollouts)
     approx, _, _ = mixed.forward_log_probs(rollouts)
@@ -241,12 +245,12 @@ def test_autocast_computes_log_probs_in_bf16_and_keeps_weights_and_gradients_in_
 def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
     import importlib.util
 
+    from dapo_suite.engines import HFEngine
     from dapo_suite.models import vllm_usable
-    from dapo_suite.rollout import HFRollout
 
     if vllm_usable():
         pytest.skip("vLLM and a GPU are here: test_vllm_rollout_follows_the_policy covers this machine")
-    assert isinstance(_tiny_trainer(tmp_path / "auto").engine, HFRollout)
+    assert isinstance(_tiny_trainer(tmp_path / "auto").engine, HFEngine)
     with pytest.raises(RuntimeError) as error:
         _tiny_trainer(tmp_path / "vllm", rollout_engine="vllm")
     expected = ("pip install 'dapo-suite[gpu]'" if importlib.util.find_spec("vllm") is None
@@ -262,11 +266,11 @@ def test_vllm_rollout_follows_the_policy(tmp_path):
 
     if not vllm_usable():
         pytest.skip("needs vLLM and a CUDA GPU (pip install 'dapo-suite[gpu]' on a GPU machine)")
-    from dapo_suite.rollout import VLLMRollout
+    from dapo_suite.engines import VLLMEngine
 
     trainer = _tiny_trainer(tmp_path / "run", rollout_engine="vllm", dtype="bfloat16", lr=1e-3, warmup_steps=0,
                             max_steps=2, rollout_gpu_memory_utilization=0.2)
-    assert isinstance(trainer.engine, VLLMRollout)
+    assert isinstance(trainer.engine, VLLMEngine)
 
     def vllm_embeddings() -> torch.Tensor:
         model = trainer.engine.llm.llm_engine.model_executor.driver_worker.model_runner.model
