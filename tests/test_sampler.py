@@ -42,6 +42,48 @@ def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedde
     torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-4, rtol=0)
 
 
+def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
+    # Against brute force over every split of the prompts sorted by length (a run is contiguous in that order).
+    import itertools
+    import random
+
+    from dapo_suite.sampling import length_buckets
+
+    rng = random.Random(0)
+    for _ in range(40):
+        lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 8))]
+        cost = rng.choice([0, 16, 64, 1000])
+        ordered = sorted(lengths, reverse=True)
+        splits = [(0, *cuts, len(ordered)) for n in range(len(ordered))
+                  for cuts in itertools.combinations(range(1, len(ordered)), n)]
+        cheapest = min(sum((b - a) * ordered[a] + cost for a, b in itertools.pairwise(split)) for split in splits)
+        runs = length_buckets(lengths, cost)
+        assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+        assert sum(len(run) * max(lengths[i] for i in run) + cost for run in runs) == cheapest
+
+
+def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir):
+    """The prompts' keys and values from one pass per run of similar length, placed back into one left-padded
+    cache, equal one padded pass over all prompts at every real position (float32)."""
+    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.sampling import length_buckets, prefill
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    model.eval()
+    encoded = _encoded(tokenizer)
+    ids, mask = encoded["input_ids"][:, :-1], encoded["attention_mask"][:, :-1]
+    assert len(length_buckets(mask.sum(-1).tolist())) > 1  # these prompts do split
+    runs = prefill(model, ids, mask, torch.float32)
+    with torch.no_grad():
+        single = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                       use_cache=True).past_key_values
+    real = mask.bool()
+    for ran, reference in zip(runs.layers, single.layers, strict=True):
+        assert ran.keys.shape == reference.keys.shape
+        for got, expected in ((ran.keys, reference.keys), (ran.values, reference.values)):
+            torch.testing.assert_close(got.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=1e-4, rtol=0)
+
+
 @pytest.mark.slow
 def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_model_dir):
     """bfloat16 sampling (dtype=...) returns the sampler's own log-probs: close to, but not equal to, float32's.
