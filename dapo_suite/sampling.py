@@ -100,7 +100,9 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
     from transformers import DynamicCache
 
     lengths = prefix_mask.sum(-1)
-    runs = length_buckets(lengths.tolist()) if prefix_ids.shape[0] > 1 else [[0]]
+    runs = length_buckets(lengths.tolist())
+    if len(runs) == 1:
+        runs = [list(range(prefix_ids.shape[0]))]  # one pass, rows in their own order (the cache is returned as is)
     width, parts = prefix_ids.shape[1], []
     with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
         for run in runs:

@@ -10,9 +10,9 @@ PROMPTS = ["What is 2 + 3? Answer with a number.", "Say hi.", "Count from one to
            "How many clips did Natalia sell altogether in April and May?"]
 
 
-def _encoded(tokenizer):
+def _encoded(tokenizer, prompts=PROMPTS):
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-             for p in PROMPTS]
+             for p in prompts]
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
@@ -62,17 +62,19 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
         assert sum(len(run) * max(lengths[i] for i in run) + cost for run in runs) == cheapest
 
 
-def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir):
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[1:3]], ids=["several-runs", "one-run-shortest-first"])
+def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir, prompts):
     """The prompts' keys and values from one pass per run of similar length, placed back into one left-padded
-    cache, equal one padded pass over all prompts at every real position (float32)."""
+    cache, equal one padded pass over all prompts at every real position and in the prompts' order (float32)."""
     from dapo_suite.models import load_model_and_tokenizer
     from dapo_suite.sampling import length_buckets, prefill
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
-    encoded = _encoded(tokenizer)
+    encoded = _encoded(tokenizer, prompts)
     ids, mask = encoded["input_ids"][:, :-1], encoded["attention_mask"][:, :-1]
-    assert len(length_buckets(mask.sum(-1).tolist())) > 1  # these prompts do split
+    runs = length_buckets(mask.sum(-1).tolist())
+    assert len(runs) > 1 if prompts is PROMPTS else runs == [[1, 0]]  # several runs; one, longest first
     runs = prefill(model, ids, mask, torch.float32)
     with torch.no_grad():
         single = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
