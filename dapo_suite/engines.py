@@ -92,16 +92,17 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model, tokenizer, batch_size: int = 64, sampling_dtype: str | None = None,
-                 eos_ids: set[int] | None = None, progress: bool = True) -> None:
+                 progress: bool = True) -> None:
         import torch
 
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.sampling_dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
-        if eos_ids is None:
-            eos = model.generation_config.eos_token_id
-            eos = eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
-            eos_ids = {int(token) for token in eos}
-        self.eos_ids = eos_ids
+        # A response ends at any end-of-sequence token of the generation config (a chat model's end of turn) or
+        # of the tokenizer, as verl's and vLLM's rollouts do. (The tokenizer's alone can be another token: the
+        # embedded SmolLM2's is <|im_start|>, and rollouts then ran 3 tokens past <|im_end|>.)
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {int(token) for token in [*eos, tokenizer.eos_token_id] if token is not None}
 
     @classmethod
     def load(cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64,

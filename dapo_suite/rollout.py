@@ -82,7 +82,4 @@ ROLLOUT_BATCH_ROWS = 128  # sequences sampled together (whole groups): the CPU's
 
 
 def hf_engine(config, model, tokenizer) -> HFEngine:
-    # Responses end at the tokenizer's end-of-sequence token, as the trainer's rollouts always have (the demo's
-    # figures rest on it); eval stops at the generation config's.
-    return HFEngine(model, tokenizer, ROLLOUT_BATCH_ROWS, config.sampling_dtype, {tokenizer.eos_token_id},
-                    progress=False)
+    return HFEngine(model, tokenizer, ROLLOUT_BATCH_ROWS, config.sampling_dtype, progress=False)

@@ -194,6 +194,26 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
         torch.testing.assert_close(r.old_log_prob, expected, atol=2e-4, rtol=0)
 
 
+def test_rollouts_end_at_the_chat_models_end_of_turn(embedded_model_dir):
+    # The embedded tokenizer's own eos is <|im_start|>; a response must stop at <|im_end|> (the generation
+    # config's eos), not run on past it.
+    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.prompts import chat_messages
+    from dapo_suite.rollout import hf_engine, sample_rollouts
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompts = [tokenizer.apply_chat_template(chat_messages(q), tokenize=False, add_generation_prompt=True)
+               for q in ("What is 7 + 5?", "Say hi.")]
+    torch.manual_seed(0)
+    rollouts = sample_rollouts(hf_engine(SimpleNamespace(sampling_dtype=None), model, tokenizer), tokenizer,
+                               prompts, group_size=4, max_new_tokens=64)
+    stopped = [r for r in rollouts if not r.truncated]
+    assert stopped, "no response ended within 64 tokens"
+    assert all(r.response_ids[-1] == end_of_turn for r in stopped)
+    assert all(end_of_turn not in r.response_ids[:-1].tolist() for r in rollouts)
+
+
 def _tiny_trainer(out: Path, **overrides):
     from dapo_suite.config import resolve_config
     from dapo_suite.trainer import DAPOTrainer
