@@ -73,11 +73,11 @@ def bound_seconds(config, params: int, embed_params: int, lengths: torch.Tensor,
     return seconds
 
 
-def generated_tokens(rows: torch.Tensor, eos: int) -> int:
+def generated_tokens(rows: torch.Tensor, eos: set[int]) -> int:
     """Tokens up to and including each row's first end-of-sequence token."""
     total = 0
     for row in rows.tolist():
-        total += row.index(eos) + 1 if eos in row else len(row)
+        total += next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
     return total
 
 
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--skip-generate", action="store_true", help="time only the sampler")
     args = parser.parse_args()
 
+    from dapo_suite.engines import end_of_response_ids
     from dapo_suite.models import load_model_and_tokenizer
     from dapo_suite.sampling import sample_tokens
     from eval.data import load_problems
@@ -121,7 +122,7 @@ def main() -> None:
     problems = load_problems("gsm8k", limit=max(batches + [8]))
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
                                            add_generation_prompt=True) for p in problems]
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos, pad = end_of_response_ids(model, tokenizer), tokenizer.pad_token_id  # where the product's responses end
     print("| dtype | batch (prompts x G) | copy GB/s | sampler tok/s | bound tok/s | % of bound | generate tok/s | "
           "sampler / generate |")
     print("|---|---|---|---|---|---|---|---|")
@@ -129,11 +130,11 @@ def main() -> None:
         dtype = getattr(torch, dtype_name)
         flops = matmul_flops(dtype)
         print(f"<!-- {dtype_name} matmul: {flops / 1e9:.1f} GFLOP/s -->")
-        # One short call first: in bf16 it compiles the decode attention (once per process; inductor caches it on
-        # disk), which every timed call below reuses, as a trainer's later rollouts do.
+        # One short call first: it loads the fused kernels (built once per machine and source version, ~20 s, then
+        # cached by torch.utils.cpp_extension), which every timed call below reuses, as a trainer's later rollouts do.
         encoded = tokenizer(texts[:8], return_tensors="pt", padding=True, add_special_tokens=False)
         start = time.perf_counter()
-        sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 8, 1.0, 0.7, {eos}, pad, dtype=dtype)
+        sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 8, 1.0, 0.7, eos, pad, dtype=dtype)
         print(f"<!-- {dtype_name} warm-up call (8 rows x 8 tokens): {time.perf_counter() - start:.1f} s -->")
         for batch, group in [(b, g) for b in batches for g in map(int, args.groups.split(",")) if b % g == 0]:
             encoded = tokenizer(texts[: batch // group], return_tensors="pt", padding=True, add_special_tokens=False)
@@ -141,7 +142,7 @@ def main() -> None:
             bandwidth = copy_bandwidth()
             start = time.perf_counter()
             sampled = sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], args.max_tokens, 1.0, 0.7,
-                                    {eos}, pad, samples_per_prompt=group, generator=generator, dtype=dtype)
+                                    eos, pad, samples_per_prompt=group, generator=generator, dtype=dtype)
             seconds = time.perf_counter() - start
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
@@ -155,7 +156,7 @@ def main() -> None:
                 start = time.perf_counter()
                 with torch.inference_mode():
                     output = model.generate(**encoded, max_new_tokens=args.max_tokens, do_sample=True, top_p=0.7,
-                                            top_k=0, temperature=1.0, pad_token_id=pad, eos_token_id=eos,
+                                            top_k=0, temperature=1.0, pad_token_id=pad, eos_token_id=sorted(eos),
                                             num_return_sequences=group)
                 generate_rate = generated_tokens(output[:, prompt_len:], eos) / (time.perf_counter() - start)
                 generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"

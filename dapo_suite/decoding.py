@@ -6,22 +6,27 @@ copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB p
 and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
 in one tensor, so dropping finished rows is one `index_select`), fuses the q/k/v and gate/up projections into
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
-`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`. In bfloat16 on a CPU, the lean stepper's
-weights are reordered once into oneDNN's blocked layout (`Projection`) and its decode attention is compiled
-(`fused_attention`). Both steppers take the KV cache that transformers' prefill produced, so the prompt is always
-processed by the model's own code.
+`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
 
-Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32 (tests/test_sampler.py).
+In bfloat16 on a CPU, the lean stepper's weights are reordered once into oneDNN's blocked layout (`Projection`),
+and everything between the projections runs in the fused kernels of `fused_step` (RoPE, cache writes, attention
+over each row's valid positions, residual adds, RMSNorm, SiLU x up): four kernel calls per layer. Its prompt pass
+is its own too (`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers,
+each attending to its own prompt. Elsewhere (float32, or no C++ compiler) the prompt runs through transformers'
+forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
+
+Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32, and the bf16
+kernels equal their float32 references within bf16 rounding (tests/test_sampler.py).
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from dapo_suite.fused_step import kernels
 
 # model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
 # pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
@@ -109,34 +114,71 @@ def sdpa_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bia
     return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
 
 
-def attention_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention (Vaswani et al. 2017, arXiv 1706.03762) and the log-sum-exp of its scores:
-        S = scale * q K^T + bias,   lse = log sum_t e^S_t,   out = e^(S - lse) V,
-    in float32 arithmetic. q (B, H, Q, D); keys, values (B, H, T, D); bias (B, 1, 1, T) -> out (B, H, Q, D) in
-    q's dtype, lse (B, H, Q) in float32.
-
-    Written as broadcast products and sums, not matmuls, so that torch.compile (`fused_attention`) turns it into
-    one loop over each row's cache. CPU SDPA instead runs two tiny GEMMs per (row, head), with a few query rows
-    each, and reads a bf16 cache at 10-14 GB/s."""
-    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(-1) * scale + bias.float()
-    lse = scores.logsumexp(-1)
-    weights = (scores - lse.unsqueeze(-1)).exp()
-    return (weights.unsqueeze(-1) * values.float().unsqueeze(-3)).sum(-2).to(q.dtype), lse
+# What one more prompt pass costs, in padded prompt tokens. Measured (bf16, 2 threads, the first 64 GSM8K prompts:
+# 148 tokens on average, 215 the longest): one padded pass 8.06 s; in runs, 4.49 s at 256 (4 runs), 4.36 s at 64
+# (7 runs), 4.50 s at 16 (14 runs). 16 prompts: 1.37 s in one pass, 1.09 s at 64 (3 runs).
+PREFILL_PASS_COST = 64
+# The lean stepper's packed prompt pass runs at most this many tokens at once (whole prompts): ~60 MB of
+# activations, and rows enough for the projections to run near the matmul peak.
+PREFILL_CHUNK_TOKENS = 8192
 
 
-@functools.cache
-def fused_attention():
-    """`attention_with_lse` compiled by inductor for any batch and cache length (compiled on first call, ~10 s)."""
-    return torch.compile(attention_with_lse, dynamic=True)
+def length_buckets(lengths: list[int], pass_cost: int = PREFILL_PASS_COST) -> list[list[int]]:
+    """Split prompts into runs of similar length, one prompt pass each, minimising the tokens computed: each run
+    pads to its longest prompt, and each pass costs `pass_cost` tokens more. Exact, by dynamic programming over
+    the prompts sorted longest first (a run is contiguous in that order). Returns indices into `lengths`."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best = [0] + [None] * len(order)  # best[j]: cheapest split of the j longest prompts
+    start = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for first in range(end):
+            cost = best[first] + (end - first) * lengths[order[first]] + pass_cost
+            if best[end] is None or cost < best[end]:
+                best[end], start[end] = cost, first
+    runs, end = [], len(order)
+    while end:
+        runs.append(order[start[end] : end])
+        end = start[end]
+    return runs[::-1]
 
 
-# Where the compiled attention beats SDPA (bf16, 2 threads, fused vs SDPA): from 4 rows (at 450 positions: 56 vs
-# 39 us at 1 row, 96 vs 97 at 4, 262 vs 349 at 15; 0.63 vs 1.05 ms at 64 rows x 300), and for few query rows per
-# key/value head (a decode step's grouped heads: 3 here, 7 for Qwen2.5-0.5B: 1.20 vs 1.52 ms at 64 rows); SDPA's
-# GEMMs win on many (12 queries: 283 vs 249 us at 8 rows; the shared prompt's G x 3: 398 vs 316).
-FUSED_ATTENTION_MIN_ROWS = 4
-FUSED_ATTENTION_MAX_QUERIES = 8
+@torch.no_grad()
+def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype):
+    """The KV cache of every prompt's prefix (its tokens but the last, left-padded), as one DynamicCache.
+
+    Prompts of a generation batch differ in length (64 GSM8K prompts: 148 tokens on average, 215 the longest), and
+    one padded pass computes the padding too (quadratically in attention). The pass runs instead once per run of
+    similar lengths (`length_buckets`), each cut to its own longest prefix, and the runs' keys and values are
+    placed back into one left-padded cache. Runs in `dtype` (autocast: bf16 matmuls on f32 weights) so a bf16
+    sampler does not spend its prompt pass at f32 speed."""
+    from transformers import DynamicCache
+
+    lengths = prefix_mask.sum(-1)
+    runs = length_buckets(lengths.tolist())
+    if len(runs) == 1:
+        runs = [list(range(prefix_ids.shape[0]))]  # one pass, rows in their own order (the cache is returned as is)
+    width, parts = prefix_ids.shape[1], []
+    with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
+        for run in runs:
+            index = torch.tensor(run, device=prefix_ids.device)
+            cut = width if len(runs) == 1 else max(1, int(lengths[index].max()))  # keep a 1-token prompt's column
+            ids, mask = prefix_ids[index, width - cut :], prefix_mask[index, width - cut :]
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=1).past_key_values
+            parts.append((index, cut, cache))
+    if len(parts) == 1:
+        return parts[0][2]
+    merged = DynamicCache()
+    for layer in range(len(parts[0][2].layers)):
+        template = parts[0][2].layers[layer].keys  # (rows of the run, kv heads, cut, head dim)
+        keys = template.new_zeros(prefix_ids.shape[0], template.shape[1], width, template.shape[3])
+        values = torch.zeros_like(keys)
+        for index, cut, cache in parts:
+            keys[index, :, width - cut :] = cache.layers[layer].keys
+            values[index, :, width - cut :] = cache.layers[layer].values
+        merged.update(keys, values, layer)
+    return merged
 
 
 class LeanStepper:
@@ -149,13 +191,15 @@ class LeanStepper:
     into the query axis, (B, H, D) -> (B, H_kv, H/H_kv, D), exactly as `models.grouped_query_sdpa` does.
 
     With `group_size` G > 1 (the G samples of a prompt, rows i*G .. i*G+G-1), the prompt's keys and values are
-    stored once and read once per step for the whole group: the group's queries attend to the prompt together
-    (one attention with G times the query rows), each row attends to its own tokens, and the two parts are
-    merged by `merge_attention`. On a CPU, decode attention is bound by reading the cache, so with a 200-token
-    prompt and G = 8 this reads the prompt 8x less. With G = 1 the prompt sits in each row's own cache.
+    stored once. With torch's ops the group's queries attend to the prompt together (one attention with G times
+    the query rows), each row attends to its own tokens, and the two parts are merged by `merge_attention`; the
+    fused `attend` reads the prompt, then the row's own keys, in one softmax, the group's rows one after another
+    (the prompt stays in cache between them). On a CPU, decode attention is bound by reading the cache, so with a
+    200-token prompt and G = 8 this reads the prompt from memory 8x less. With G = 1 the prompt sits in each
+    row's own cache.
     """
 
-    def __init__(self, model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
+    def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                  dtype: torch.dtype | None = None, group_size: int = 1) -> None:
         config, inner = model.config, model.model
         dtype = dtype or model.dtype
@@ -171,9 +215,9 @@ class LeanStepper:
         # inputs are cast down. That is what the trainer's autocast computes (so the sampler's log-probs stay close
         # to its recomputation), and RMSNorm in float32 is cheaper than in bf16 (which upcasts and casts back).
         self.dtype = dtype
-        # bf16 decode attention through `fused_attention`; float32 keeps SDPA, the kernel transformers runs, so that
-        # float32 samples equal transformers' (tests/test_sampler.py)
-        self.compiled_attention = dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+        # bf16 on a CPU: the fused kernels (`fused_step`); float32 keeps SDPA and aten's ops, what transformers
+        # runs, so that float32 samples equal transformers' (tests/test_sampler.py)
+        self.kernels = kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu" else None
         self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype))
@@ -190,12 +234,21 @@ class LeanStepper:
                 Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),
                 Projection(mlp.down_proj.weight.to(dtype)),
             ))
+        # the norm each layer's MLP half ends with in the fused step: the next layer's input norm, or the final one
+        self.norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
         self.scale = self.head_dim ** -0.5
         # `cache` holds each prompt once (P slots, left-padded); `attention_mask` is (prompts, P + 1).
-        prompt_len, prompts = cache.layers[0].keys.shape[-2], attention_mask.shape[0]
-        prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], dim=1).to(dtype)
+        # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), left-padded.
+        prompt_len, prompts = input_ids.shape[1] - 1, input_ids.shape[0]
+        if self.kernels is not None:
+            prompt_kv = self._packed_prefill(input_ids[:, :-1], attention_mask[:, :-1])
+        else:
+            cache = prefill(model, input_ids[:, :-1], attention_mask[:, :-1], dtype)
+            prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], 1).to(dtype)
         prompt_bias = torch.zeros(prompts, 1, 1, prompt_len, dtype=dtype, device=attention_mask.device)
         prompt_bias.masked_fill_(~attention_mask[:, None, None, :prompt_len].bool(), float("-inf"))
+        # the first real (not left-padding) position of each prompt: the fused attention starts reading there
+        prompt_start = prompt_len - attention_mask[:, :prompt_len].long().sum(-1)
         # A prompt of one token has no cached prefix, and the kernel gives a fully masked prefix weight e^0: share
         # only when every prompt has one.
         self.shared = group_size > 1 and bool(attention_mask[:, :prompt_len].any(-1).all())
@@ -208,12 +261,15 @@ class LeanStepper:
         if self.shared:
             self.prompt_kv, self.prompt_bias = prompt_kv, prompt_bias
             self.row_prompt = torch.arange(prompts, device=attention_mask.device).repeat_interleave(group_size)
+            self.prompt_start = prompt_start
             self._group_layout()
             self.length = 0  # own slots filled so far
+            self.start = torch.zeros(prompts * group_size, dtype=torch.long, device=attention_mask.device)
         else:
             self.kv[:, :, :, :, :prompt_len] = prompt_kv.repeat_interleave(group_size, dim=2)
             self.bias[:, :, :, :prompt_len] = prompt_bias.repeat_interleave(group_size, dim=0)
             self.length = prompt_len
+            self.start = prompt_start.repeat_interleave(group_size)
 
     def _group_layout(self) -> None:
         """Where each row's queries go in the (prompts, widest group) grid the shared-prefix attention runs on;
@@ -239,25 +295,10 @@ class LeanStepper:
         return ((angles.cos() * self.rope_scale).to(dtype)[:, None, :],
                 (angles.sin() * self.rope_scale).to(dtype)[:, None, :])
 
-    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        worth_it = q.shape[0] >= FUSED_ATTENTION_MIN_ROWS and q.shape[2] <= FUSED_ATTENTION_MAX_QUERIES
-        if not (self.compiled_attention and worth_it):
-            return sdpa_with_lse(q, keys, values, bias, self.scale)
-        try:
-            return fused_attention()(q, keys, values, bias, self.scale)
-        except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no C++ compiler: SDPA computes the same
-            cause = error.inner_exception
-            warnings.warn(f"compiled decode attention unavailable ({type(cause).__name__}: {str(cause).splitlines()[0]}"
-                          "); decoding with SDPA, ~1.6x slower attention at 64 rows. A C++ compiler (g++ or clang, "
-                          "what torch.compile's inductor needs) enables it.", stacklevel=2)
-            self.compiled_attention = False
-            return sdpa_with_lse(q, keys, values, bias, self.scale)
-
     def _attend(self, index: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 bias: torch.Tensor) -> torch.Tensor:
         """q (B, H_kv, H/H_kv, D) against the row's own cache and, when shared, its prompt's."""
-        own, own_lse = self._attention(q, keys[index], values[index], bias)
+        own, own_lse = sdpa_with_lse(q, keys[index], values[index], bias, self.scale)
         if not self.shared:
             return own
         batch, kv_heads, fold, dim = q.shape
@@ -265,13 +306,15 @@ class LeanStepper:
         grid = q.new_zeros(prompts * self.width, kv_heads, fold, dim)
         grid[self.slots] = q
         grid = grid.view(prompts, self.width, kv_heads, fold, dim).transpose(1, 2)
-        out, lse = self._attention(grid.reshape(prompts, kv_heads, self.width * fold, dim),
-                                   self.prompt_kv[0, index], self.prompt_kv[1, index], self.prompt_bias)
+        out, lse = sdpa_with_lse(grid.reshape(prompts, kv_heads, self.width * fold, dim),
+                                 self.prompt_kv[0, index], self.prompt_kv[1, index], self.prompt_bias, self.scale)
         out = out.view(prompts, kv_heads, self.width, fold, dim).transpose(1, 2).reshape(-1, kv_heads, fold, dim)
         lse = lse.view(prompts, kv_heads, self.width, fold).transpose(1, 2).reshape(-1, kv_heads, fold)
         return merge_attention(own, own_lse, out[self.slots], lse[self.slots])
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self._fused_step(tokens, positions)
         batch, slot = tokens.shape[0], self.length
         self.length += 1
         cos, sin = self._rope(positions, self.dtype)
@@ -293,27 +336,81 @@ class LeanStepper:
             hidden = hidden + down_proj(F.silu(gate) * up)
         return self.lm_head(self._norm(hidden, self.final_norm)).float()
 
+    def _fused_step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`step` through the fused kernels: per layer four projections and four kernel calls."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        x = self._fused_layers(tokens, positions, rows, torch.full_like(rows, self.length), self.kv, self.start,
+                               self.prompt_kv if self.shared else None)
+        self.length += 1
+        return self.lm_head(x).float()
+
+    def _fused_layers(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                      cache: torch.Tensor, cache_start: torch.Tensor, prompt_kv: torch.Tensor | None) -> torch.Tensor:
+        """Every layer for N tokens (each at its cache row and slot), through the fused kernels: per layer four
+        projections and four kernel calls. Writes their keys and values into `cache`; returns the final norm of
+        the residual stream, (N, C) in the sampling dtype."""
+        fused = self.kernels
+        cos, sin = (part.squeeze(1).contiguous() for part in self._rope(positions, torch.float32))
+        empty = cache.new_empty(0)
+        shared = (empty, empty, cache_start, rows)  # no shared prompt
+        hidden = F.embedding(tokens, self.embed).float()
+        x = fused.add_rms_norm(hidden, None, self.layers[0][0], self.eps)
+        for index, (_, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
+            if prompt_kv is not None:
+                shared = (prompt_kv[0, index], prompt_kv[1, index], self.prompt_start, self.row_prompt)
+            attended = fused.attend(qkv_proj(x), cos, sin, rows, slots, cache[0, index], cache[1, index],
+                                    cache_start, *shared, self.heads, self.scale)
+            x = fused.add_rms_norm(hidden, o_proj(attended), norm_post, self.eps)
+            x = fused.add_rms_norm(hidden, down_proj(fused.silu_mul(gate_up_proj(x))), self.norms_after[index],
+                                   self.eps)
+        return x
+
+    def _packed_prefill(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> torch.Tensor:
+        """The prompts' keys and values, (2, layers, prompts, H_kv, width, D), left-padded (zeros in the padding),
+        from one pass over their tokens packed without padding: the projections run on all real tokens at once,
+        and each token attends to its own prompt only (the fused `attend`, one query per token). In chunks of
+        whole prompts (PREFILL_CHUNK_TOKENS) to bound the activations' memory."""
+        prompts, width = prefix_ids.shape
+        kv = torch.zeros(2, len(self.layers), prompts, self.kv_heads, width, self.head_dim, dtype=self.dtype,
+                         device=prefix_ids.device)
+        real = prefix_mask.bool()
+        lengths = real.sum(-1)
+        start = width - lengths
+        row_of, slot_of = real.nonzero(as_tuple=True)  # row-major: each prompt's tokens together, in order
+        tokens, positions = prefix_ids[row_of, slot_of], slot_of - start[row_of]
+        first = previous = 0
+        for end in lengths.cumsum(0).tolist() + [None]:  # close a chunk before the prompt that would overflow it
+            if previous > first and (end is None or end - first > PREFILL_CHUNK_TOKENS):
+                part = slice(first, previous)
+                self._fused_layers(tokens[part], positions[part], row_of[part], slot_of[part], kv, start, None)
+                first = previous
+            previous = end
+        return kv
+
     def select(self, keep: torch.Tensor) -> None:
-        self.kv, self.bias = self.kv.index_select(2, keep), self.bias[keep]
+        self.kv, self.bias, self.start = self.kv.index_select(2, keep), self.bias[keep], self.start[keep]
         if not self.shared:
             return
         self.row_prompt = self.row_prompt[keep]
         alive = torch.unique(self.row_prompt)  # sorted
         if alive.numel() < self.prompt_kv.shape[2]:  # whole groups finished: stop reading their prompts
             self.prompt_kv, self.prompt_bias = self.prompt_kv.index_select(2, alive), self.prompt_bias[alive]
+            self.prompt_start = self.prompt_start[alive]
             self.row_prompt = torch.searchsorted(alive, self.row_prompt)
         self._group_layout()
 
 
-def make_stepper(model, cache, attention_mask: torch.Tensor, max_new_tokens: int,
+def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                  dtype: torch.dtype | None = None, decoder: str = "auto", group_size: int = 1) -> Stepper:
-    """The lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
-    (which samples in the model's dtype: `dtype` needs the lean stepper). `cache` and `attention_mask` hold
-    each prompt once; the stepper decodes `group_size` rows per prompt (rows i*G .. i*G+G-1 for prompt i)."""
+    """A stepper that has run the prompts (left-padded, each once) up to their last token, which its first step
+    takes: the lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
+    (which samples in the model's dtype: `dtype` needs the lean stepper). It decodes `group_size` rows per prompt
+    (rows i*G .. i*G+G-1 for prompt i)."""
     if decoder not in ("auto", "hf"):
         raise ValueError(f"decoder {decoder!r}: expected 'auto' or 'hf'")
     if decoder == "auto" and lean_supported(model):
-        return LeanStepper(model, cache, attention_mask, max_new_tokens, dtype, group_size)
+        return LeanStepper(model, input_ids, attention_mask, max_new_tokens, dtype, group_size)
+    cache = prefill(model, input_ids[:, :-1], attention_mask[:, :-1], dtype or model.dtype)
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
     return HFStepper(model, cache, attention_mask.repeat_interleave(group_size, 0))

@@ -80,6 +80,15 @@ def group_by_problem(requests: Sequence[Request]) -> dict[str, list[int]]:
     return by_problem
 
 
+def end_of_response_ids(model, tokenizer) -> set[int]:
+    """The tokens a response ends at: any end-of-sequence token of the generation config (a chat model's end of
+    turn) or of the tokenizer, as verl's and vLLM's rollouts do. (The tokenizer's alone can be another token: the
+    embedded SmolLM2's is <|im_start|>, and rollouts then ran 3 tokens past <|im_end|>.)"""
+    eos = model.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    return {int(token) for token in [*eos, tokenizer.eos_token_id] if token is not None}
+
+
 class HFEngine:
     """Hugging Face transformers in this process, sampling with `sample_tokens`.
 
@@ -97,12 +106,7 @@ class HFEngine:
 
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.sampling_dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
-        # A response ends at any end-of-sequence token of the generation config (a chat model's end of turn) or
-        # of the tokenizer, as verl's and vLLM's rollouts do. (The tokenizer's alone can be another token: the
-        # embedded SmolLM2's is <|im_start|>, and rollouts then ran 3 tokens past <|im_end|>.)
-        eos = model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos]
-        self.eos_ids = {int(token) for token in [*eos, tokenizer.eos_token_id] if token is not None}
+        self.eos_ids = end_of_response_ids(model, tokenizer)
 
     @classmethod
     def load(cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64,

@@ -1,0 +1,53 @@
+"""The decode step's fused CPU kernels (`csrc/decode_step.cpp`), built on first use.
+
+Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer (RoPE,
+cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
+kernels do the same arithmetic in three calls per layer half: `attend` (RoPE, cache write and grouped-query
+attention over each row's valid cache positions, skipping left padding), `add_rms_norm` and `silu_mul`.
+`decoding.LeanStepper` uses them for bfloat16 on a CPU; float32 keeps transformers' kernels (its samples equal
+transformers', tests/test_sampler.py).
+
+The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
+(~20 s, once per machine and source version), for the CPU it runs on (-march=native). Where it cannot be built,
+`kernels()` warns with the cause and returns None, and the stepper decodes with torch's ops (slower, same
+samples up to rounding).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+# -ffast-math lets the compiler vectorise exp (glibc's libmvec) and the float reductions; it is given to the
+# compile step only, so the linker does not set flush-to-zero for the whole process. -march=native: the kernel
+# is built where it runs.
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
+
+
+def cpu_tag() -> str:
+    """A short tag of this CPU's instruction sets: the build is -march=native, so machines sharing one home
+    directory (and torch's extension cache in it) each get their own."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "generic"
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+@functools.cache
+def kernels():
+    """The compiled extension module (`attend`, `add_rms_norm`, `silu_mul`), or None where it cannot be built."""
+    try:
+        from torch.utils import cpp_extension
+
+        return cpp_extension.load(name=f"dapo_decode_step_{cpu_tag()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                                  extra_ldflags=["-fopenmp"])
+    except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        warnings.warn(f"fused decode kernels unavailable ({type(error).__name__}: {first_line}); decoding with "
+                      "torch's ops, ~2x slower in bfloat16. A C++ compiler (g++ or clang) and `pip install ninja` "
+                      "enable them.", stacklevel=2)
+        return None
