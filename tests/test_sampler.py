@@ -274,6 +274,20 @@ def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
         assert fused.sample_next(logits[:3].to(dtype), 0.0, 1.0, torch.zeros(3))[0].tolist() == [0, 0, 0]
 
 
+def test_fused_sampling_draws_the_torch_samplers_token_from_the_same_uniform():
+    """From the same generator state, `sample_next` and the torch sampler it replaced (`sample_top_p`, still the
+    path where the kernel is not built) draw the same tokens: one uniform per row, the same nucleus, the same
+    inverse-CDF draw; a fixed seed gives the same samples as before the kernel."""
+    from dapo_suite.sampling import sample_top_p
+
+    fused = _fused()
+    logits = torch.randn(512, 1000, generator=torch.Generator().manual_seed(3)) * 4
+    for top_p in (0.9, 1.0):
+        tokens, _ = fused.sample_next(logits, 1.0, top_p, torch.rand(512, generator=torch.Generator().manual_seed(5)))
+        reference = sample_top_p(torch.log_softmax(logits, -1), top_p, torch.Generator().manual_seed(5))
+        assert (tokens == reference).float().mean() > 0.99  # a row may differ where rounding moves a boundary
+
+
 def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_says_so(tmp_path):
     """Where the fused kernels cannot be built (no C++ compiler), bf16 sampling still runs, on torch's ops, with a
     warning that names the cause and the fix (a fresh extension cache, so nothing built earlier is used)."""
