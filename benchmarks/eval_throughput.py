@@ -22,7 +22,8 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the sc
 def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
     import torch
 
-    from dapo_suite.engines import HFEngine, Request, Sampling
+    from dapo_suite.engines import HFEngine, Request, Sampling, end_of_response_ids
+    from dapo_suite.prompts import render_chat
     from eval.data import load_problems
     from eval.prompts import format_prompt
 
@@ -36,10 +37,11 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
     torch.manual_seed(0)
     loop_tokens, start = 0, time.perf_counter()
     for request in requests:
-        inputs = tokenizer(engine.render(request.prompt, True), return_tensors="pt", add_special_tokens=False)
-        with torch.inference_mode():
+        inputs = tokenizer(render_chat(tokenizer, request.prompt), return_tensors="pt", add_special_tokens=False)
+        with torch.inference_mode():  # ending where the engine's responses end
             output = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=True, temperature=1.0,
-                                    top_p=0.7, top_k=0, pad_token_id=tokenizer.pad_token_id)
+                                    top_p=0.7, top_k=0, pad_token_id=tokenizer.pad_token_id,
+                                    eos_token_id=sorted(end_of_response_ids(model, tokenizer)))
         loop_tokens += output.shape[1] - inputs["input_ids"].shape[1]
     loop_s = time.perf_counter() - start
 
