@@ -2,10 +2,11 @@
 
 Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer (RoPE,
 cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
-kernels do the same arithmetic in three calls per layer half: `attend` (RoPE, cache write and grouped-query
-attention over each row's valid cache positions, skipping left padding), `add_rms_norm` and `silu_mul`.
-`decoding.LeanStepper` uses them for bfloat16 on a CPU; float32 keeps transformers' kernels (its samples equal
-transformers', tests/test_sampler.py).
+kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache write and grouped-query attention
+over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
+`add_rms_norm` (twice) and `silu_mul`. `decoding.LeanStepper` uses them for bfloat16 on a CPU; float32 keeps
+torch's ops (its samples equal transformers', tests/test_sampler.py). `sample_next` draws the next tokens
+(temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
 (~20 s, once per machine and source version), for the CPU it runs on (-march=native). Where it cannot be built,
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -39,10 +42,15 @@ def cpu_tag() -> str:
 
 @functools.cache
 def kernels():
-    """The compiled extension module (`attend`, `add_rms_norm`, `silu_mul`), or None where it cannot be built."""
+    """The compiled extension module (`attend`, `add_rms_norm`, `silu_mul`, `sample_next`), or None where it
+    cannot be built."""
     try:
         from torch.utils import cpp_extension
 
+        if shutil.which("ninja") is None:  # pip's ninja sits beside the venv's python, off PATH unless activated
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         return cpp_extension.load(name=f"dapo_decode_step_{cpu_tag()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
                                   extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
