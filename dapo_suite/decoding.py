@@ -235,8 +235,14 @@ class LeanStepper:
                 Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),
                 Projection(mlp.down_proj.weight.to(dtype)),
             ))
-        # the norm each layer's MLP half ends with in the fused step: the next layer's input norm, or the final one
-        self.norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
+        # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's input
+        # norm, or the final one)
+        norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
+        no_bias = self.embed.new_empty(0)
+        self.layer_tensors = [
+            [norm_in, qkv.weight, no_bias if qkv.bias is None else qkv.bias, o.weight, norm_post, gate_up.weight,
+             down.weight, norm_after]
+            for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after, strict=True)]
         self.scale = self.head_dim ** -0.5
         # `cache` holds each prompt once (P slots, left-padded); `attention_mask` is (prompts, P + 1).
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), left-padded.
@@ -347,24 +353,15 @@ class LeanStepper:
 
     def _fused_layers(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
                       cache: torch.Tensor, cache_start: torch.Tensor, prompt_kv: torch.Tensor | None) -> torch.Tensor:
-        """Every layer for N tokens (each at its cache row and slot), through the fused kernels: per layer four
-        projections and four kernel calls. Writes their keys and values into `cache`; returns the final norm of
-        the residual stream, (N, C) in the sampling dtype."""
-        fused = self.kernels
+        """Every layer for N tokens (each at its cache row and slot), in one call of the fused kernels' layer loop
+        (`run_layers`: per layer four projections, `attend`, `add_rms_norm` twice, `silu_mul`). Writes their keys
+        and values into `cache`; returns the final norm of the residual stream, (N, C) in the sampling dtype."""
         cos, sin = (part.squeeze(1).contiguous() for part in self._rope(positions, torch.float32))
         empty = cache.new_empty(0)
-        shared = (empty, empty, cache_start, rows)  # no shared prompt
-        hidden = F.embedding(tokens, self.embed).float()
-        x = fused.add_rms_norm(hidden, None, self.layers[0][0], self.eps)
-        for index, (_, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
-            if prompt_kv is not None:
-                shared = (prompt_kv[0, index], prompt_kv[1, index], self.prompt_start, self.row_prompt)
-            attended = fused.attend(qkv_proj(x), cos, sin, rows, slots, cache[0, index], cache[1, index],
-                                    cache_start, *shared, self.heads, self.scale)
-            x = fused.add_rms_norm(hidden, o_proj(attended), norm_post, self.eps)
-            x = fused.add_rms_norm(hidden, down_proj(fused.silu_mul(gate_up_proj(x))), self.norms_after[index],
-                                   self.eps)
-        return x
+        shared = (prompt_kv, self.prompt_start, self.row_prompt) if prompt_kv is not None else (empty, rows, rows)
+        return self.kernels.run_layers(F.embedding(tokens, self.embed).float(), self.layer_tensors,
+                                       self.layers[0][1].packed, cos, sin, rows, slots, cache, cache_start, *shared,
+                                       self.heads, self.scale, self.eps)
 
     def _packed_prefill(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> torch.Tensor:
         """The prompts' keys and values, (2, layers, prompts, H_kv, width, D), left-padded (zeros in the padding),

@@ -4,7 +4,8 @@ Between its four projections, a bf16 decode step of the embedded model ran ~20 s
 cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
 kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache write and grouped-query attention
 over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
-`add_rms_norm` (twice) and `silu_mul`. `decoding.LeanStepper` uses them for bfloat16 on a CPU; float32 keeps
+`add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`).
+`decoding.LeanStepper` uses them for bfloat16 on a CPU; float32 keeps
 torch's ops (its samples equal transformers', tests/test_sampler.py). `sample_next` draws the next tokens
 (temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
@@ -42,8 +43,8 @@ def cpu_tag() -> str:
 
 @functools.cache
 def kernels():
-    """The compiled extension module (`attend`, `add_rms_norm`, `silu_mul`, `sample_next`), or None where it
-    cannot be built."""
+    """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `sample_next`), or None
+    where it cannot be built."""
     try:
         from torch.utils import cpp_extension
 

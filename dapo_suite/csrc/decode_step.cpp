@@ -315,9 +315,48 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
   return {tokens, log_probs};
 }
 
+// x W^T + b by oneDNN for a weight reordered once into its blocked layout (what the Python side calls
+// torch.ops.mkldnn._linear_pointwise), else by aten's linear.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool packed) {
+  const std::optional<at::Tensor> b = bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  if (!packed) return at::linear(x, weight, b);
+  static auto linear = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                             c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                             std::optional<c10::string_view>)>();
+  return linear.call(x, weight, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+// Every layer of a Llama-style block for N tokens, one call from Python (at one row, ~240 Python calls per
+// step cost more than the step's arithmetic besides the weight reads):
+//   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
+//   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
+// hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
+// W_down, norm_after}; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
+// Returns x after the last layer's norm, (N, C) bf16.
+at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, bool packed,
+                      at::Tensor cos, at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
+                      at::Tensor cache_start, at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt,
+                      int64_t heads, double scale, double eps) {
+  at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& w = layers[i];
+    const bool shared = prompt_kv.numel() > 0;
+    const at::Tensor empty = cache.new_empty({0});
+    const at::Tensor attended = attend(
+        project(x, w[1], w[2], packed), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
+        shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
+    x = add_rms_norm(hidden, project(attended, w[3], empty, packed), w[4], eps);
+    x = add_rms_norm(hidden, project(silu_mul(project(x, w[5], empty, packed)), w[6], empty, packed), w[7], eps);
+  }
+  return x;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("attend", &attend);
   module.def("add_rms_norm", &add_rms_norm);
   module.def("silu_mul", &silu_mul);
   module.def("sample_next", &sample_next);
+  module.def("run_layers", &run_layers);
 }
