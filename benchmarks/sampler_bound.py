@@ -123,7 +123,7 @@ def main() -> None:
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
                                            add_generation_prompt=True) for p in problems]
     eos, pad = end_of_response_ids(model, tokenizer), tokenizer.pad_token_id  # where the product's responses end
-    measured = []  # (label, tokens, seconds, bound arguments) of every row, to re-derive at the run's best bandwidth
+    measured = []  # (dtype, label, tok/s, bound arguments, copy, matmul) per row, to re-derive at the run's best
     print("| dtype | batch (prompts x G) | copy GB/s | sampler tok/s | bound tok/s | % of bound | generate tok/s | "
           "sampler / generate |")
     print("|---|---|---|---|---|---|---|---|")

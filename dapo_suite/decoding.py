@@ -4,13 +4,13 @@ On a CPU, decoding the embedded model one token at a time is bound by memory tra
 arithmetic. transformers' own step (`HFStepper`) grows its KV cache with `torch.cat` on every step, so each step
 copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB per step, more than the weights),
 and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
-in one tensor, so dropping finished rows is one `index_select`), fuses the q/k/v and gate/up projections into
+in one tensor, so dropping finished rows moves each kept row once), fuses the q/k/v and gate/up projections into
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
 `LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
 
 In bfloat16 on a CPU, the lean stepper's weights are reordered once into oneDNN's blocked layout (`Projection`),
 and everything between the projections runs in the fused kernels of `fused_step` (RoPE, cache writes, attention
-over each row's valid positions, residual adds, RMSNorm, SiLU x up): four kernel calls per layer. Its prompt pass
+over each row's valid positions, residual adds, RMSNorm, SiLU x up), the layer loop in one call per step. Its prompt pass
 is its own too (`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers,
 each attending to its own prompt. Elsewhere (float32, or no C++ compiler) the prompt runs through transformers'
 forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
@@ -122,6 +122,8 @@ PREFILL_PASS_COST = 64
 # the projections to run near the matmul peak, outputs small enough to stay in cache (bf16 gate/up projection:
 # 902 GFLOP/s at 2048 rows, 717 at 8192; the 64 GSM8K prompts' pass 3.8 -> 2.8 s).
 PREFILL_CHUNK_TOKENS = 2048
+# The head sizes `attend` is compiled for (csrc/decode_step.cpp); other models decode with torch's ops.
+FUSED_HEAD_DIMS = (64, 128)
 
 
 def length_buckets(lengths: list[int], pass_cost: int = PREFILL_PASS_COST) -> list[list[int]]:
@@ -218,7 +220,8 @@ class LeanStepper:
         self.dtype = dtype
         # bf16 on a CPU: the fused kernels (`fused_step`); float32 keeps SDPA and aten's ops, what transformers
         # runs, so that float32 samples equal transformers' (tests/test_sampler.py)
-        self.kernels = kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu" else None
+        self.kernels = (kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+                        and self.head_dim in FUSED_HEAD_DIMS else None)
         self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype))
@@ -244,8 +247,8 @@ class LeanStepper:
              down.weight, norm_after]
             for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after, strict=True)]
         self.scale = self.head_dim ** -0.5
-        # `cache` holds each prompt once (P slots, left-padded); `attention_mask` is (prompts, P + 1).
-        # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), left-padded.
+        # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
+        # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).
         prompt_len, prompts = input_ids.shape[1] - 1, input_ids.shape[0]
         if self.kernels is not None:
             prompt_kv = self._packed_prefill(input_ids[:, :-1], attention_mask[:, :-1])

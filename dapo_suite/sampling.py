@@ -76,7 +76,7 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     if fused is not None:
         uniforms = torch.rand(logits.shape[0], generator=generator) if temperature > 0 else logits.new_zeros(
             logits.shape[0])
-        sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p, uniforms.float())
+        sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p, uniforms)
         return sampled, log_probs
     if temperature > 0:
         step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
@@ -101,9 +101,10 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     stepper reads it once per step for the whole group), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
     before top-p, which is what the trainer recomputes as log pi.
 
-    The prompt runs through the model's own forward (`prefill`, in runs of similar length); decode steps run
-    through `decoding.make_stepper` (`decoder="hf"` forces transformers' step). `dtype` samples in another precision than the model's
-    (e.g. bfloat16 where the CPU has native bf16 matmuls); the log-probs are then the sampler's, not the trainer's.
+    The stepper from `decoding.make_stepper` runs the prompts (the bf16 lean stepper its own packed pass, else the
+    model's forward in runs of similar length) and the decode steps (`decoder="hf"` forces transformers' step).
+    `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16 matmuls);
+    the log-probs are then the sampler's, not the trainer's.
     """
     stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt)
     input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)

@@ -149,17 +149,12 @@ def _fused():
     return fused
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 @pytest.mark.parametrize("rows,dim,shared", [(1, 64, False), (5, 64, False), (6, 64, True), (3, 128, False)])
 def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
     slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with a
     shared prompt, the prompt's valid positions and then the row's own)."""
-    from dapo_suite.decoding import sdpa_with_lse
+    from dapo_suite.decoding import LeanStepper, sdpa_with_lse
 
     fused = _fused()
     generator = torch.Generator().manual_seed(rows)
@@ -175,7 +170,7 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     prompt_start, row_prompt = torch.tensor([0, 6]), torch.arange(rows) % prompts
     expected_k, expected_v = own_k.float().clone(), own_v.float().clone()
     x = qkv.float()
-    rotated = _rotate(x[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos[:, None], sin[:, None])
+    rotated = LeanStepper._rotate(x[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos[:, None], sin[:, None])
     expected_k[:, :, slot] = rotated[:, heads:].to(torch.bfloat16).float()
     expected_v[:, :, slot] = x[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
     keys, values = expected_k[:, :, : slot + 1], expected_v[:, :, : slot + 1]

@@ -2,8 +2,9 @@
 //
 // Between its four projections, a decode step runs ~20 small tensor ops per layer (RoPE, cache writes, attention,
 // residual adds, RMSNorm, casts, SiLU x up). Each costs a dispatch and a pass over memory: ~5 us at 1 row,
-// ~20 us at 64 rows on two threads. These three kernels do the same arithmetic in three calls, reading each
-// input once, in float32, and rounding to bfloat16 once where the result is stored:
+// ~20 us at 64 rows on two threads. These kernels do the same arithmetic, reading each input once, in float32,
+// and rounding to bfloat16 once where the result is stored; `run_layers` runs them with the projections for
+// every layer in one call, and `sample_next` draws the next tokens:
 //   attend          RoPE of q and k, the step's k and v written into the cache, grouped-query attention over the
 //                   row's valid cache positions only (left padding is skipped, not masked)
 //   add_rms_norm    h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps))
@@ -339,11 +340,11 @@ at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tenso
                       at::Tensor cos, at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
                       at::Tensor cache_start, at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt,
                       int64_t heads, double scale, double eps) {
+  const bool shared = prompt_kv.numel() > 0;
+  const at::Tensor empty = cache.new_empty({0});
   at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];
-    const bool shared = prompt_kv.numel() > 0;
-    const at::Tensor empty = cache.new_empty({0});
     const at::Tensor attended = attend(
         project(x, w[1], w[2], packed), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
         shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
