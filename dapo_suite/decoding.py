@@ -71,14 +71,22 @@ class Projection:
     In bfloat16 on a CPU the weight is reordered once into oneDNN's blocked layout and applied by oneDNN's linear
     kernel: at the decoder's shapes (576-3072 outputs, 1-128 rows) that is 1.3-3x aten's bf16 `F.linear`, which
     reads the weights at 13-26 GB/s where a copy runs at ~40, and gives the same values bit for bit
-    (tests/test_sampler.py; benchmarks/sampler_bound.py). Any other dtype or device uses `F.linear`."""
+    (tests/test_sampler.py; benchmarks/sampler_bound.py). Given the fused kernels (`fused_step.kernels()`), it
+    also keeps the weight in 8-row blocks for their `gemv`, which up to `GEMV_ROWS` (8) rows of x reads the weights
+    ~1.5x faster than oneDNN (the decode step at small batch, and a batch's last rows). Any other dtype or device
+    uses `F.linear`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels=None) -> None:
         self.packed = packs_bf16(weight.dtype, weight.device)
+        self.kernels = kernels
+        self.blocked = kernels.block_weight(weight) if kernels is not None else weight.new_empty(0)
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked.numel() and x.shape[0] <= self.kernels.GEMV_ROWS:
+            bias = self.bias if self.bias is not None else self.blocked[:0]
+            return self.kernels.gemv(x.contiguous(), self.blocked, bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -220,11 +228,12 @@ class LeanStepper:
         self.dtype = dtype
         # bf16 on a CPU: the fused kernels (`fused_step`); float32 keeps SDPA and aten's ops, what transformers
         # runs, so that float32 samples equal transformers' (tests/test_sampler.py)
-        self.kernels = (kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
-                        and self.head_dim in FUSED_HEAD_DIMS else None)
+        fused = (kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+                 and self.head_dim in FUSED_HEAD_DIMS else None)
+        self.kernels = fused if fused is not None and fused.NATIVE_BF16 else None
         self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
         tied = model.lm_head.weight is inner.embed_tokens.weight
-        self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype))
+        self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype), kernels=self.kernels)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -233,10 +242,12 @@ class LeanStepper:
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
             self.layers.append((
                 layer.input_layernorm.weight.float(),
-                Projection(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias),
-                Projection(attn.o_proj.weight.to(dtype)), layer.post_attention_layernorm.weight.float(),
-                Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype)),
-                Projection(mlp.down_proj.weight.to(dtype)),
+                Projection(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias,
+                           self.kernels),
+                Projection(attn.o_proj.weight.to(dtype), kernels=self.kernels),
+                layer.post_attention_layernorm.weight.float(),
+                Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), kernels=self.kernels),
+                Projection(mlp.down_proj.weight.to(dtype), kernels=self.kernels),
             ))
         # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's input
         # norm, or the final one)
@@ -244,7 +255,7 @@ class LeanStepper:
         no_bias = self.embed.new_empty(0)
         self.layer_tensors = [
             [norm_in, qkv.weight, no_bias if qkv.bias is None else qkv.bias, o.weight, norm_post, gate_up.weight,
-             down.weight, norm_after]
+             down.weight, norm_after, qkv.blocked, o.blocked, gate_up.blocked, down.blocked]
             for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after, strict=True)]
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each

@@ -9,16 +9,25 @@
 //                   row's valid cache positions only (left padding is skipped, not masked)
 //   add_rms_norm    h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps))
 //   silu_mul        y = bf16(silu(g) * u) for [g, u] = x
+//   gemv            x W^T + b for 1-8 rows of x, W in 8-row blocks read in memory order (the projections at
+//                   small batch, where oneDNN reads the weights well below the memory's rate)
 // Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
 // against the float32 reference.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 using at::BFloat16;
+
+// The attention kernels and `gemv` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
+// and later). Built elsewhere, the module keeps the norms and the sampler, and NATIVE_BF16 is false: the stepper
+// then decodes with torch's ops (the default sampling dtype there is float32 anyway, dapo_suite.models.native_bf16).
+#if defined(__AVX512BF16__)
+constexpr bool NATIVE_BF16 = true;
 
 namespace {
 
@@ -32,40 +41,83 @@ inline void rotate(const BFloat16* x, const float* cos, const float* sin, int64_
   }
 }
 
-// Scores of `fold` queries (fold x DIM, float32) against positions [begin, end) of one head's keys (T x DIM),
-// written to scores[f * stride + t - begin]. Each key is converted once and dotted with every query.
-// The same positions' values are prefetched meanwhile: the cache streams from memory, and two threads reading
-// one stream each wait on memory (measured: 19 GB/s at 64 rows where a copy runs at 45-80); with the values
-// in flight beside the keys, the weighted sum that follows reads them from cache.
+// The totals of sixteen float32 vectors as one vector (lane j: the sum of a[j]'s lanes), by a transposed tree:
+// four rounds that each pair vectors and add matching halves, ~3 instructions per vector instead of a full
+// horizontal sum each.
+inline __m512 sum_each16(__m512 (&a)[16]) {
+  for (int j = 0; j < 8; ++j)  // per 128-bit block: a0+a2, b0+b2, a1+a3, b1+b3 of a = a[2j], b = a[2j+1]
+    a[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  for (int j = 0; j < 4; ++j)  // per 128-bit block: one partial sum of each of four vectors
+    a[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
+  for (int j = 0; j < 2; ++j)  // blocks: 4 vectors (blocks 0+1), same (2+3), next 4 (0+1), next 4 (2+3)
+    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x88), _mm512_shuffle_f32x4(a[0], a[1], 0xDD));
+}
+
+// Scores of `fold` queries (fold x DIM, bf16) against positions [begin, end) of one head's keys (T x DIM, bf16),
+// scale (q . k) written to scores[f * stride + t - begin]: bf16 pair products summed in float32 (avx512_bf16),
+// sixteen positions at a time. The same positions' values are prefetched meanwhile: the cache streams from
+// memory, and two threads reading one stream each wait on memory (measured: 19 GB/s at 64 rows where a copy runs
+// at 45-80); with the values in flight beside the keys, the weighted sum that follows reads them from cache.
 template <int64_t DIM>
-void score_span(const float* q, int64_t fold, const BFloat16* keys, const BFloat16* values, int64_t begin,
+void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFloat16* values, int64_t begin,
                 int64_t end, float scale, float* scores, int64_t stride) {
-  constexpr int64_t line = 64 / sizeof(BFloat16), ahead = 8;  // bf16 per cache line; positions ahead
-  for (int64_t t = begin; t < end; ++t) {
-    for (int64_t d = 0; d < DIM; d += line) {
-      __builtin_prefetch(keys + (t + ahead) * DIM + d);
+  constexpr int64_t chunks = DIM / 32, line = 64 / sizeof(BFloat16);  // 32 bf16 per vector and per cache line
+  const __m512 scales = _mm512_set1_ps(scale);
+  int64_t t = begin;
+  for (; t + 16 <= end; t += 16) {
+    for (int64_t d = 0; d < 16 * DIM; d += line) {
+      __builtin_prefetch(keys + (t + 16) * DIM + d);
       __builtin_prefetch(values + t * DIM + d);
     }
-    float k[DIM];
-    for (int64_t d = 0; d < DIM; ++d) k[d] = float(keys[t * DIM + d]);
     for (int64_t f = 0; f < fold; ++f) {
-      float dot = 0.f;
-      for (int64_t d = 0; d < DIM; ++d) dot += q[f * DIM + d] * k[d];
-      scores[f * stride + t - begin] = dot * scale;
+      __m512bh qs[chunks];
+      for (int64_t c = 0; c < chunks; ++c) qs[c] = (__m512bh)_mm512_loadu_si512(q + f * DIM + 32 * c);
+      __m512 dots[16];
+      for (int j = 0; j < 16; ++j) {
+        dots[j] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c)
+          dots[j] = _mm512_dpbf16_ps(dots[j], (__m512bh)_mm512_loadu_si512(keys + (t + j) * DIM + 32 * c), qs[c]);
+      }
+      _mm512_storeu_ps(scores + f * stride + t - begin, _mm512_mul_ps(sum_each16(dots), scales));
+    }
+  }
+  for (; t < end; ++t) {
+    for (int64_t f = 0; f < fold; ++f) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        dot = _mm512_dpbf16_ps(dot, (__m512bh)_mm512_loadu_si512(keys + t * DIM + 32 * c),
+                               (__m512bh)_mm512_loadu_si512(q + f * DIM + 32 * c));
+      scores[f * stride + t - begin] = _mm512_reduce_add_ps(dot) * scale;
     }
   }
 }
 
-// out[f] += sum_t w[f][t - begin] v[t] over positions [begin, end); out (fold x DIM) float32.
+// out[f] += sum_t w[f][t - begin] v[t] over positions [begin, end), two positions per bf16 pair product: the two
+// values interleaved (unpack), the two weights one 32-bit pair. weights (fold x stride) bf16; out (fold x DIM)
+// float32 in the unpack's order: block 8k + i of a vector of 32 dims sits at lane 4k + i (i < 4) of its low
+// accumulator, 8k + 4 + i at lane 4k + i of its high one (`attend_head` puts it back in order).
 template <int64_t DIM>
-void accumulate_span(const float* weights, int64_t fold, const BFloat16* values, int64_t begin, int64_t end,
-                     int64_t stride, float* out) {
-  for (int64_t t = begin; t < end; ++t) {
-    float v[DIM];
-    for (int64_t d = 0; d < DIM; ++d) v[d] = float(values[t * DIM + d]);
+void accumulate_span(const BFloat16* weights, int64_t fold, const BFloat16* values, int64_t begin, int64_t end,
+                     int64_t stride, __m512* out) {
+  constexpr int64_t chunks = DIM / 32;
+  for (int64_t t = begin; t < end; t += 2) {
+    const bool pair = t + 1 < end;  // an odd last position pairs with itself at weight zero
+    __m512i low[chunks], high[chunks];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i a = _mm512_loadu_si512(values + t * DIM + 32 * c);
+      const __m512i b = pair ? _mm512_loadu_si512(values + (t + 1) * DIM + 32 * c) : a;
+      low[c] = _mm512_unpacklo_epi16(a, b), high[c] = _mm512_unpackhi_epi16(a, b);
+    }
     for (int64_t f = 0; f < fold; ++f) {
-      const float w = weights[f * stride + t - begin];
-      for (int64_t d = 0; d < DIM; ++d) out[f * DIM + d] += w * v[d];
+      const BFloat16* w = weights + f * stride + t - begin;
+      const uint32_t bits = uint32_t(w[0].x) | (pair ? uint32_t(w[1].x) << 16 : 0u);
+      const __m512bh ws = (__m512bh)_mm512_set1_epi32(int32_t(bits));
+      for (int64_t c = 0; c < chunks; ++c) {
+        out[f * 2 * chunks + 2 * c] = _mm512_dpbf16_ps(out[f * 2 * chunks + 2 * c], (__m512bh)low[c], ws);
+        out[f * 2 * chunks + 2 * c + 1] = _mm512_dpbf16_ps(out[f * 2 * chunks + 2 * c + 1], (__m512bh)high[c], ws);
+      }
     }
   }
 }
@@ -101,41 +153,64 @@ void store_key_value(const Queries& qs, int64_t n, int64_t h) {
 }
 
 // Query n's `fold` query heads of key/value head h attend to its row's valid positions: the shared prompt's
-// [prompt_start, T) when there is one, then the row's own [cache_start, slot].
+// [prompt_start, T) when there is one, then the row's own [cache_start, slot]. The query is rounded to bf16 after
+// RoPE and the softmax weights before the weighted sum, as the trainer's bf16 attention (autocast SDPA) does;
+// scores, the softmax and the sums are float32, and the sums are divided by the softmax's total at the end.
 template <int64_t DIM>
-void attend_head(const Queries& qs, int64_t n, int64_t h, float* q, float* scores, int64_t span, float* acc) {
+void attend_head(const Queries& qs, int64_t n, int64_t h, float* q, BFloat16* q_bf16, float* scores,
+                 BFloat16* weights, int64_t span) {
+  constexpr int64_t chunks = DIM / 32;
   const int64_t fold = qs.heads / qs.kv_heads, b = qs.rows[n], slot = qs.slots[n];
   const BFloat16* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
   for (int64_t f = 0; f < fold; ++f)
     rotate(row + (h * fold + f) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, q + f * DIM);
+  for (int64_t i = 0; i < fold * DIM; ++i) q_bf16[i] = BFloat16(q[i]);
   int64_t shared = 0, p_begin = 0;
   const BFloat16 *pk = nullptr, *pv = nullptr;
   if (qs.prompts) {
     const int64_t p = qs.row_prompt[b], base = (p * qs.kv_heads + h) * qs.prompt_len * DIM;
     pk = qs.prompt_k + base, pv = qs.prompt_v + base, p_begin = qs.prompt_start[p];
     shared = qs.prompt_len - p_begin;
-    score_span<DIM>(q, fold, pk, pv, p_begin, qs.prompt_len, qs.scale, scores, span);
+    score_span<DIM>(q_bf16, fold, pk, pv, p_begin, qs.prompt_len, qs.scale, scores, span);
   }
   const int64_t cache = (b * qs.kv_heads + h) * qs.cache_slots * DIM, o_begin = qs.cache_start[b];
   const int64_t count = shared + slot + 1 - o_begin;
-  score_span<DIM>(q, fold, qs.cache_k + cache, qs.cache_v + cache, o_begin, slot + 1, qs.scale, scores + shared,
-                  span);
-  for (int64_t f = 0; f < fold; ++f) {  // softmax in place
+  score_span<DIM>(q_bf16, fold, qs.cache_k + cache, qs.cache_v + cache, o_begin, slot + 1, qs.scale,
+                  scores + shared, span);
+  float totals[16];  // fold <= 16 (checked by `attend`)
+  for (int64_t f = 0; f < fold; ++f) {  // e^(s - max), kept unnormalised, rounded to bf16
     float* row_scores = scores + f * span;
     const float top = *std::max_element(row_scores, row_scores + count);
     float total = 0.f;
-    for (int64_t t = 0; t < count; ++t) {
+    for (int64_t t = 0; t < count; ++t) {  // vectorised (libmvec's exp, -ffast-math)
       row_scores[t] = std::exp(row_scores[t] - top);
       total += row_scores[t];
     }
-    const float inverse = 1.f / total;
-    for (int64_t t = 0; t < count; ++t) row_scores[t] *= inverse;
+    totals[f] = total;
+    int64_t t = 0;
+    for (; t + 16 <= count; t += 16)
+      _mm256_storeu_si256((__m256i*)(weights + f * span + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row_scores + t)));
+    for (; t < count; ++t) weights[f * span + t] = BFloat16(row_scores[t]);
   }
-  std::fill(acc, acc + fold * DIM, 0.f);
-  if (qs.prompts) accumulate_span<DIM>(scores, fold, pv, p_begin, qs.prompt_len, span, acc);
-  accumulate_span<DIM>(scores + shared, fold, qs.cache_v + cache, o_begin, slot + 1, span, acc);
+  __m512 acc[16 * 2 * chunks];
+  for (int64_t i = 0; i < fold * 2 * chunks; ++i) acc[i] = _mm512_setzero_ps();
+  if (qs.prompts) accumulate_span<DIM>(weights, fold, pv, p_begin, qs.prompt_len, span, acc);
+  accumulate_span<DIM>(weights + shared, fold, qs.cache_v + cache, o_begin, slot + 1, span, acc);
   BFloat16* out = qs.out + (n * qs.heads + h * fold) * DIM;
-  for (int64_t i = 0; i < fold * DIM; ++i) out[i] = BFloat16(acc[i]);
+  for (int64_t f = 0; f < fold; ++f) {
+    const float inverse = 1.f / totals[f];
+    for (int64_t c = 0; c < chunks; ++c) {
+      float low[16], high[16];
+      _mm512_storeu_ps(low, acc[f * 2 * chunks + 2 * c]);
+      _mm512_storeu_ps(high, acc[f * 2 * chunks + 2 * c + 1]);
+      BFloat16* o = out + f * DIM + 32 * c;
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < 4; ++i) {
+          o[8 * k + i] = BFloat16(low[4 * k + i] * inverse);
+          o[8 * k + 4 + i] = BFloat16(high[4 * k + i] * inverse);
+        }
+    }
+  }
 }
 
 template <int64_t DIM>
@@ -147,11 +222,17 @@ void attend_all(const Queries& qs) {
   });
   const int64_t span = qs.prompt_len + *std::max_element(qs.slots, qs.slots + qs.count) + 1;
   at::parallel_for(0, pairs, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> q(fold * DIM), scores(fold * span), acc(fold * DIM);
+    std::vector<float> q(fold * DIM), scores(fold * span);
+    std::vector<BFloat16> q_bf16(fold * DIM), weights(fold * span);
     for (int64_t i = first; i < last; ++i)
-      attend_head<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads, q.data(), scores.data(), span, acc.data());
+      attend_head<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads, q.data(), q_bf16.data(), scores.data(),
+                       weights.data(), span);
   });
 }
+
+#else
+constexpr bool NATIVE_BF16 = false;
+#endif
 
 // Grouped-query softmax attention (Vaswani et al. 2017, arXiv 1706.03762) of N queries, with RoPE and the cache
 // write: out = softmax(scale RoPE(q) K^T) V over each query's valid positions.
@@ -172,8 +253,11 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
   TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache: contiguous");
   TORCH_CHECK(rows.numel() == qkv.size(0) && slots.numel() == qkv.size(0), "rows, slots: one per query");
   const int64_t dim = cache_k.size(3), prompts = prompt_k.numel() ? prompt_k.size(0) : 0;
+  TORCH_CHECK(heads % cache_k.size(1) == 0 && heads / cache_k.size(1) <= 16, "attend: at most 16 query heads per "
+              "key/value head");
   auto out = torch::empty({qkv.size(0), heads * dim}, qkv.options());
   if (qkv.size(0) == 0) return out;
+#if defined(__AVX512BF16__)
   Queries qs{qkv.data_ptr<BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows.data_ptr<int64_t>(),
              slots.data_ptr<int64_t>(), cache_k.data_ptr<BFloat16>(), cache_v.data_ptr<BFloat16>(),
              cache_start.data_ptr<int64_t>(), prompts ? prompt_k.data_ptr<BFloat16>() : nullptr,
@@ -183,6 +267,9 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
   if (dim == 64) attend_all<64>(qs);
   else if (dim == 128) attend_all<128>(qs);
   else TORCH_CHECK(false, "attend: head dim ", dim, " (compiled for 64 and 128)");
+#else
+  TORCH_CHECK(false, "attend: built without avx512_bf16 (NATIVE_BF16 is false)");
+#endif
   return out;
 }
 
@@ -316,9 +403,98 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
   return {tokens, log_probs};
 }
 
-// x W^T + b by oneDNN for a weight reordered once into its blocked layout (what the Python side calls
-// torch.ops.mkldnn._linear_pointwise), else by aten's linear.
-at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool packed) {
+// x W^T (+ b) for a few rows of x, the decode step at batch 1-8, where the step is bound by reading the weights
+// (270 MB per step for the embedded model). W is given blocked as (O/8, I/32, 8, 32), so the 8 output rows' next
+// 32 inputs lie one after another and each thread reads its share of W in memory order, once, for up to
+// GEMV_ROWS rows of x (taken three at a time from cache); bf16 pair dot products (avx512_bf16) into float32.
+// oneDNN's linear reads W at ~46-63 GB/s at these shapes where a read of memory runs at ~80 (1.5x slower at one
+// row, from 12 rows on it is the faster; benchmarks/sampler_bound.py).
+constexpr int64_t GEMV_ROWS = 8;
+
+#if defined(__AVX512BF16__)
+// The totals of eight float32 vectors, in one 8-lane vector: three rounds of halving, each pairing vectors and
+// adding their halves (a transposed tree, instead of eight full horizontal sums).
+inline __m256 sum_each(const __m512 (&a)[8]) {
+  __m512 pairs[4], quads[2];
+  for (int k = 0; k < 4; ++k)  // [a 8 partial sums | b 8]
+    pairs[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
+  for (int k = 0; k < 2; ++k)  // [r 4 | r+1 4 | r+2 4 | r+3 4] for rows r = 4k...
+    quads[k] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[2 * k], pairs[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(pairs[2 * k], pairs[2 * k + 1], 0xDD));
+  // within each 128-bit lane q: two partial sums of row q, then two of row q + 4
+  const __m512 twos = _mm512_add_ps(_mm512_shuffle_ps(quads[0], quads[1], 0x44),
+                                    _mm512_shuffle_ps(quads[0], quads[1], 0xEE));
+  const __m512 ones = _mm512_add_ps(twos, _mm512_permute_ps(twos, 0xB1));
+  const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 10, 6, 2, 12, 8, 4, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, ones));
+}
+
+// N rows of x (stride `in`) against one block of 8 output rows; y points at the block's first output of row 0.
+template <int N>
+void gemv_block(const BFloat16* block, const BFloat16* x, const BFloat16* bias, int64_t in, int64_t out,
+                BFloat16* y) {
+  __m512 acc[N][8];
+  for (int n = 0; n < N; ++n)
+    for (int r = 0; r < 8; ++r) acc[n][r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < in; i += 32) {
+    __m512bh xs[N];
+    for (int n = 0; n < N; ++n) xs[n] = (__m512bh)_mm512_loadu_si512(x + n * in + i);
+    const BFloat16* chunk = block + i * 8;
+    for (int r = 0; r < 8; ++r) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(chunk + r * 32);
+      for (int n = 0; n < N; ++n) acc[n][r] = _mm512_dpbf16_ps(acc[n][r], w, xs[n]);
+    }
+  }
+  __m256 b = _mm256_setzero_ps();
+  if (bias) b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)bias)), 16));
+  for (int n = 0; n < N; ++n)
+    _mm_storeu_si128((__m128i*)(y + n * out), (__m128i)_mm256_cvtneps_pbh(_mm256_add_ps(sum_each(acc[n]), b)));
+}
+#endif
+
+// W (O, I) -> (O/8, I/32, 8, 32) for `gemv`; empty where the kernel cannot take it (O % 8, I % 32, no avx512_bf16).
+torch::Tensor block_weight(torch::Tensor weight) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+#if defined(__AVX512BF16__)
+  if (weight.scalar_type() == at::kBFloat16 && out % 8 == 0 && in % 32 == 0)
+    return weight.view({out / 8, 8, in / 32, 32}).transpose(1, 2).contiguous();
+#endif
+  return weight.new_empty({0});
+}
+
+// x (N, I) bf16, N <= GEMV_ROWS; blocked from block_weight; bias (O,) bf16 or empty. Returns (N, O) bf16.
+torch::Tensor gemv(torch::Tensor x, torch::Tensor blocked, torch::Tensor bias) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16 && x.size(0) <= GEMV_ROWS,
+              "x: contiguous bfloat16, at most ", GEMV_ROWS, " rows");
+  const int64_t rows = x.size(0), in = x.size(1), out = blocked.numel() / in;
+  auto y = torch::empty({rows, out}, x.options());
+#if defined(__AVX512BF16__)
+  const BFloat16 *w_p = blocked.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
+  const BFloat16* b_p = bias.numel() ? bias.data_ptr<BFloat16>() : nullptr;
+  BFloat16* y_p = y.data_ptr<BFloat16>();
+  at::parallel_for(0, out / 8, 16, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const BFloat16* block = w_p + b * 8 * in;
+      const BFloat16* bias_b = b_p ? b_p + b * 8 : nullptr;
+      int64_t n = 0;
+      for (; n + 3 <= rows; n += 3) gemv_block<3>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
+      if (rows - n == 2) gemv_block<2>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
+      if (rows - n == 1) gemv_block<1>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
+    }
+  });
+#else
+  TORCH_CHECK(false, "gemv needs avx512_bf16 (block_weight returns an empty weight without it)");
+#endif
+  return y;
+}
+
+// x W^T + b: by `gemv` for up to GEMV_ROWS rows where the weight has its blocked copy, else by oneDNN for a weight
+// reordered once into its own layout (what the Python side calls torch.ops.mkldnn._linear_pointwise), else by
+// aten's linear.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& blocked, const at::Tensor& bias,
+                   bool packed) {
+  if (blocked.numel() && x.size(0) <= GEMV_ROWS) return gemv(x, blocked, bias);
   const std::optional<at::Tensor> b = bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt;
   if (!packed) return at::linear(x, weight, b);
   static auto linear = c10::Dispatcher::singleton()
@@ -334,7 +510,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 //   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
 //   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after}; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
+// W_down, norm_after, then the four weights blocked for `gemv` (each empty where there is none)}; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
 // Returns x after the last layer's norm, (N, C) bf16.
 at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, bool packed,
                       at::Tensor cos, at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
@@ -346,10 +522,11 @@ at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tenso
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];
     const at::Tensor attended = attend(
-        project(x, w[1], w[2], packed), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
+        project(x, w[1], w[8], w[2], packed), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
         shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
-    x = add_rms_norm(hidden, project(attended, w[3], empty, packed), w[4], eps);
-    x = add_rms_norm(hidden, project(silu_mul(project(x, w[5], empty, packed)), w[6], empty, packed), w[7], eps);
+    x = add_rms_norm(hidden, project(attended, w[3], w[9], empty, packed), w[4], eps);
+    x = add_rms_norm(hidden, project(silu_mul(project(x, w[5], w[10], empty, packed)), w[6], w[11], empty, packed),
+                     w[7], eps);
   }
   return x;
 }
@@ -360,4 +537,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("silu_mul", &silu_mul);
   module.def("sample_next", &sample_next);
   module.def("run_layers", &run_layers);
+  module.def("block_weight", &block_weight);
+  module.def("gemv", &gemv);
+  module.attr("GEMV_ROWS") = GEMV_ROWS;
+  module.attr("NATIVE_BF16") = NATIVE_BF16;
 }
