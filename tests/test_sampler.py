@@ -140,6 +140,34 @@ def test_projection_in_bfloat16_equals_aten_linear_bit_for_bit(rows):
     assert not Projection(weight.float()).packed  # float32 stays on aten (MKL), as the equality tests require
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_gemv_for_a_few_rows_equals_the_float32_product_within_bf16_rounding(rows):
+    """The fused `gemv` (weights in 8-row blocks, bf16 pair products summed in float32) against the float32
+    product, with and without a bias, at the decoder's input widths; `Projection` takes it up to GEMV_ROWS rows
+    and oneDNN's linear beyond; weights it cannot block (O % 8, I % 32) stay on oneDNN."""
+    from dapo_suite.decoding import Projection
+
+    fused = _fused()
+    if not fused.NATIVE_BF16:
+        pytest.skip("this CPU has no avx512_bf16: gemv is not built")
+    generator = torch.Generator().manual_seed(rows)
+    for out, width, with_bias in ((960, 576, True), (576, 1536, False)):
+        weight = torch.randn(out, width, generator=generator).to(torch.bfloat16)
+        bias = torch.randn(out, generator=generator).to(torch.bfloat16) if with_bias else None
+        x = torch.randn(rows, width, generator=generator).to(torch.bfloat16)
+        expected = x.float() @ weight.float().T + (bias.float() if with_bias else 0)
+        projection = Projection(weight, bias, fused)
+        y = projection(x)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, out)
+        # float32 sums in another order, then one bf16 rounding: within two bf16 steps of the float32 value
+        torch.testing.assert_close(y.float(), expected, rtol=2 * 2**-8, atol=1e-2)
+        assert torch.equal(y, fused.gemv(x, fused.block_weight(weight), bias if with_bias else weight[:0, 0]))
+    beyond = torch.randn(fused.GEMV_ROWS + 1, weight.shape[1], generator=generator).to(torch.bfloat16)
+    assert torch.equal(projection(beyond), torch.nn.functional.linear(beyond, weight))  # oneDNN, bit for bit
+    for shape in ((10, 576), (16, 40)):
+        assert fused.block_weight(torch.zeros(shape, dtype=torch.bfloat16)).numel() == 0
+
+
 def _fused():
     from dapo_suite.fused_step import kernels
 
@@ -309,3 +337,34 @@ def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_sa
     assert "ROWS 4 ALL GENERATED True" in result.stdout
     warning = result.stdout.split("WARNINGS", 1)[1]
     assert "fused decode kernels unavailable" in warning and "g++ or clang" in warning and "ninja" in warning
+
+
+def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torch_ops(embedded_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    """On a CPU without avx512_bf16 the module builds without the attention and gemv kernels (NATIVE_BF16 false):
+    `sample_next` still draws the tokens, and the bf16 stepper decodes with torch's ops. Built here with
+    -mno-avx512bf16, into a fresh extension cache."""
+    import dapo_suite.decoding as decoding
+    import dapo_suite.sampling as sampling
+    from dapo_suite.fused_step import CFLAGS, SOURCE
+    from dapo_suite.models import load_model_and_tokenizer
+
+    _fused()  # a compiler and ninja are here
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(SOURCE)],
+                               extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"], extra_ldflags=["-fopenmp"])
+    assert plain.NATIVE_BF16 is False
+    assert plain.block_weight(torch.zeros(16, 64, dtype=torch.bfloat16)).numel() == 0
+    monkeypatch.setattr(decoding, "kernels", lambda: plain)
+    monkeypatch.setattr(sampling, "kernels", lambda: plain)
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    model.eval()
+    encoded = tokenizer(["Say hi.", "What is 2 + 3?"], return_tensors="pt", padding=True)
+    assert decoding.LeanStepper(model, encoded["input_ids"], encoded["attention_mask"], 4, torch.bfloat16).kernels is None
+    with torch.no_grad():
+        sampled = sampling.sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 6, 1.0, 0.9,
+                                         {tokenizer.eos_token_id}, tokenizer.pad_token_id, dtype=torch.bfloat16,
+                                         generator=torch.Generator().manual_seed(0))
+    assert (sampled.lengths >= 1).all() and torch.isfinite(sampled.log_probs).all()

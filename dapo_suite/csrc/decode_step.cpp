@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -221,10 +222,14 @@ void attend_all(const Queries& qs) {
     for (int64_t i = first; i < last; ++i) store_key_value<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads);
   });
   const int64_t span = qs.prompt_len + *std::max_element(qs.slots, qs.slots + qs.count) + 1;
-  at::parallel_for(0, pairs, 1, [&](int64_t first, int64_t last) {
+  // Pairs are handed out one at a time (their lengths differ: left padding, and a prompt's later tokens see more
+  // keys), not in fixed halves, where one thread would wait on the other.
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pairs);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     std::vector<float> q(fold * DIM), scores(fold * span);
     std::vector<BFloat16> q_bf16(fold * DIM), weights(fold * span);
-    for (int64_t i = first; i < last; ++i)
+    for (int64_t i = next++; i < pairs; i = next++)
       attend_head<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads, q.data(), q_bf16.data(), scores.data(),
                        weights.data(), span);
   });
@@ -406,7 +411,8 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // x W^T (+ b) for a few rows of x, the decode step at batch 1-8, where the step is bound by reading the weights
 // (270 MB per step for the embedded model). W is given blocked as (O/8, I/32, 8, 32), so the 8 output rows' next
 // 32 inputs lie one after another and each thread reads its share of W in memory order, once, for up to
-// GEMV_ROWS rows of x (taken three at a time from cache); bf16 pair dot products (avx512_bf16) into float32.
+// GEMV_ROWS rows of x (taken three at a time from cache, the next block prefetched meanwhile); bf16 pair dot
+// products (avx512_bf16) into float32.
 // oneDNN's linear reads W at ~46-63 GB/s at these shapes where a read of memory runs at ~80 (1.5x slower at one
 // row, from 12 rows on it is the faster; benchmarks/sampler_bound.py).
 constexpr int64_t GEMV_ROWS = 8;
@@ -431,13 +437,16 @@ inline __m256 sum_each(const __m512 (&a)[8]) {
 }
 
 // N rows of x (stride `in`) against one block of 8 output rows; y points at the block's first output of row 0.
+// `next`: the block this thread takes after this one, prefetched while it computes (or null).
 template <int N>
-void gemv_block(const BFloat16* block, const BFloat16* x, const BFloat16* bias, int64_t in, int64_t out,
-                BFloat16* y) {
+void gemv_block(const BFloat16* block, const BFloat16* next, const BFloat16* x, const BFloat16* bias, int64_t in,
+                int64_t out, BFloat16* y) {
   __m512 acc[N][8];
   for (int n = 0; n < N; ++n)
     for (int r = 0; r < 8; ++r) acc[n][r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < in; i += 32) {
+    if (next)
+      for (int r = 0; r < 8; ++r) __builtin_prefetch(next + i * 8 + r * 32);
     __m512bh xs[N];
     for (int n = 0; n < N; ++n) xs[n] = (__m512bh)_mm512_loadu_si512(x + n * in + i);
     const BFloat16* chunk = block + i * 8;
@@ -477,10 +486,14 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor blocked, torch::Tensor bias) {
     for (int64_t b = first; b < last; ++b) {
       const BFloat16* block = w_p + b * 8 * in;
       const BFloat16* bias_b = b_p ? b_p + b * 8 : nullptr;
-      int64_t n = 0;
-      for (; n + 3 <= rows; n += 3) gemv_block<3>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
-      if (rows - n == 2) gemv_block<2>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
-      if (rows - n == 1) gemv_block<1>(block, x_p + n * in, bias_b, in, out, y_p + n * out + b * 8);
+      const BFloat16* next = b + 1 < last ? block + 8 * in : nullptr;  // prefetched by the first group of rows
+      for (int64_t n = 0; n < rows; n += 3, next = nullptr) {
+        const BFloat16* x_n = x_p + n * in;
+        BFloat16* y_n = y_p + n * out + b * 8;
+        if (rows - n >= 3) gemv_block<3>(block, next, x_n, bias_b, in, out, y_n);
+        else if (rows - n == 2) gemv_block<2>(block, next, x_n, bias_b, in, out, y_n);
+        else gemv_block<1>(block, next, x_n, bias_b, in, out, y_n);
+      }
     }
   });
 #else
