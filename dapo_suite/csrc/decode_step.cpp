@@ -49,7 +49,8 @@ inline __m512 sum_each16(__m512 (&a)[16]) {
   for (int j = 0; j < 8; ++j)  // per 128-bit block: a0+a2, b0+b2, a1+a3, b1+b3 of a = a[2j], b = a[2j+1]
     a[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
   for (int j = 0; j < 4; ++j)  // per 128-bit block: one partial sum of each of four vectors
-    a[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44), _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
+    a[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
   for (int j = 0; j < 2; ++j)  // blocks: 4 vectors (blocks 0+1), same (2+3), next 4 (0+1), next 4 (2+3)
     a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
                          _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
@@ -190,7 +191,8 @@ void attend_head(const Queries& qs, int64_t n, int64_t h, float* q, BFloat16* q_
     totals[f] = total;
     int64_t t = 0;
     for (; t + 16 <= count; t += 16)
-      _mm256_storeu_si256((__m256i*)(weights + f * span + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row_scores + t)));
+      _mm256_storeu_si256((__m256i*)(weights + f * span + t),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row_scores + t)));
     for (; t < count; ++t) weights[f * span + t] = BFloat16(row_scores[t]);
   }
   __m512 acc[16 * 2 * chunks];
@@ -456,7 +458,8 @@ void gemv_block(const BFloat16* block, const BFloat16* next, const BFloat16* x, 
     }
   }
   __m256 b = _mm256_setzero_ps();
-  if (bias) b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)bias)), 16));
+  if (bias)  // bf16 -> float32: the 16 bits on top
+    b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)bias)), 16));
   for (int n = 0; n < N; ++n)
     _mm_storeu_si128((__m128i*)(y + n * out), (__m128i)_mm256_cvtneps_pbh(_mm256_add_ps(sum_each(acc[n]), b)));
 }
@@ -523,7 +526,8 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 //   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
 //   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after, then the four weights blocked for `gemv` (each empty where there is none)}; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
+// W_down, norm_after, then the four weights blocked for `gemv` (each empty where there is none)};
+// cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
 // Returns x after the last layer's norm, (N, C) bf16.
 at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, bool packed,
                       at::Tensor cos, at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
