@@ -21,6 +21,7 @@ kernels equal their float32 references within bf16 rounding (tests/test_sampler.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -76,7 +77,8 @@ class Projection:
     ~1.5x faster than oneDNN (the decode step at small batch, and a batch's last rows). Any other dtype or device
     uses `F.linear`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels=None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 kernels: ModuleType | None = None) -> None:
         self.packed = packs_bf16(weight.dtype, weight.device)
         self.kernels = kernels
         self.blocked = kernels.block_weight(weight) if kernels is not None else weight.new_empty(0)
