@@ -8,9 +8,10 @@ in one tensor, so dropping finished rows moves each kept row once), fuses the q/
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
 `LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
 
-In bfloat16 on a CPU, the lean stepper's weights are reordered once into oneDNN's blocked layout (`Projection`),
-and everything between the projections runs in the fused kernels of `fused_step` (RoPE, cache writes, attention
-over each row's valid positions, residual adds, RMSNorm, SiLU x up), the layer loop in one call per step. Its prompt pass
+In bfloat16 on a CPU with avx512_bf16, the lean stepper's weights are packed once for the fused kernels' own
+matmul (`Projection`), and everything between the projections runs in the fused kernels of `fused_step` (RoPE,
+cache writes, attention over each row's valid positions, residual adds, RMSNorm, SiLU x up), the layer loop in
+one call per step. Its prompt pass
 is its own too (`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers,
 each attending to its own prompt. Elsewhere (float32, or no C++ compiler) the prompt runs through transformers'
 forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
@@ -60,37 +61,31 @@ class HFStepper:
         self.mask = self.mask[keep]
 
 
-def packs_bf16(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether `Projection` reorders weights for oneDNN: bfloat16 weights on a CPU whose oneDNN runs bf16."""
-    return (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 class Projection:
     """x W^T + b for a weight that stays fixed while the stepper lives.
 
-    In bfloat16 on a CPU the weight is reordered once into oneDNN's blocked layout and applied by oneDNN's linear
-    kernel: at the decoder's shapes (576-3072 outputs, 1-128 rows) that is 1.3-3x aten's bf16 `F.linear`, which
-    reads the weights at 13-26 GB/s where a copy runs at ~40, and gives the same values bit for bit
-    (tests/test_sampler.py; benchmarks/sampler_bound.py). Given the fused kernels (`fused_step.kernels()`), it
-    also keeps the weight in 8-row blocks for their `gemv`, which up to `GEMV_ROWS` (8) rows of x reads the weights
-    ~1.5x faster than oneDNN (the decode step at small batch, and a batch's last rows). Any other dtype or device
-    uses `F.linear`."""
+    Given the fused kernels (`fused_step.kernels()`, bf16 on a CPU with avx512_bf16), the weight is packed once
+    for their `linear` (blocks of 48 outputs in bf16 pair order) and only the packed copy is kept: at every row
+    count the decoder runs (1-64 rows a step, ~2000 a prompt pass) it is 1.2-1.3x oneDNN's linear and 1.3-1.6x
+    aten's (benchmarks/projections.py). A weight it cannot pack (outputs % 16, inputs % 2), and any other dtype or
+    device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
-        self.packed = packs_bf16(weight.dtype, weight.device)
-        self.kernels = kernels
-        self.blocked = kernels.block_weight(weight) if kernels is not None else weight.new_empty(0)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if self.packed else weight
+        packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
+        self.kernels = kernels if packed.numel() else None
+        self.weight = packed if packed.numel() else weight
         self.bias = bias
 
+    @property
+    def packed(self) -> bool:
+        """Whether the fused `linear` applies it (the fused layer loop needs every layer's weights packed)."""
+        return self.kernels is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked.numel() and x.shape[0] <= self.kernels.GEMV_ROWS:
-            bias = self.bias if self.bias is not None else self.blocked[:0]
-            return self.kernels.gemv(x.contiguous(), self.blocked, bias)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.kernels is not None:
+            bias = self.bias if self.bias is not None else self.weight[:0, 0]
+            return self.kernels.linear(x.contiguous(), self.weight, bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -257,8 +252,10 @@ class LeanStepper:
         no_bias = self.embed.new_empty(0)
         self.layer_tensors = [
             [norm_in, qkv.weight, no_bias if qkv.bias is None else qkv.bias, o.weight, norm_post, gate_up.weight,
-             down.weight, norm_after, qkv.blocked, o.blocked, gate_up.blocked, down.blocked]
+             down.weight, norm_after]
             for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after, strict=True)]
+        if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
+            self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
         # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).
@@ -375,9 +372,8 @@ class LeanStepper:
         cos, sin = (part.squeeze(1).contiguous() for part in self._rope(positions, torch.float32))
         empty = cache.new_empty(0)
         shared = (prompt_kv, self.prompt_start, self.row_prompt) if prompt_kv is not None else (empty, rows, rows)
-        return self.kernels.run_layers(F.embedding(tokens, self.embed).float(), self.layer_tensors,
-                                       self.layers[0][1].packed, cos, sin, rows, slots, cache, cache_start, *shared,
-                                       self.heads, self.scale, self.eps)
+        return self.kernels.run_layers(F.embedding(tokens, self.embed).float(), self.layer_tensors, cos, sin, rows,
+                                       slots, cache, cache_start, *shared, self.heads, self.scale, self.eps)
 
     def _packed_prefill(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> torch.Tensor:
         """The prompts' keys and values, (2, layers, prompts, H_kv, width, D), left-padded (zeros in the padding),

@@ -4,12 +4,12 @@ Between its four projections, a bf16 decode step of the embedded model ran ~20 s
 cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
 kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache write and grouped-query attention
 over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
-`add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`); up to
-`GEMV_ROWS` (8) rows, the projections are the module's own `gemv` over weights kept in 8-row blocks
-(`block_weight`), which reads them ~1.5x faster than oneDNN at one row. `decoding.LeanStepper` uses them for
-bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and gemv use its pair dot products; built without
-it, the module keeps the norms and the sampler); float32 keeps torch's ops (its samples equal transformers',
-tests/test_sampler.py). `sample_next` draws the next tokens (temperature, top-p) for `sampling.sample_tokens` in
+`add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`). The
+projections are the module's own `linear` over weights packed once (`pack_weight`, blocks of 48 outputs in bf16
+pair order), 1.2-1.3x oneDNN's linear from 1 row to a prompt pass's 2048 (benchmarks/projections.py).
+`decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and `linear`
+use its pair dot products; built without it, the module keeps the norms and the sampler); float32 keeps
+torch's ops (its samples equal transformers', tests/test_sampler.py). `sample_next` draws the next tokens (temperature, top-p) for `sampling.sample_tokens` in
 every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
@@ -46,8 +46,8 @@ def cpu_tag() -> str:
 
 @functools.cache
 def kernels():
-    """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `gemv`, `block_weight`,
-    `sample_next`; `NATIVE_BF16`, `GEMV_ROWS`), or None where it cannot be built."""
+    """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`, `pack_weight`,
+    `sample_next`; `NATIVE_BF16`), or None where it cannot be built."""
     try:
         from torch.utils import cpp_extension
 

@@ -123,49 +123,34 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     torch.testing.assert_close(merge_attention(first, first_lse, second, second_lse), whole, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 16, 64])
-def test_projection_in_bfloat16_equals_aten_linear_bit_for_bit(rows):
-    """The oneDNN-packed bf16 projection the lean stepper uses gives exactly aten's bf16 `F.linear` values, with
-    and without a bias; without native bf16 it is `F.linear` itself."""
-    from dapo_suite.decoding import Projection, packs_bf16
-
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(960, 576, generator=generator).to(torch.bfloat16)
-    bias = torch.randn(960, generator=generator).to(torch.bfloat16)
-    x = torch.randn(rows, 576, generator=generator).to(torch.bfloat16)
-    for b in (None, bias):
-        projection = Projection(weight, b)
-        assert projection.packed == packs_bf16(torch.bfloat16, x.device)
-        assert torch.equal(projection(x), torch.nn.functional.linear(x, weight, b))
-    assert not Projection(weight.float()).packed  # float32 stays on aten (MKL), as the equality tests require
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
-def test_gemv_for_a_few_rows_equals_the_float32_product_within_bf16_rounding(rows):
-    """The fused `gemv` (weights in 8-row blocks, bf16 pair products summed in float32) against the float32
-    product, with and without a bias, at the decoder's input widths; `Projection` takes it up to GEMV_ROWS rows
-    and oneDNN's linear beyond; weights it cannot block (O % 8, I % 32) stay on oneDNN."""
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
+def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
+    """The fused `linear` (weights packed in blocks of 48 outputs, tiles of 8 rows, bf16 pair products summed in
+    float32) against the float32 product, with and without a bias, at the decoder's widths and at widths that end
+    in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16,
+    inputs % 2) stay on aten's `F.linear`, bit for bit."""
     from dapo_suite.decoding import Projection
 
     fused = _fused()
     if not fused.NATIVE_BF16:
-        pytest.skip("this CPU has no avx512_bf16: gemv is not built")
+        pytest.skip("this CPU has no avx512_bf16: linear is not built")
     generator = torch.Generator().manual_seed(rows)
-    for out, width, with_bias in ((960, 576, True), (576, 1536, False)):
+    for out, width, with_bias in ((960, 576, True), (576, 1536, False), (80, 64, True), (64, 32, False)):
         weight = torch.randn(out, width, generator=generator).to(torch.bfloat16)
         bias = torch.randn(out, generator=generator).to(torch.bfloat16) if with_bias else None
         x = torch.randn(rows, width, generator=generator).to(torch.bfloat16)
         expected = x.float() @ weight.float().T + (bias.float() if with_bias else 0)
         projection = Projection(weight, bias, fused)
+        assert projection.packed
         y = projection(x)
         assert y.dtype == torch.bfloat16 and y.shape == (rows, out)
         # float32 sums in another order, then one bf16 rounding: within two bf16 steps of the float32 value
         torch.testing.assert_close(y.float(), expected, rtol=2 * 2**-8, atol=1e-2)
-        assert torch.equal(y, fused.gemv(x, fused.block_weight(weight), bias if with_bias else weight[:0, 0]))
-    beyond = torch.randn(fused.GEMV_ROWS + 1, weight.shape[1], generator=generator).to(torch.bfloat16)
-    assert torch.equal(projection(beyond), torch.nn.functional.linear(beyond, weight))  # oneDNN, bit for bit
-    for shape in ((10, 576), (16, 40)):
-        assert fused.block_weight(torch.zeros(shape, dtype=torch.bfloat16)).numel() == 0
+    for shape in ((40, 576), (48, 63)):
+        weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
+        assert fused.pack_weight(weight).numel() == 0
+        projection, x = Projection(weight, None, fused), torch.randn(rows, shape[1]).to(torch.bfloat16)
+        assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
 
 
 def _fused():
@@ -341,7 +326,7 @@ def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_sa
 
 def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torch_ops(embedded_model_dir, tmp_path,
                                                                                       monkeypatch):
-    """On a CPU without avx512_bf16 the module builds without the attention and gemv kernels (NATIVE_BF16 false):
+    """On a CPU without avx512_bf16 the module builds without the attention and linear kernels (NATIVE_BF16 false):
     `sample_next` still draws the tokens, and the bf16 stepper decodes with torch's ops. Built here with
     -mno-avx512bf16, into a fresh extension cache."""
     import dapo_suite.decoding as decoding
@@ -356,7 +341,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
     plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(SOURCE)],
                                extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"], extra_ldflags=["-fopenmp"])
     assert plain.NATIVE_BF16 is False
-    assert plain.block_weight(torch.zeros(16, 64, dtype=torch.bfloat16)).numel() == 0
+    assert plain.pack_weight(torch.zeros(16, 64, dtype=torch.bfloat16)).numel() == 0
     monkeypatch.setattr(decoding, "kernels", lambda: plain)
     monkeypatch.setattr(sampling, "kernels", lambda: plain)
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))

@@ -9,8 +9,8 @@
 //                   row's valid cache positions only (left padding is skipped, not masked)
 //   add_rms_norm    h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps))
 //   silu_mul        y = bf16(silu(g) * u) for [g, u] = x
-//   gemv            x W^T + b for 1-8 rows of x, W in 8-row blocks read in memory order (the projections at
-//                   small batch, where oneDNN reads the weights well below the memory's rate)
+//   linear          x W^T + b for any number of rows, W packed once in blocks of 48 outputs (`pack_weight`),
+//                   each row tile an outer product of bf16 pairs (1.2-1.3x oneDNN's linear at every batch)
 // Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
 // against the float32 reference.
 #include <torch/extension.h>
@@ -24,7 +24,7 @@
 
 using at::BFloat16;
 
-// The attention kernels and `gemv` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
+// The attention kernels and `linear` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
 // and later). Built elsewhere, the module keeps the norms and the sampler, and NATIVE_BF16 is false: the stepper
 // then decodes with torch's ops (the default sampling dtype there is float32 anyway, dapo_suite.models.native_bf16).
 #if defined(__AVX512BF16__)
@@ -410,115 +410,113 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
   return {tokens, log_probs};
 }
 
-// x W^T (+ b) for a few rows of x, the decode step at batch 1-8, where the step is bound by reading the weights
-// (270 MB per step for the embedded model). W is given blocked as (O/8, I/32, 8, 32), so the 8 output rows' next
-// 32 inputs lie one after another and each thread reads its share of W in memory order, once, for up to
-// GEMV_ROWS rows of x (taken three at a time from cache, the next block prefetched meanwhile); bf16 pair dot
-// products (avx512_bf16) into float32.
-// oneDNN's linear reads W at ~46-63 GB/s at these shapes where a read of memory runs at ~80 (1.5x slower at one
-// row, from 12 rows on it is the faster; benchmarks/sampler_bound.py).
-constexpr int64_t GEMV_ROWS = 8;
+// x W^T (+ b) in bfloat16 with float32 sums, for every projection of the decode step and the prompt pass.
+// W is packed once (`pack_weight`) in blocks of 48 outputs: block j holds outputs [48j, 48j + 48) as
+// (I/2, 48, 2), so for each pair of inputs the block's 48 outputs x 2 inputs are three vectors in a row (the
+// pair layout `_mm512_dpbf16_ps` multiplies). A tile of up to 8 rows of x runs through a block with 24
+// accumulators: per input pair, three vector loads of W, one broadcast of each row's pair, 24 pair products
+// (an outer product; no horizontal sums). Each thread takes whole blocks, all tiles of x through a block while
+// it sits in cache, the next block prefetched during the first tile. The last block holds the N % 48 outputs
+// left (16 or 32).
+// Against oneDNN's linear on weights reordered once into its own layout, the 121 projections of one step with
+// the weights read from memory as a decode step reads them (benchmarks/projections.py): 1.3x at 1 row, 1.2-1.3x
+// at 8-64 rows, 1.2x at 2048 rows (the prompt pass), within ~25 % of the square matmul's rate from 30 rows.
+constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
 #if defined(__AVX512BF16__)
-// The totals of eight float32 vectors, in one 8-lane vector: three rounds of halving, each pairing vectors and
-// adding their halves (a transposed tree, instead of eight full horizontal sums).
-inline __m256 sum_each(const __m512 (&a)[8]) {
-  __m512 pairs[4], quads[2];
-  for (int k = 0; k < 4; ++k)  // [a 8 partial sums | b 8]
-    pairs[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
-  for (int k = 0; k < 2; ++k)  // [r 4 | r+1 4 | r+2 4 | r+3 4] for rows r = 4k...
-    quads[k] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[2 * k], pairs[2 * k + 1], 0x88),
-                             _mm512_shuffle_f32x4(pairs[2 * k], pairs[2 * k + 1], 0xDD));
-  // within each 128-bit lane q: two partial sums of row q, then two of row q + 4
-  const __m512 twos = _mm512_add_ps(_mm512_shuffle_ps(quads[0], quads[1], 0x44),
-                                    _mm512_shuffle_ps(quads[0], quads[1], 0xEE));
-  const __m512 ones = _mm512_add_ps(twos, _mm512_permute_ps(twos, 0xB1));
-  const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 10, 6, 2, 12, 8, 4, 0);
-  return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, ones));
-}
-
-// N rows of x (stride `in`) against one block of 8 output rows; y points at the block's first output of row 0.
-// `next`: the block this thread takes after this one, prefetched while it computes (or null).
-template <int N>
-void gemv_block(const BFloat16* block, const BFloat16* next, const BFloat16* x, const BFloat16* bias, int64_t in,
-                int64_t out, BFloat16* y) {
-  __m512 acc[N][8];
-  for (int n = 0; n < N; ++n)
-    for (int r = 0; r < 8; ++r) acc[n][r] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < in; i += 32) {
+// ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
+// block's first output of row 0 (stride `out`). `next`: the block to prefetch meanwhile, or null.
+template <int ROWS, int V>
+void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next, const BFloat16* bias,
+                 BFloat16* y, int64_t out) {
+  __m512 acc[ROWS][V];
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < in / 2; ++p) {
+    const BFloat16* w = pairs + p * V * 32;  // 16 V outputs x 2 inputs: V vectors, V cache lines
     if (next)
-      for (int r = 0; r < 8; ++r) __builtin_prefetch(next + i * 8 + r * 32);
-    __m512bh xs[N];
-    for (int n = 0; n < N; ++n) xs[n] = (__m512bh)_mm512_loadu_si512(x + n * in + i);
-    const BFloat16* chunk = block + i * 8;
-    for (int r = 0; r < 8; ++r) {
-      const __m512bh w = (__m512bh)_mm512_loadu_si512(chunk + r * 32);
-      for (int n = 0; n < N; ++n) acc[n][r] = _mm512_dpbf16_ps(acc[n][r], w, xs[n]);
+      for (int v = 0; v < V; ++v) __builtin_prefetch(next + p * V * 32 + v * 32);
+    __m512bh ws[V];
+    for (int v = 0; v < V; ++v) ws[v] = (__m512bh)_mm512_loadu_si512(w + v * 32);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512bh xs = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(x + r * in + 2 * p));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ws[v], xs);
     }
   }
-  __m256 b = _mm256_setzero_ps();
-  if (bias)  // bf16 -> float32: the 16 bits on top
-    b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)bias)), 16));
-  for (int n = 0; n < N; ++n)
-    _mm_storeu_si128((__m128i*)(y + n * out), (__m128i)_mm256_cvtneps_pbh(_mm256_add_ps(sum_each(acc[n]), b)));
+  for (int v = 0; v < V; ++v) {
+    __m512 b = _mm512_setzero_ps();
+    if (bias)  // bf16 -> float32: the 16 bits on top
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + 16 * v))), 16));
+    for (int r = 0; r < ROWS; ++r)
+      _mm256_storeu_si256((__m256i*)(y + r * out + 16 * v), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
+  }
+}
+
+// Every tile of x through one block of 16 V outputs.
+template <int V>
+void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
+                  const BFloat16* bias, BFloat16* y, int64_t out) {
+  for (int64_t r = 0; r < rows; r += TILE_ROWS, next = nullptr) {
+    const BFloat16* x_r = x + r * in;
+    BFloat16* y_r = y + r * out;
+    switch (std::min(TILE_ROWS, rows - r)) {
+      case 8: linear_tile<8, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 7: linear_tile<7, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 6: linear_tile<6, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 5: linear_tile<5, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 4: linear_tile<4, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 3: linear_tile<3, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      case 2: linear_tile<2, V>(x_r, in, pairs, next, bias, y_r, out); break;
+      default: linear_tile<1, V>(x_r, in, pairs, next, bias, y_r, out);
+    }
+  }
 }
 #endif
 
-// W (O, I) -> (O/8, I/32, 8, 32) for `gemv`; empty where the kernel cannot take it (O % 8, I % 32, no avx512_bf16).
-torch::Tensor block_weight(torch::Tensor weight) {
-  const int64_t out = weight.size(0), in = weight.size(1);
+// W (O, I) bf16 -> the same shape in `linear`'s blocks of 48 outputs, each (I/2, 48, 2) (the last one N % 48
+// wide); empty where `linear` cannot take it: O % 16, I % 2, or no avx512_bf16.
+torch::Tensor pack_weight(torch::Tensor weight) {
+  const int64_t out = weight.size(0), in = weight.size(1), full = out / PAIR_BLOCK * PAIR_BLOCK;
 #if defined(__AVX512BF16__)
-  if (weight.scalar_type() == at::kBFloat16 && out % 8 == 0 && in % 32 == 0)
-    return weight.view({out / 8, 8, in / 32, 32}).transpose(1, 2).contiguous();
+  if (weight.scalar_type() == at::kBFloat16 && out % 16 == 0 && in % 2 == 0) {
+    std::vector<at::Tensor> parts;
+    if (full) parts.push_back(weight.slice(0, 0, full).reshape({full / PAIR_BLOCK, PAIR_BLOCK, in / 2, 2})
+                                  .permute({0, 2, 1, 3}).flatten());
+    if (out > full) parts.push_back(weight.slice(0, full).reshape({out - full, in / 2, 2}).transpose(0, 1).flatten());
+    return torch::cat(parts).view({out, in});
+  }
 #endif
   return weight.new_empty({0});
 }
 
-// x (N, I) bf16, N <= GEMV_ROWS; blocked from block_weight; bias (O,) bf16 or empty. Returns (N, O) bf16.
-torch::Tensor gemv(torch::Tensor x, torch::Tensor blocked, torch::Tensor bias) {
-  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16 && x.size(0) <= GEMV_ROWS,
-              "x: contiguous bfloat16, at most ", GEMV_ROWS, " rows");
-  const int64_t rows = x.size(0), in = x.size(1), out = blocked.numel() / in;
+// x (N, I) bf16; packed (O, I) from pack_weight; bias (O,) bf16 or empty. Returns x W^T + b, (N, O) bf16.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16, "x: contiguous bfloat16 (N, I)");
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1), "packed: (O, I) from pack_weight, I = x.size(1)");
+  const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   auto y = torch::empty({rows, out}, x.options());
 #if defined(__AVX512BF16__)
-  const BFloat16 *w_p = blocked.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == out, "bias: (O,) or empty");
+  const BFloat16 *w_p = packed.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
   const BFloat16* b_p = bias.numel() ? bias.data_ptr<BFloat16>() : nullptr;
   BFloat16* y_p = y.data_ptr<BFloat16>();
-  at::parallel_for(0, out / 8, 16, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const BFloat16* block = w_p + b * 8 * in;
-      const BFloat16* bias_b = b_p ? b_p + b * 8 : nullptr;
-      const BFloat16* next = b + 1 < last ? block + 8 * in : nullptr;  // prefetched by the first group of rows
-      for (int64_t n = 0; n < rows; n += 3, next = nullptr) {
-        const BFloat16* x_n = x_p + n * in;
-        BFloat16* y_n = y_p + n * out + b * 8;
-        if (rows - n >= 3) gemv_block<3>(block, next, x_n, bias_b, in, out, y_n);
-        else if (rows - n == 2) gemv_block<2>(block, next, x_n, bias_b, in, out, y_n);
-        else gemv_block<1>(block, next, x_n, bias_b, in, out, y_n);
-      }
+  const int64_t blocks = (out + PAIR_BLOCK - 1) / PAIR_BLOCK;
+  if (rows) at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t j = first; j < last; ++j) {
+      const int64_t begin = j * PAIR_BLOCK, width = std::min(PAIR_BLOCK, out - begin);
+      const BFloat16* pairs = w_p + begin * in;
+      const BFloat16* next = j + 1 < last ? pairs + width * in : nullptr;
+      const BFloat16* b = b_p ? b_p + begin : nullptr;
+      if (width == 48) linear_block<3>(x_p, rows, in, pairs, next, b, y_p + begin, out);
+      else if (width == 32) linear_block<2>(x_p, rows, in, pairs, next, b, y_p + begin, out);
+      else linear_block<1>(x_p, rows, in, pairs, next, b, y_p + begin, out);
     }
   });
 #else
-  TORCH_CHECK(false, "gemv needs avx512_bf16 (block_weight returns an empty weight without it)");
+  TORCH_CHECK(false, "linear needs avx512_bf16 (pack_weight returns an empty weight without it)");
 #endif
   return y;
-}
-
-// x W^T + b: by `gemv` for up to GEMV_ROWS rows where the weight has its blocked copy, else by oneDNN for a weight
-// reordered once into its own layout (what the Python side calls torch.ops.mkldnn._linear_pointwise), else by
-// aten's linear.
-at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& blocked, const at::Tensor& bias,
-                   bool packed) {
-  if (blocked.numel() && x.size(0) <= GEMV_ROWS) return gemv(x, blocked, bias);
-  const std::optional<at::Tensor> b = bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  if (!packed) return at::linear(x, weight, b);
-  static auto linear = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                             c10::string_view, c10::List<std::optional<at::Scalar>>,
-                                             std::optional<c10::string_view>)>();
-  return linear.call(x, weight, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
 // Every layer of a Llama-style block for N tokens, one call from Python (at one row, ~240 Python calls per
@@ -526,24 +524,22 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 //   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
 //   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after, then the four weights blocked for `gemv` (each empty where there is none)};
-// cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty.
-// Returns x after the last layer's norm, (N, C) bf16.
-at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, bool packed,
-                      at::Tensor cos, at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
-                      at::Tensor cache_start, at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt,
-                      int64_t heads, double scale, double eps) {
+// W_down, norm_after}, each W from pack_weight; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv,
+// T, D) or empty. Returns x after the last layer's norm, (N, C) bf16.
+at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, at::Tensor cos,
+                      at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache, at::Tensor cache_start,
+                      at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt, int64_t heads,
+                      double scale, double eps) {
   const bool shared = prompt_kv.numel() > 0;
   const at::Tensor empty = cache.new_empty({0});
   at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];
     const at::Tensor attended = attend(
-        project(x, w[1], w[8], w[2], packed), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
+        linear(x, w[1], w[2]), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
         shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
-    x = add_rms_norm(hidden, project(attended, w[3], w[9], empty, packed), w[4], eps);
-    x = add_rms_norm(hidden, project(silu_mul(project(x, w[5], w[10], empty, packed)), w[6], w[11], empty, packed),
-                     w[7], eps);
+    x = add_rms_norm(hidden, linear(attended, w[3], empty), w[4], eps);
+    x = add_rms_norm(hidden, linear(silu_mul(linear(x, w[5], empty)), w[6], empty), w[7], eps);
   }
   return x;
 }
@@ -554,8 +550,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("silu_mul", &silu_mul);
   module.def("sample_next", &sample_next);
   module.def("run_layers", &run_layers);
-  module.def("block_weight", &block_weight);
-  module.def("gemv", &gemv);
-  module.attr("GEMV_ROWS") = GEMV_ROWS;
+  module.def("pack_weight", &pack_weight);
+  module.def("linear", &linear);
   module.attr("NATIVE_BF16") = NATIVE_BF16;
 }

@@ -1,0 +1,87 @@
+"""The bf16 decode step's projections: the fused kernels' `linear` against oneDNN's and aten's, at the row counts
+the sampler runs, with the weights read from memory as a decode step reads them.
+
+    .venv/bin/python benchmarks/projections.py                     # rows 1, 4, 8, 16, 30, 64, 2048
+    .venv/bin/python benchmarks/projections.py --rows 1,64 --repeats 20
+
+The embedded model's projections of one step (per layer q/k/v, o, gate/up and down; then the output
+projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
+(one layer's weights, reused, would sit in cache and flatter every kernel). One pass over all of them is timed
+for each implementation, the best of `--repeats`:
+  linear   dapo_suite's fused `linear`, weights packed once by `pack_weight` (what the lean stepper runs)
+  onednn   oneDNN's linear on weights reordered once into its blocked layout (torch.ops.mkldnn)
+  aten     torch.nn.functional.linear on the plain bf16 weights
+Each row prints ms per pass and % of the roofline measured in the same run: the slower of the weights against
+the copy bandwidth and the FLOPs against the square bf16 matmul's rate (2048 rows is the prompt pass's chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.sampler_bound import best_seconds, copy_bandwidth, matmul_flops  # noqa: E402
+
+
+def step_shapes(config) -> list[tuple[int, int]]:
+    """(outputs, inputs) of every projection of one decode step, q/k/v and gate/up fused as the stepper fuses them."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hidden, inner = config.hidden_size, config.intermediate_size
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim
+    layer = [(qkv, hidden), (hidden, config.num_attention_heads * head_dim), (2 * inner, hidden), (hidden, inner)]
+    return layer * config.num_hidden_layers + [(config.vocab_size, hidden)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,4,8,16,30,64,2048", help="rows of x per projection (comma-separated)")
+    parser.add_argument("--repeats", type=int, default=8)
+    args = parser.parse_args()
+
+    from dapo_suite.fused_step import kernels
+    from dapo_suite.models import load_model_and_tokenizer
+
+    fused = kernels()
+    if fused is None or not fused.NATIVE_BF16:
+        sys.exit("the fused kernels need a C++ compiler and a CPU with avx512_bf16; this one has neither")
+    config = load_model_and_tokenizer(None)[0].config
+    shapes = step_shapes(config)
+    generator = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(shape, generator=generator) / shape[1] ** 0.5).to(torch.bfloat16) for shape in shapes]
+    weight_bytes = sum(w.numel() for w in weights) * 2
+    flops_per_row = 2 * sum(w.numel() for w in weights)
+    kinds = {
+        "linear": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, w[:0, 0])),
+        "onednn": ([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights],
+                   lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")),
+        "aten": (weights, F.linear),
+    }
+    print(f"{len(shapes)} projections per step, {weight_bytes / 1e6:.0f} MB of bf16 weights, "
+          f"{torch.get_num_threads()} threads")
+    print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | linear ms | onednn ms | aten ms | linear % of roofline "
+          "| speed-up over onednn | over aten |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for rows in (int(r) for r in args.rows.split(",")):
+        inputs = {width: torch.randn(rows, width, generator=generator).to(torch.bfloat16) for _, width in shapes}
+        bandwidth, flops = copy_bandwidth(), matmul_flops(torch.bfloat16)
+        roofline = max(weight_bytes / bandwidth, rows * flops_per_row / flops)
+        seconds = {}
+        for name, (packed, apply) in kinds.items():
+            def one_step(packed=packed, apply=apply, inputs=inputs) -> None:
+                for (_, width), w in zip(shapes, packed, strict=True):
+                    apply(inputs[width], w)
+            seconds[name] = best_seconds(one_step, repeats=args.repeats)
+        print(f"| {rows} | {bandwidth / 1e9:.1f} | {flops / 1e9:.0f} | {roofline * 1e3:.2f} | "
+              + " | ".join(f"{seconds[name] * 1e3:.2f}" for name in kinds)
+              + f" | {100 * roofline / seconds['linear']:.0f} % | {seconds['onednn'] / seconds['linear']:.2f}x | "
+              f"{seconds['aten'] / seconds['linear']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
