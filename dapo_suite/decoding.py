@@ -65,9 +65,9 @@ class Projection:
     """x W^T + b for a weight that stays fixed while the stepper lives.
 
     Given the fused kernels (`fused_step.kernels()`, bf16 on a CPU with avx512_bf16), the weight is packed once
-    for their `linear` (blocks of 48 outputs in bf16 pair order) and only the packed copy is kept: at every row
-    count the decoder runs (1-64 rows a step, ~2000 a prompt pass) it is 1.2-1.3x oneDNN's linear and 1.3-1.6x
-    aten's (benchmarks/projections.py). A weight it cannot pack (outputs % 16, inputs % 2), and any other dtype or
+    for their `linear` (blocks of 48 outputs in bf16 pair order) and only the packed copy is kept: at the row
+    counts the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x
+    and 1.2x at 2048 (a prompt pass's chunk) (benchmarks/projections.py). A weight it cannot pack (outputs % 16, inputs % 2), and any other dtype or
     device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -75,7 +75,8 @@ class Projection:
         packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
         self.kernels = kernels if packed.numel() else None
         self.weight = packed if packed.numel() else weight
-        self.bias = bias
+        # `linear` takes "no bias" as an empty tensor, made once (a slice per call costs ~10 us)
+        self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
 
     @property
     def packed(self) -> bool:
@@ -84,8 +85,7 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
-            bias = self.bias if self.bias is not None else self.weight[:0, 0]
-            return self.kernels.linear(x.contiguous(), self.weight, bias)
+            return self.kernels.linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -246,16 +246,16 @@ class LeanStepper:
                 Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), kernels=self.kernels),
                 Projection(mlp.down_proj.weight.to(dtype), kernels=self.kernels),
             ))
-        # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's input
-        # norm, or the final one)
-        norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
-        no_bias = self.embed.new_empty(0)
-        self.layer_tensors = [
-            [norm_in, qkv.weight, no_bias if qkv.bias is None else qkv.bias, o.weight, norm_post, gate_up.weight,
-             down.weight, norm_after]
-            for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after, strict=True)]
         if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
+        if self.kernels is not None:
+            # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's
+            # input norm, or the final one)
+            norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
+            self.layer_tensors = [
+                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after]
+                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
+                                                                                   strict=True)]
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
         # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).

@@ -6,7 +6,7 @@ kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache wr
 over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
 `add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`). The
 projections are the module's own `linear` over weights packed once (`pack_weight`, blocks of 48 outputs in bf16
-pair order), 1.2-1.3x oneDNN's linear from 1 row to a prompt pass's 2048 (benchmarks/projections.py).
+pair order): 1.3-1.7x oneDNN's linear at 1-64 rows, 1.04x at a prompt pass's 2048 (benchmarks/projections.py).
 `decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and `linear`
 use its pair dot products; built without it, the module keeps the norms and the sampler); float32 keeps
 torch's ops (its samples equal transformers', tests/test_sampler.py). `sample_next` draws the next tokens (temperature, top-p) for `sampling.sample_tokens` in

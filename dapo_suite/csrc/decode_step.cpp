@@ -10,7 +10,7 @@
 //   add_rms_norm    h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps))
 //   silu_mul        y = bf16(silu(g) * u) for [g, u] = x
 //   linear          x W^T + b for any number of rows, W packed once in blocks of 48 outputs (`pack_weight`),
-//                   each row tile an outer product of bf16 pairs (1.2-1.3x oneDNN's linear at every batch)
+//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows)
 // Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
 // against the float32 reference.
 #include <torch/extension.h>
@@ -419,8 +419,9 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // it sits in cache, the next block prefetched during the first tile. The last block holds the N % 48 outputs
 // left (16 or 32).
 // Against oneDNN's linear on weights reordered once into its own layout, the 121 projections of one step with
-// the weights read from memory as a decode step reads them (benchmarks/projections.py): 1.3x at 1 row, 1.2-1.3x
-// at 8-64 rows, 1.2x at 2048 rows (the prompt pass), within ~25 % of the square matmul's rate from 30 rows.
+// the weights read from memory as a decode step reads them (benchmarks/projections.py): 1.6x at 1 row (96 % of
+// the copy bandwidth), 1.5-1.7x at 4-16 rows, 1.3x at 30-64 (83-96 % of the square matmul's rate), 1.04x at 2048
+// (the prompt pass).
 constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
 #if defined(__AVX512BF16__)
