@@ -96,7 +96,7 @@ def main(debug: bool) -> None:
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          assignments: tuple[str, ...]) -> None:
-    """The whole chain on the embedded model on a CPU (`make demo`: 3.8 minutes measured on 2 cores with
+    """The whole chain on the embedded model on a CPU (`make demo`: 4-5 minutes measured on 2 cores with
     native bf16; 21.8 in float32).
 
     \b
