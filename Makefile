@@ -16,7 +16,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dapo-suite demo
 
-# The README's GSM8K before/after result (about 1.5 h on 2 cores; reruns resume): scripts/gsm8k.sh
+# The README's GSM8K before/after result (about 30 min on 2 quiet cores with native bf16; reruns resume): scripts/gsm8k.sh
 gsm8k: $(STAMP)
 	BIN=$(BIN) bash scripts/gsm8k.sh
 
