@@ -67,8 +67,8 @@ class Projection:
     Given the fused kernels (`fused_step.kernels()`, bf16 on a CPU with avx512_bf16), the weight is packed once
     for their `linear` (blocks of 48 outputs in bf16 pair order) and only the packed copy is kept: at the row
     counts the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x
-    and 1.2x at 2048 (a prompt pass's chunk) (benchmarks/projections.py). A weight it cannot pack (outputs % 16, inputs % 2), and any other dtype or
-    device, uses `F.linear`."""
+    and 1.2x at 2048 (a prompt pass's chunk) (benchmarks/projections.py). A weight it cannot pack (outputs % 16,
+    inputs % 2), and any other dtype or device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
