@@ -22,8 +22,8 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the sc
 def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
     import torch
 
-    from dapo_suite.engines import HFEngine, Request, Sampling, end_of_response_ids
-    from dapo_suite.prompts import render_chat
+    from dapo_suite.core.prompts import render_chat
+    from dapo_suite.inference.engines import HFEngine, Request, Sampling, end_of_response_ids
     from eval.data import load_problems
     from eval.prompts import format_prompt
 
@@ -62,7 +62,7 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
 def endpoint_part(requests_total: int, concurrency: int, latency: float) -> float:
     from scripted_server import scripted_server_process
 
-    from dapo_suite.engines import Request, Sampling
+    from dapo_suite.inference.engines import Request, Sampling
     from eval.engines import OpenAIEngine
 
     with scripted_server_process(latency_s=latency) as url:

@@ -6,7 +6,7 @@ The cases (`tests/data/grader_agreement.jsonl`, one JSON object per line: id, so
 note) are written for this project after the public graders' own test suites (math-verify, Hendrycks MATH's
 `is_equiv` tests, PRM800K's grader, lm-eval's minerva_math, Qwen2.5-Math's grader, verl's math_dapo) and
 MATH-500's answer forms; each names its source. `expected` is the mathematically right verdict under the
-conventions in `dapo_suite/reward.py` (a comma list is a set, units and percent signs are presentation); where a
+conventions in `dapo_suite/core/reward.py` (a comma list is a set, units and percent signs are presentation); where a
 source's own test says otherwise, the note says why. Prints, per grader, agreement with `expected`, false accepts
 (the dangerous kind for RL: a reward the policy can learn to collect), false rejects and timeouts; `--list`
 prints each disagreement. math-verify is called as a user would: `verify(parse("$gold$"), parse(response))`.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dapo_suite.reward import compute_score  # noqa: E402
+from dapo_suite.core.reward import compute_score  # noqa: E402
 
 CASES_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "grader_agreement.jsonl"
 

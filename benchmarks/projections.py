@@ -44,8 +44,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
 
-    from dapo_suite.fused_step import kernels
-    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.inference.fused_step import kernels
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     fused = kernels()
     if fused is None or not fused.NATIVE_BF16:

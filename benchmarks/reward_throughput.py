@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.synthetic_responses import make_responses  # noqa: E402
-from dapo_suite.reward import compute_score  # noqa: E402
+from dapo_suite.core.reward import compute_score  # noqa: E402
 
 
 def rate(label: str, scorer, pairs) -> tuple[float, list[bool]]:

@@ -105,9 +105,9 @@ def main() -> None:
     parser.add_argument("--skip-generate", action="store_true", help="time only the sampler")
     args = parser.parse_args()
 
-    from dapo_suite.engines import end_of_response_ids
-    from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.sampling import sample_tokens
+    from dapo_suite.inference.engines import end_of_response_ids
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.inference.sampling import sample_tokens
     from eval.data import load_problems
     from eval.prompts import format_prompt
 

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from dapo_suite.algorithm import group_advantages  # noqa: E402
-from dapo_suite.rollout import Rollout  # noqa: E402
+from dapo_suite.train.algorithm import group_advantages  # noqa: E402
+from dapo_suite.train.rollout import Rollout  # noqa: E402
 
 
 def make_rollouts(args, eos_id: int, vocab_size: int) -> list[list[Rollout]]:
@@ -181,9 +181,9 @@ def main() -> None:
     import transformers
     import trl
 
-    from dapo_suite.config import resolve_config
-    from dapo_suite.models import embedded_model_path
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.inference.models import embedded_model_path
+    from dapo_suite.train.config import resolve_config
+    from dapo_suite.train.trainer import DAPOTrainer
 
     transformers.logging.set_verbosity_error()
     model_path = str(embedded_model_path())

@@ -8,7 +8,7 @@ import importlib
 import click
 
 from dapo_suite import __version__
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
 
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
 STAGES = {
@@ -105,8 +105,8 @@ def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: i
     """
     import logging
 
-    from dapo_suite.config import parse_override
     from dapo_suite.demo import DemoConfig, run_demo
+    from dapo_suite.train.config import parse_override
 
     try:
         overrides = dict(parse_override(assignment) for assignment in assignments)

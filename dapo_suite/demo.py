@@ -60,8 +60,8 @@ class Chain:
 
 
 def run_demo(config: DemoConfig) -> Path:
-    from dapo_suite.config import resolve_config
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.train.config import resolve_config
+    from dapo_suite.train.trainer import DAPOTrainer
     from data_pipeline.build import run_build
     from data_pipeline.config import BuildConfig
     from eval.config import EvalConfig

@@ -30,10 +30,10 @@ from typing import Any
 
 import click
 
-from dapo_suite.config import TrainConfig, load_preset, resolve_config
-from dapo_suite.errors import UserError
-from dapo_suite.run_log import read_metrics
-from dapo_suite.stats import mean_and_std, paired_t_test, sign_flip_test
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.stats import mean_and_std, paired_t_test, sign_flip_test
+from dapo_suite.train.config import TrainConfig, load_preset, resolve_config
+from dapo_suite.train.run_log import read_metrics
 
 PLAN_FILE = "ladder_plan.json"
 TABLE_FILE = "ladder.md"
@@ -115,7 +115,7 @@ def check_overrides(presets: list[str], overrides: dict[str, Any]) -> None:
 def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any]) -> Path:
     """Train every (preset, seed) into out/<rung>/seed-<s>, seed after seed (so a partial ladder already has
     whole seeds), then write the table, tests and plots; return the table's path."""
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.train.trainer import DAPOTrainer
 
     rungs = [rung_name(preset) for preset in presets]
     if len(set(rungs)) < len(rungs):

@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 
 from dapo_suite import ladder
-from dapo_suite.plots import plot_run
-from dapo_suite.run_log import read_metrics
-from dapo_suite.stats import confidence_interval_95
+from dapo_suite.core.stats import confidence_interval_95
+from dapo_suite.train.plots import plot_run
+from dapo_suite.train.run_log import read_metrics
 
 CHAIN_FILE = "chain.json"
 PACKAGES = ("dapo-suite", "torch", "transformers", "verl", "vllm", "math-verify", "datasets", "gradio")

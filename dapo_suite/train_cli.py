@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dapo_suite.config import LADDER, SUCCESSORS
+from dapo_suite.train.config import LADDER, SUCCESSORS
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,7 +66,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     """
     if ctx.invoked_subcommand is not None:
         return
-    from dapo_suite.config import parse_override, resolve_config
+    from dapo_suite.train.config import parse_override, resolve_config
 
     overrides = dict(model=model, train_file=train_file, val_file=val_file, out=out, max_steps=max_steps,
                      backend=backend)
@@ -77,7 +77,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     if print_config:
-        from dapo_suite.config import describe
+        from dapo_suite.train.config import describe
 
         click.echo(describe(config))
         return
@@ -89,7 +89,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     if dry_run or passthrough:
         raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.train.trainer import DAPOTrainer
 
     run_dir = Path(config.out)
     if not resume and (run_dir / "metrics.jsonl").is_file():
@@ -99,7 +99,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     except (FileNotFoundError, RuntimeError) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
         raise click.ClickException(str(error)) from error
     summary = trainer.fit()
-    from dapo_suite.plots import plot_run
+    from dapo_suite.train.plots import plot_run
 
     png = plot_run(run_dir)
     if "before" in summary and "after" in summary:
@@ -114,7 +114,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
 @click.option("--out", type=click.Path(dir_okay=False), help="PNG path (default RUN_DIR/training_dynamics.png).")
 def plot(run_dir: str, out: str | None) -> None:
     """Draw the paper's training-dynamics panels (accuracy, entropy, length, clip fractions) to a PNG."""
-    from dapo_suite.plots import plot_run
+    from dapo_suite.train.plots import plot_run
 
     try:
         click.echo(plot_run(Path(run_dir), Path(out) if out else None))
@@ -123,8 +123,8 @@ def plot(run_dir: str, out: str | None) -> None:
 
 
 def _train_verl(config, passthrough: list[str], dry_run: bool, hardware: dict) -> None:
-    """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/verl/."""
-    from dapo_suite import verl as verl_backend
+    """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/train/verl/."""
+    from dapo_suite.train import verl as verl_backend
 
     hw = verl_backend.Hardware(**hardware)
     try:
@@ -152,7 +152,7 @@ def export(run_dir: str, out: str | None) -> None:
     """
     import subprocess
 
-    from dapo_suite import verl as verl_backend
+    from dapo_suite.train import verl as verl_backend
 
     try:
         actor = verl_backend.latest_actor_dir(Path(run_dir))
@@ -212,8 +212,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       dapo-suite report runs/ladder                               # report.md/.html with the table and plots
     A rerun (after a kill, or with more seeds) skips finished runs and resumes an interrupted one from its checkpoint.
     """
-    from dapo_suite.config import parse_override
     from dapo_suite.ladder import DEFAULT_SEEDS, run_ladder, write_ladder_outputs
+    from dapo_suite.train.config import parse_override
 
     presets = [name.strip() for name in presets_list.split(",") if name.strip()] if presets_list else None
     if presets_list is not None and not presets:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.errors import UserError
-from dapo_suite.provenance import provenance
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.provenance import provenance
 from data_pipeline.config import BuildConfig
 from data_pipeline.export import build_stats, dataset_card, format_ledger
 from data_pipeline.pipeline import Context, read_jsonl, reason_kind, run_pipeline, write_jsonl

@@ -80,7 +80,7 @@ def build(config_path: str | None, **flags) -> None:
       README.md       dataset card; reports/: duplicate clusters, contamination matches, dropped rows per stage
     The ledger is printed at the end. A build in which every row is rejected for the same reason stops with it.
     """
-    from dapo_suite.errors import UserError
+    from dapo_suite.core.errors import UserError
     from data_pipeline.build import run_build
     from data_pipeline.config import BuildConfig
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.errors import UserError
-from dapo_suite.fields import load_config, within
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.fields import load_config, within
 
 REWRITERS = ("rules", "llm", "rules+llm")
 # The allowed interval of every numeric field (None = unset is always allowed).

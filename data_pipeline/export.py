@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.prompts import chat_messages
-from dapo_suite.provenance import provenance
+from dapo_suite.core.prompts import chat_messages
+from dapo_suite.core.provenance import provenance
 from data_pipeline.config import BuildConfig
 
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.errors import UserError
-from dapo_suite.problems import BENCHMARKS, benchmark_path, read_rows
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.problems import BENCHMARKS, benchmark_path, read_rows
 from data_pipeline.answers import gsm8k_final_answer, solution_steps
 
 DATA_ENV = "DAPO_SUITE_DATA"

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
 from data_pipeline.answers import analyse_answer
 from data_pipeline.config import BuildConfig
 from data_pipeline.forms import Rewrite, verify_rewrite

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from dapo_suite.problems import BENCHMARKS
+from dapo_suite.core.problems import BENCHMARKS
 from eval.config import ENGINES, EvalConfig
 from eval.prompts import TEMPLATES
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dapo_suite import stats
+from dapo_suite.core import stats
 from eval.scoring import GENERATIONS_FILE, generations_file, group_by_problem, read_generations
 
 

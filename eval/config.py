@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_suite.fields import load_config
+from dapo_suite.core.fields import load_config
 
 ENGINES = ("auto", "hf", "vllm", "openai")
 

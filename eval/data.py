@@ -1,12 +1,12 @@
-"""Evaluation sets: the four shipped benchmarks (`dapo_suite.problems.BENCHMARKS`) and any jsonl/parquet file,
+"""Evaluation sets: the four shipped benchmarks (`dapo_suite.core.problems.BENCHMARKS`) and any jsonl/parquet file,
 read into the shared `Problem` record by field name (`--problem-key`, `--answer-key`, `--id-key`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dapo_suite.errors import UserError
-from dapo_suite.problems import Problem, benchmark_path, read_rows
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.problems import Problem, benchmark_path, read_rows
 
 
 def answer_text(value: object) -> str:

@@ -1,4 +1,4 @@
-"""Eval's engines: the sampling engines of `dapo_suite.engines` (hf, vllm) loaded by model name, and
+"""Eval's engines: the sampling engines of `dapo_suite.inference.engines` (hf, vllm) loaded by model name, and
 `OpenAIEngine`, the same protocol (`generate(requests, sampling, emit)`) against any OpenAI-compatible server
 (`vllm serve`, `transformers serve`): asyncio with a concurrency limit and retries with exponential backoff.
 `make_engine` builds the one `EvalConfig` names. No engine holds grading or metric code.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
-from dapo_suite.engines import Completion, Emit, Engine, HFEngine, Request, Sampling, VLLMEngine
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
+from dapo_suite.inference.engines import Completion, Emit, Engine, HFEngine, Request, Sampling, VLLMEngine
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -25,7 +25,7 @@ class OpenAIEngine:
 
     def __init__(self, endpoint: str, model: str | None = None, concurrency: int = 64, max_retries: int = 6,
                  timeout: float = 3600.0, backoff: float = 1.0, api_key: str = "EMPTY"):
-        from dapo_suite.endpoint import connect_endpoint
+        from dapo_suite.inference.endpoint import connect_endpoint
 
         # One place normalises the URL and asks /v1/models for the name when --model is not given.
         served = connect_endpoint(endpoint, model)
@@ -102,21 +102,21 @@ class OpenAIEngine:
 
 def engine_name(config) -> str:
     """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else hf."""
-    from dapo_suite.models import choose_engine
+    from dapo_suite.inference.models import choose_engine
 
     return "openai" if config.engine == "auto" and config.endpoint else choose_engine(config.engine)
 
 
 def engine_dtype(config) -> str:
     """`config.dtype` as the engine will load weights: "auto" -> bfloat16 for vLLM, and for hf where bf16 is
-    native on the device it runs on (`dapo_suite.models.resolve_precision`), else float32."""
+    native on the device it runs on (`dapo_suite.inference.models.resolve_precision`), else float32."""
     if config.dtype != "auto":
         return config.dtype
     if engine_name(config) == "vllm":
         return "bfloat16"
     import torch
 
-    from dapo_suite.models import resolve_precision
+    from dapo_suite.inference.models import resolve_precision
 
     return resolve_precision("auto", "cuda" if torch.cuda.is_available() else "cpu") or "float32"
 

@@ -1,7 +1,7 @@
 """Evaluation metrics: pure functions over graded samples, one per metric, each with its formula.
 
 Notation: P problems; problem i has n_i samples, c_i of them correct. avg@k, its standard error and interval,
-and the tests across seeds are shared with the trainer and the report, so they live in `dapo_suite.stats`.
+and the tests across seeds are shared with the trainer and the report, so they live in `dapo_suite.core.stats`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from dapo_suite.reward import parse_integer
+from dapo_suite.core.reward import parse_integer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,13 +1,13 @@
 """The prompt templates of evaluation. DAPO's instruction (reference doc sec. 4) is defined once, in
-`dapo_suite.prompts` (training and data export use it too); this module re-exports it and adds the other
+`dapo_suite.core.prompts` (training and data export use it too); this module re-exports it and adds the other
 templates `--template` can name. A template is a string with one `{problem}` field; nothing else in it is
 interpreted, so LaTeX braces are safe.
 """
 
 from __future__ import annotations
 
-from dapo_suite import prompts as _shared
-from dapo_suite.prompts import DAPO_TEMPLATE
+from dapo_suite.core import prompts as _shared
+from dapo_suite.core.prompts import DAPO_TEMPLATE
 
 __all__ = ["DAPO_TEMPLATE", "TEMPLATES", "format_prompt", "resolve_template"]
 

@@ -16,9 +16,9 @@ import json
 import time
 from pathlib import Path
 
-from dapo_suite.engines import Completion, Engine, Request, Sampling, sample_seed
-from dapo_suite.problems import Problem
-from dapo_suite.provenance import provenance
+from dapo_suite.core.problems import Problem
+from dapo_suite.core.provenance import provenance
+from dapo_suite.inference.engines import Completion, Engine, Request, Sampling, sample_seed
 from eval.config import EvalConfig
 from eval.data import load_problems
 from eval.engines import engine_dtype, make_engine

@@ -1,4 +1,4 @@
-"""From graded generations to results: read `generations.jsonl`, (re)grade with `dapo_suite.reward`, and
+"""From graded generations to results: read `generations.jsonl`, (re)grade with `dapo_suite.core.reward`, and
 compute every metric of `eval.metrics` per benchmark and per problem."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from dapo_suite import stats
-from dapo_suite.reward import compute_score
+from dapo_suite.core import stats
+from dapo_suite.core.reward import compute_score
 from eval import metrics
 
 GENERATIONS_FILE = "generations.jsonl"

@@ -1,6 +1,6 @@
 """The front of `dapo-suite serve api`: an OpenAI-compatible HTTP server that guards the model server behind it.
 
-`transformers serve` (or `vllm serve`) runs as a child on a private port (dapo_suite/endpoint.py); this front, on the
+`transformers serve` (or `vllm serve`) runs as a child on a private port (dapo_suite/inference/endpoint.py); this front, on the
 port users call, adds what the child lacks:
 - `GET /v1/models` answers with the served model itself (the child's listing scans the Hugging Face cache and
   answers 500 on a machine where that cache does not exist yet);
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from dapo_suite.prompts import render_chat
+from dapo_suite.core.prompts import render_chat
 
 DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
 MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit

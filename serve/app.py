@@ -1,7 +1,7 @@
 """The browser chat (Gradio 6): streams a reasoner's reply from an OpenAI-compatible endpoint, folds the reasoning
 into a collapsible "Thinking" message and shows the final `Answer:` line with a badge when it is an integer, and
 checks the answer when the question is a known AIME 2024 problem. All inference goes through `openai` to one
-endpoint (`dapo_suite.endpoint`), so the app is the same on a laptop (`transformers serve`) and on a GPU (`vllm serve`).
+endpoint (`dapo_suite.inference.endpoint`), so the app is the same on a laptop (`transformers serve`) and on a GPU (`vllm serve`).
 
 Limits: a queue with a concurrency limit and a maximum size, a maximum question length, a timeout per reply, and
 no file routes beyond Gradio's own static assets (no `allowed_paths`)."""
@@ -16,9 +16,9 @@ import signal
 import time
 from collections.abc import Iterator
 
-from dapo_suite.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
-from dapo_suite.problems import Problem
-from dapo_suite.prompts import format_prompt
+from dapo_suite.core.problems import Problem
+from dapo_suite.core.prompts import format_prompt
+from dapo_suite.inference.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
 from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig
 

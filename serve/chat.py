@@ -1,5 +1,5 @@
 """What the chat shows, as pure functions over text (no Gradio, no network): the reply split into its reasoning
-and its final `Answer:` line, the answer read as the reward reads it (`dapo_suite.reward`), a check against the
+and its final `Answer:` line, the answer read as the reward reads it (`dapo_suite.core.reward`), a check against the
 benchmark's answer when the question is a known AIME 2024 problem, and the per-reply speed figures."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dapo_suite.problems import Problem, benchmark_path, read_rows
-from dapo_suite.reward import answer_mark, compute_score, extract_answer, parse_integer
+from dapo_suite.core.problems import Problem, benchmark_path, read_rows
+from dapo_suite.core.reward import answer_mark, compute_score, extract_answer, parse_integer
 
 _SPACE = re.compile(r"\s+")
 

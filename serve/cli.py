@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from dapo_suite.fields import load_config
+from dapo_suite.core.fields import load_config
 from serve.config import ENGINES, ServeConfig
 
 _DEFAULTS = ServeConfig()
@@ -98,7 +98,7 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     A prompt longer than the limit, or a max_tokens that is not a positive integer within the context, gets
     400 at once; a client that disconnects stops its generation; /v1/models lists the served model.
     """
-    from dapo_suite.endpoint import EndpointError, free_port, start_endpoint
+    from dapo_suite.inference.endpoint import EndpointError, free_port, start_endpoint
     from serve.api import serve_front
     from serve.app import stop_on_sigterm
 

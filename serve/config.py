@@ -1,5 +1,5 @@
 """The serving stage's one config: where the model comes from, how it samples, and the limits that keep the app
-up. `dapo-suite serve` fills it from `--config FILE.yaml`, then the flags given (`dapo_suite.fields.load_config`);
+up. `dapo-suite serve` fills it from `--config FILE.yaml`, then the flags given (`dapo_suite.core.fields.load_config`);
 `__post_init__` rejects impossible values and says what to set."""
 
 from __future__ import annotations

@@ -22,6 +22,6 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct as a safetensors directory (converted once, then cached)."""
-    from dapo_suite.models import embedded_model_path
+    from dapo_suite.inference.models import embedded_model_path
 
     return embedded_model_path()

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_suite.algorithm import (
+from dapo_suite.train.algorithm import (
     LOSS_AGGREGATIONS,
     entropy_from_logits,
     group_advantages,

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from data_fixtures import shared_data_dir
 
-from dapo_suite.errors import UserError
-from dapo_suite.prompts import DAPO_TEMPLATE
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.prompts import DAPO_TEMPLATE
 from data_pipeline.build import run_build
 from data_pipeline.cli import data
 from data_pipeline.config import BuildConfig

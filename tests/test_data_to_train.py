@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 
-from dapo_suite import verl as verl_backend
-from dapo_suite.config import resolve_config
-from dapo_suite.prompts import chat_messages
-from dapo_suite.tasks import load_problems
+from dapo_suite.core.prompts import chat_messages
+from dapo_suite.train import verl as verl_backend
+from dapo_suite.train.config import resolve_config
+from dapo_suite.train.tasks import load_problems
 
 RAW = [
     {"problem": "Compute $\\frac{1}{2} + \\frac{1}{3}$. Express your answer as a common fraction.", "answer": "\\frac{5}{6}"},

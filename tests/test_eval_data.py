@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_suite.problems import BENCHMARKS, benchmark_path
+from dapo_suite.core.problems import BENCHMARKS, benchmark_path
 from eval.config import EvalConfig
 from eval.data import load_problems
 from eval.prompts import DAPO_TEMPLATE, format_prompt

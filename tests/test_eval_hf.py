@@ -77,7 +77,7 @@ def test_score_and_compare_without_a_model(aime_run, tmp_path):
 
 
 def test_hf_engine_is_reproducible_and_reports_finish_reasons():
-    from dapo_suite.engines import HFEngine, Request, Sampling
+    from dapo_suite.inference.engines import HFEngine, Request, Sampling
 
     engine = HFEngine.load(batch_size=4)
     requests = [Request("a", 0, "Say hi.", 1), Request("a", 1, "Say hi.", 2), Request("b", 0, "What is 2+2?", 3)]

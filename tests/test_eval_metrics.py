@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dapo_suite import stats
+from dapo_suite.core import stats
 from eval import metrics
 from eval.compare import compare_runs, paired_bootstrap
 from eval.scoring import group_by_problem, read_generations, regrade, summarize

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from scripted_server import ScriptedServer
 
 from dapo_suite.cli import main
-from dapo_suite.engines import Request, Sampling
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
+from dapo_suite.inference.engines import Request, Sampling
 from eval.engines import OpenAIEngine
 from eval.scoring import read_generations
 
@@ -20,7 +20,7 @@ from eval.scoring import read_generations
 @pytest.fixture(scope="module")
 def transformers_server():
     """`transformers serve` with the embedded model on a free port (serve's own launcher); stopped after the module."""
-    from dapo_suite.endpoint import start_endpoint
+    from dapo_suite.inference.endpoint import start_endpoint
 
     with start_endpoint(None, engine="auto") as endpoint:
         yield endpoint.base_url, endpoint.model_name

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from dapo_suite.prompts import chat_messages, render_chat
+from dapo_suite.core.prompts import chat_messages, render_chat
 
 
 def test_render_chat_matches_the_tokenizers_template_for_a_string_and_a_multi_turn_chat(

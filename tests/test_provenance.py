@@ -1,4 +1,4 @@
-"""Every run directory records the package version and git revision (`dapo_suite.provenance`), and a saved
+"""Every run directory records the package version and git revision (`dapo_suite.core.provenance`), and a saved
 config stays readable as input."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import subprocess
 
 from dapo_suite import __version__
-from dapo_suite.config import TrainConfig, load_preset
-from dapo_suite.provenance import provenance
+from dapo_suite.core.provenance import provenance
+from dapo_suite.train.config import TrainConfig, load_preset
 from data_pipeline.config import BuildConfig
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import dapo_suite.reward as reward
-from dapo_suite.reward import compute_score, extract_answer, parse_integer
+import dapo_suite.core.reward as reward
+from dapo_suite.core.reward import compute_score, extract_answer, parse_integer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.grader_agreement import dapo_suite_verdict, load_cases  # noqa: E402
@@ -341,7 +341,7 @@ PATHOLOGICAL = ["9^{9^{9^{9}}}", "((10^{10})!)!", "10^{10^{10}}", "2^{2^{2^{2^{2
                 "99999999999^{99999999999}", "x^{10^{10}} - 1 = 0", "(" * 60 + "1" + ")" * 60]
 SCORE_IN_FRESH_PROCESS = """
 import json, sys, time
-from dapo_suite.reward import compute_score
+from dapo_suite.core.reward import compute_score
 valid, pathological = json.loads(sys.stdin.read())
 accepted = [compute_score("load", response, gold)["acc"] for gold, response in valid]
 seconds = []

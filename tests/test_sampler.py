@@ -1,4 +1,4 @@
-"""The lean decode path (dapo_suite/decoding.py) against transformers' own decode step."""
+"""The lean decode path (dapo_suite/inference/decoding.py) against transformers' own decode step."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _encoded(tokenizer, prompts=PROMPTS):
 
 
 def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
-    from dapo_suite.sampling import sample_tokens
+    from dapo_suite.inference.sampling import sample_tokens
 
     encoded = _encoded(tokenizer)
     generator = torch.Generator().manual_seed(7)
@@ -29,8 +29,8 @@ def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
 def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedded_model_dir):
     """Same seed, float32: the lean stepper (static cache, fused projections) draws exactly the tokens that
     transformers' step draws, with the same log-probs, through row dropping and shared prompt prefixes."""
-    from dapo_suite.decoding import lean_supported
-    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.inference.decoding import lean_supported
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
@@ -47,7 +47,7 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
     import itertools
     import random
 
-    from dapo_suite.decoding import length_buckets
+    from dapo_suite.inference.decoding import length_buckets
 
     rng = random.Random(0)
     for _ in range(40):
@@ -66,8 +66,8 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
 def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir, prompts):
     """The prompts' keys and values from one pass per run of similar length, placed back into one left-padded
     cache, equal one padded pass over all prompts at every real position and in the prompts' order (float32)."""
-    from dapo_suite.decoding import length_buckets, prefill
-    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.inference.decoding import length_buckets, prefill
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
@@ -90,7 +90,7 @@ def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_d
 def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_model_dir):
     """bfloat16 sampling (dtype=...) returns the sampler's own log-probs: close to, but not equal to, float32's.
     This gap is the rollout-training mismatch that rollout correction weighs."""
-    from dapo_suite.models import load_model_and_tokenizer
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
@@ -112,7 +112,7 @@ def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_m
 
 def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     """merge_attention(prompt part, own part) is softmax attention over the concatenated keys."""
-    from dapo_suite.decoding import _attention_with_lse, merge_attention
+    from dapo_suite.inference.decoding import _attention_with_lse, merge_attention
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 4, 8, generator=generator) for _ in range(3))
@@ -129,7 +129,7 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     float32) against the float32 product, with and without a bias, at the decoder's widths and at widths that end
     in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16,
     inputs % 2) stay on aten's `F.linear`, bit for bit."""
-    from dapo_suite.decoding import Projection
+    from dapo_suite.inference.decoding import Projection
 
     fused = _fused()
     if not fused.NATIVE_BF16:
@@ -154,7 +154,7 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
 
 
 def _fused():
-    from dapo_suite.fused_step import kernels
+    from dapo_suite.inference.fused_step import kernels
 
     fused = kernels()
     if fused is None:
@@ -167,7 +167,7 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
     slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with a
     shared prompt, the prompt's valid positions and then the row's own)."""
-    from dapo_suite.decoding import LeanStepper, sdpa_with_lse
+    from dapo_suite.inference.decoding import LeanStepper, sdpa_with_lse
 
     fused = _fused()
     generator = torch.Generator().manual_seed(rows)
@@ -211,8 +211,8 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
     """The bf16 stepper's own prompt pass (tokens packed without padding, in chunks of whole prompts) against
     transformers' float32 prefill: keys and values at every real position within bf16 rounding carried through
     30 layers (measured: 1.4 % mean at the last layer, as autocast's prefill), zeros in the padding."""
-    import dapo_suite.decoding as decoding
-    from dapo_suite.models import load_model_and_tokenizer
+    import dapo_suite.inference.decoding as decoding
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     _fused()
     monkeypatch.setattr(decoding, "PREFILL_CHUNK_TOKENS", chunk_tokens)  # 40: one prompt per chunk, or two
@@ -286,7 +286,7 @@ def test_fused_sampling_draws_the_torch_samplers_token_from_the_same_uniform():
     """From the same generator state, `sample_next` and the torch sampler it replaced (`sample_top_p`, still the
     path where the kernel is not built) draw the same tokens: one uniform per row, the same nucleus, the same
     inverse-CDF draw; a fixed seed gives the same samples as before the kernel."""
-    from dapo_suite.sampling import sample_top_p
+    from dapo_suite.inference.sampling import sample_top_p
 
     fused = _fused()
     logits = torch.randn(512, 1000, generator=torch.Generator().manual_seed(3)) * 4
@@ -305,8 +305,8 @@ def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_sa
 
     script = (
         "import warnings, torch\n"
-        "from dapo_suite.models import load_model_and_tokenizer\n"
-        "from dapo_suite.sampling import sample_tokens\n"
+        "from dapo_suite.inference.models import load_model_and_tokenizer\n"
+        "from dapo_suite.inference.sampling import sample_tokens\n"
         "model, tok = load_model_and_tokenizer(None); model.eval()\n"
         "enc = tok(['Say hi.'] * 4, return_tensors='pt', padding=True)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
@@ -329,10 +329,10 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
     """On a CPU without avx512_bf16 the module builds without the attention and linear kernels (NATIVE_BF16 false):
     `sample_next` still draws the tokens, and the bf16 stepper decodes with torch's ops. Built here with
     -mno-avx512bf16, into a fresh extension cache."""
-    import dapo_suite.decoding as decoding
-    import dapo_suite.sampling as sampling
-    from dapo_suite.fused_step import CFLAGS, SOURCE
-    from dapo_suite.models import load_model_and_tokenizer
+    import dapo_suite.inference.decoding as decoding
+    import dapo_suite.inference.sampling as sampling
+    from dapo_suite.inference.fused_step import CFLAGS, SOURCE
+    from dapo_suite.inference.models import load_model_and_tokenizer
 
     _fused()  # a compiler and ninja are here
     from torch.utils import cpp_extension

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from dapo_suite.endpoint import free_port
-from dapo_suite.models import cache_dir, embedded_model_path
+from dapo_suite.inference.endpoint import free_port
+from dapo_suite.inference.models import cache_dir, embedded_model_path
 
 
 @pytest.fixture(scope="module")

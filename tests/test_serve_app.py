@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from dapo_suite.endpoint import Endpoint, free_port, start_endpoint
+from dapo_suite.inference.endpoint import Endpoint, free_port, start_endpoint
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_suite.problems import Problem
+from dapo_suite.core.problems import Problem
 from serve.app import history_to_messages, render
 from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig

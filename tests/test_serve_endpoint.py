@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dapo_suite.endpoint import (
+from dapo_suite.core.errors import UserError
+from dapo_suite.inference.endpoint import (
     EndpointError,
     connect_endpoint,
     free_port,
@@ -23,7 +24,6 @@ from dapo_suite.endpoint import (
     server_command,
     start_endpoint,
 )
-from dapo_suite.errors import UserError
 
 
 def _down(base_url: str) -> bool:

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dapo_suite.algorithm import (
+from dapo_suite.train.algorithm import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     LossHyperparameters,
@@ -234,7 +234,7 @@ def test_advantage_estimators_equal_verl(seed, name, norm, verl_fn):
     import numpy as np
     from verl.trainer.config import AlgoConfig
 
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     scores, group_ids, lengths, mask, token_rewards = outcome_batch(seed)
     if name != "grpo_passk":
@@ -247,14 +247,14 @@ def test_advantage_estimators_equal_verl(seed, name, norm, verl_fn):
 
 
 def test_rloo_is_the_leave_one_out_baseline_by_hand():
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     adv = compute_advantages("rloo", torch.tensor([1.0, -1.0, -1.0]), [0, 0, 0], torch.ones(3))
     assert adv.tolist() == pytest.approx([1 - (-1), -1 - 0, -1 - 0])  # R_i - mean of the other two
 
 
 def test_batch_std_divides_every_group_by_the_batch_std():
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     scores = torch.tensor([1.0, -1.0, 1.0, 1.0, 1.0, -1.0])
     groups = [0, 0, 1, 1, 1, 1]
@@ -267,7 +267,7 @@ def test_batch_std_divides_every_group_by_the_batch_std():
 
 
 def test_passk_credits_only_the_best_of_each_group():
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     adv = compute_advantages("grpo_passk", torch.tensor([0.2, 1.0, -1.0, 1.0, 1.0]), [0, 0, 0, 1, 1],
                              torch.ones(5), norm="none")
@@ -275,7 +275,7 @@ def test_passk_credits_only_the_best_of_each_group():
 
 
 def test_unknown_estimator_and_normalisation_say_what_is_valid():
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     with pytest.raises(ValueError, match="valid: grpo, rloo, reinforce_plus_plus_baseline, grpo_passk"):
         compute_advantages("ppo", torch.ones(2), [0, 0], torch.ones(2))
@@ -306,7 +306,7 @@ IS_CASES = [("token", 1.3), ("token", "0.8_1.25"), ("token", "1.1"), ("sequence"
 @pytest.mark.parametrize("batch_normalize", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_correction_weights_equal_verl(level, threshold, batch_normalize, seed):
-    from dapo_suite.rollout_correction import correction_weights
+    from dapo_suite.train.rollout_correction import correction_weights
 
     old, rollout, mask = mismatch(seed)
     ours, metrics = correction_weights(old - rollout, mask, level, threshold, batch_normalize)
@@ -326,7 +326,7 @@ RS_CASES = [("token_k1", "0.8_1.25"), ("token_k1", 1.2), ("token_k2", 0.02), ("t
 @pytest.mark.parametrize(("criteria", "threshold"), RS_CASES)
 @pytest.mark.parametrize("seed", range(4))
 def test_rejection_mask_equals_verl(criteria, threshold, seed):
-    from dapo_suite.rollout_correction import rejection_mask
+    from dapo_suite.train.rollout_correction import rejection_mask
 
     old, rollout, mask = mismatch(seed)
     ours, metrics = rejection_mask(old - rollout, mask, criteria, threshold)
@@ -336,7 +336,7 @@ def test_rejection_mask_equals_verl(criteria, threshold, seed):
 
 
 def test_every_rejection_criterion_is_one_of_verls():
-    from dapo_suite.rollout_correction import REJECTION_CRITERIA
+    from dapo_suite.train.rollout_correction import REJECTION_CRITERIA
 
     assert set(REJECTION_CRITERIA) == rollout_corr.SUPPORTED_ROLLOUT_RS_OPTIONS
 
@@ -350,7 +350,7 @@ def test_every_rejection_criterion_is_one_of_verls():
     (lambda rc, lr, m: rc.correction_weights(lr, m, "sentence", 2.0), "token, sequence"),
 ])
 def test_bad_correction_settings_say_what_to_write(call, message):
-    from dapo_suite import rollout_correction
+    from dapo_suite.train import rollout_correction
 
     old, rollout, mask = mismatch(0)
     with pytest.raises(ValueError, match=message):
@@ -358,7 +358,7 @@ def test_bad_correction_settings_say_what_to_write(call, message):
 
 
 def test_no_mismatch_means_no_correction():
-    from dapo_suite.rollout_correction import rollout_correction
+    from dapo_suite.train.rollout_correction import rollout_correction
 
     _, rollout, mask = mismatch(1)
     weights, kept, metrics = rollout_correction(rollout, rollout, mask, "sequence", "0.5_2.0",
@@ -384,15 +384,15 @@ FLOAT32 = {"sampling_dtype": None, "autocast_dtype": None}
 def trainer(tmp_path_factory):
     """One embedded trainer for this module (loading the model is most of a one-step run's time): every group
     trains (no dynamic sampling) and no response is masked for its length, so the loss path always runs."""
-    from dapo_suite.config import resolve_config
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.train.config import resolve_config
+    from dapo_suite.train.trainer import DAPOTrainer
 
     return DAPOTrainer(resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}, FLOAT32))
 
 
 def configure(trainer, presets, **overrides):
     """Point the shared trainer at another resolved config: the objective is read from it at every step."""
-    from dapo_suite.config import resolve_config
+    from dapo_suite.train.config import resolve_config
 
     trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY}, {**FLOAT32, **overrides})
     return trainer
@@ -401,7 +401,7 @@ def configure(trainer, presets, **overrides):
 @pytest.mark.slow  # ~10 s each on a quiet 2-core machine, minutes when it is shared
 @pytest.mark.parametrize("preset", ["gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov"])
 def test_each_successor_preset_trains_one_step(preset, trainer):
-    from dapo_suite.config import SUCCESSORS
+    from dapo_suite.train.config import SUCCESSORS
 
     assert preset in SUCCESSORS
     configure(trainer, [preset])
@@ -446,7 +446,7 @@ def test_rollout_correction_metrics_are_logged_in_a_step(trainer):
 @pytest.mark.parametrize(("estimator", "norm"), [("rloo", None), ("reinforce_plus_plus_baseline", None),
                                                  ("grpo_passk", None), ("grpo", "batch")])
 def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
-    from dapo_suite.algorithm import compute_advantages
+    from dapo_suite.train.algorithm import compute_advantages
 
     configure(trainer, ["dapo"], adv_estimator=estimator, adv_norm=norm)
     groups, _ = trainer.collect()
@@ -462,7 +462,7 @@ def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
 def test_lower_precision_sampling_turns_correction_on_and_logs_the_mismatch(trainer):
     """sampling_dtype=bfloat16 with float32 training: rollout correction's `auto` switches on, the trainer
     recomputes pi_old, and the gap to the sampler's log-probs is logged as rollout/logprob_diff_*."""
-    from dapo_suite.rollout import make_engine
+    from dapo_suite.train.rollout import make_engine
 
     configure(trainer, ["dapo"], sampling_dtype="bfloat16")
     trainer.engine = make_engine(trainer.config, trainer.model, trainer.tokenizer)

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dapo_suite.rollout import Rollout, sample_rollouts
-from dapo_suite.trainer import filter_groups
+from dapo_suite.train.rollout import Rollout, sample_rollouts
+from dapo_suite.train.trainer import filter_groups
 
 # A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
 TINY = ["--preset", "+token-loss", "--set", "overlong_filter=false", "--set", "heldout_size=2", "--set", "val_n=1", "--set", "group_size=2",
@@ -55,7 +55,7 @@ def test_filtering_on_the_shaped_reward_keeps_groups_the_length_penalty_splits()
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
-    from dapo_suite.sampling import sample_top_p
+    from dapo_suite.inference.sampling import sample_top_p
 
     log_probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(4000, 1)
     generator = torch.Generator().manual_seed(0)
@@ -68,7 +68,7 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
 def test_grouped_query_attention_equals_transformers_sdpa(embedded_model_dir):
     """The attention that skips repeating K/V per query head gives sdpa's logits and gradients, in a padded
     prefill and in a KV-cached decode step."""
-    from dapo_suite.models import GROUPED_SDPA, load_model_and_tokenizer
+    from dapo_suite.inference.models import GROUPED_SDPA, load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(str(embedded_model_dir))
     assert model.config._attn_implementation == GROUPED_SDPA
@@ -93,8 +93,8 @@ def test_grouped_query_attention_equals_transformers_sdpa(embedded_model_dir):
 def test_sampling_that_drops_finished_rows_matches_generate(embedded_model_dir):
     """Greedy decoding through `sample_tokens` (which cuts finished rows out of the KV cache) gives exactly the
     tokens of `model.generate`, for left-padded prompts of different lengths."""
-    from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.sampling import sample_tokens
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.inference.sampling import sample_tokens
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
@@ -172,10 +172,10 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
 def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
     # Sampling reuses one prompt's KV cache for its G copies and records log pi_old on the way: both must
     # agree with scoring the finished sequences from scratch, padded prompts included.
-    from dapo_suite.algorithm import token_log_probs
-    from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.prompts import chat_messages
-    from dapo_suite.rollout import hf_engine, sample_rollouts
+    from dapo_suite.core.prompts import chat_messages
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.train.algorithm import token_log_probs
+    from dapo_suite.train.rollout import hf_engine, sample_rollouts
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     prompts = [tokenizer.apply_chat_template(chat_messages(q), tokenize=False, add_generation_prompt=True)
@@ -197,9 +197,9 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
 def test_rollouts_end_at_the_chat_models_end_of_turn(embedded_model_dir):
     # The embedded tokenizer's own eos is <|im_start|>; a response must stop at <|im_end|> (the generation
     # config's eos), not run on past it.
-    from dapo_suite.models import load_model_and_tokenizer
-    from dapo_suite.prompts import chat_messages
-    from dapo_suite.rollout import hf_engine, sample_rollouts
+    from dapo_suite.core.prompts import chat_messages
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.train.rollout import hf_engine, sample_rollouts
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -215,8 +215,8 @@ def test_rollouts_end_at_the_chat_models_end_of_turn(embedded_model_dir):
 
 
 def _tiny_trainer(out: Path, **overrides):
-    from dapo_suite.config import resolve_config
-    from dapo_suite.trainer import DAPOTrainer
+    from dapo_suite.train.config import resolve_config
+    from dapo_suite.train.trainer import DAPOTrainer
 
     values = {"out": str(out), "heldout_size": 2, "group_size": 2, "gen_batch_size": 2, "train_batch_size": 2,
               "mini_batch_size": 1, "micro_batch_size": 3, "max_response_length": 8, "overlong_buffer_len": 4}
@@ -265,8 +265,8 @@ def test_autocast_computes_log_probs_in_bf16_and_keeps_weights_and_gradients_in_
 def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
     import importlib.util
 
-    from dapo_suite.engines import HFEngine
-    from dapo_suite.models import vllm_usable
+    from dapo_suite.inference.engines import HFEngine
+    from dapo_suite.inference.models import vllm_usable
 
     if vllm_usable():
         pytest.skip("vLLM and a GPU are here: test_vllm_rollout_follows_the_policy covers this machine")
@@ -282,11 +282,11 @@ def test_rollout_engine_choice_on_a_machine_without_vllm_or_gpu(tmp_path):
 
 def test_vllm_rollout_follows_the_policy(tmp_path):
     """GPU machines with vLLM only: after each update vLLM samples from the trainer's weights."""
-    from dapo_suite.models import vllm_usable
+    from dapo_suite.inference.models import vllm_usable
 
     if not vllm_usable():
         pytest.skip("needs vLLM and a CUDA GPU (pip install 'dapo-suite[gpu]' on a GPU machine)")
-    from dapo_suite.engines import VLLMEngine
+    from dapo_suite.inference.engines import VLLMEngine
 
     trainer = _tiny_trainer(tmp_path / "run", rollout_engine="vllm", dtype="bfloat16", lr=1e-3, warmup_steps=0,
                             max_steps=2, rollout_gpu_memory_utilization=0.2)

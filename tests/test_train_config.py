@@ -8,7 +8,8 @@ import typing
 import pytest
 import yaml
 
-from dapo_suite.config import (
+from dapo_suite.core.fields import field_types
+from dapo_suite.train.config import (
     LADDER,
     RANGES,
     SWITCHES,
@@ -17,7 +18,6 @@ from dapo_suite.config import (
     parse_override,
     resolve_config,
 )
-from dapo_suite.fields import field_types
 
 
 def test_dapo_preset_on_a_large_model_carries_the_papers_32b_settings():
@@ -121,7 +121,7 @@ def test_out_of_range_values_are_refused_naming_the_field(name, bad):
 
 def test_set_null_turns_off_what_a_preset_set_while_an_absent_flag_keeps_it():
     """`--set sampling_dtype=null` must beat tiny-cpu's `auto`; a flag not given (None) must not."""
-    from dapo_suite.config import parse_override, resolve_config
+    from dapo_suite.train.config import parse_override, resolve_config
 
     settings = dict([parse_override("sampling_dtype=null"), parse_override("autocast_dtype=null")])
     off = resolve_config(["dapo"], {"max_steps": None, "out": "runs/x"}, settings)

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
 
-from dapo_suite import verl as vb
-from dapo_suite.config import LADDER, SUCCESSORS, TrainConfig, resolve_config
+from dapo_suite.train import verl as vb
+from dapo_suite.train.config import LADDER, SUCCESSORS, TrainConfig, resolve_config
 
 # The paper's 32B run (docs dapo-reference.md section 2), as verl keys and values.
 PAPER_32B = {
@@ -31,7 +31,7 @@ PAPER_32B = {
     "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
     "reward.reward_kwargs.max_resp_len": 20480,
     "reward.reward_manager.name": "dapo",
-    "reward.custom_reward_function.path": str(Path(vb.__file__).parent.parent / "reward.py"),
+    "reward.custom_reward_function.path": str(Path(vb.__file__).parents[2] / "core" / "reward.py"),
     "reward.custom_reward_function.name": "compute_score",
     "algorithm.filter_groups.enable": True,
     "algorithm.filter_groups.metric": "acc",
@@ -61,7 +61,7 @@ PAPER_32B = {
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
     # overlong filtering (sec. 3.4) through the registered loss
     "actor_rollout_ref.actor.policy_loss.loss_mode": "dapo_overlong_filter",
-    "actor_rollout_ref.model.external_lib": "dapo_suite.verl.extensions",
+    "actor_rollout_ref.model.external_lib": "dapo_suite.train.verl.extensions",
 }
 
 

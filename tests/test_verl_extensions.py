@@ -8,8 +8,8 @@ from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.import_utils import import_external_libs
 
-from dapo_suite.config import resolve_config
-from dapo_suite.verl import EXTENSION_MODULE, OVERLONG_FILTER_LOSS, Hardware, build_overrides, compose
+from dapo_suite.train.config import resolve_config
+from dapo_suite.train.verl import EXTENSION_MODULE, OVERLONG_FILTER_LOSS, Hardware, build_overrides, compose
 
 L_MAX = 6
 
@@ -44,8 +44,8 @@ def _call(name, config, old, log_prob, advantages, mask):
 
 
 def test_loss_is_registered_through_verls_external_lib_hook(monkeypatch):
-    from dapo_suite.algorithm import POLICY_LOSSES
-    from dapo_suite.verl import overlong_filter_loss_name
+    from dapo_suite.train.algorithm import POLICY_LOSSES
+    from dapo_suite.train.verl import overlong_filter_loss_name
 
     import_external_libs(EXTENSION_MODULE)  # what HFModelConfig.__post_init__ does with model.external_lib
     for mode in POLICY_LOSSES:  # DAPO's loss and every successor's, each with overlong filtering
@@ -55,7 +55,7 @@ def test_loss_is_registered_through_verls_external_lib_hook(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["gspo", "cispo", "sapo", "geo_mean", "kl_cov"])
 def test_a_successor_with_overlong_filtering_is_verls_loss_on_the_kept_rows(mode, actor_config, monkeypatch):
-    from dapo_suite.verl import overlong_filter_loss_name
+    from dapo_suite.train.verl import overlong_filter_loss_name
 
     monkeypatch.setenv("DAPO_SUITE_MAX_RESPONSE_LENGTH", str(L_MAX))
     import_external_libs(EXTENSION_MODULE)

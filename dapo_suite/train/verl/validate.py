@@ -13,8 +13,8 @@ import functools
 import re
 from pathlib import Path
 
-from dapo_suite.config import TrainConfig
-from dapo_suite.verl.keys import ROLLOUT_CORRECTION, Hardware, VerlConfigError
+from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.verl.keys import ROLLOUT_CORRECTION, Hardware, VerlConfigError
 
 # verl types these str | float: a "lower_upper" threshold is a string where verl's default is a number
 UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold")

@@ -15,7 +15,7 @@ trainer calls it on each rollout, the evaluator grades with it. The protocol:
    Then the answer must state that one integer: `$042$`, `42.0`, `**42**`, `x = 42`, `42 \\text{ cm}` do;
    `42 or 43`, `2x = 42`, `4, 2`, `42!` and expressions (`6 \\cdot 7`) do not. No arithmetic is done on model text.
 3. **Every other ground truth** (fractions, radicals, tuples, comma lists, intervals, equations, relations,
-   matrices, text) is compared by math-verify in `dapo_suite.symbolic`: equations as equations (up to a non-zero
+   matrices, text) is compared by math-verify in `dapo_suite.core.symbolic`: equations as equations (up to a non-zero
    factor, through math-verify's solver), relations as relations, intervals as intervals, a comma list as a set and
    a bracketed one as a tuple. An answer never scores by matching one side of an equation or one element of a list.
    When the checker cannot decide in time (twice), the result says `timeout: True`: "could not check", which the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dapo_suite.symbolic import SymbolicChecker
+from dapo_suite.core.symbolic import SymbolicChecker
 
 ANSWER_WINDOW = 300  # characters of the response's tail searched for the `Answer:` line (verl's math_dapo: 300)
 MAX_BOX_CHARS = 1000  # a \boxed{ whose brace does not close within this is not an answer (bounds the scan)

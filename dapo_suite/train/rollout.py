@@ -1,6 +1,6 @@
 """Rollouts: G sampled responses per prompt as `Rollout` records, from the sampling engine the config names.
 
-The trainer samples through the one engine protocol (`dapo_suite.engines`): `sample_rollouts` turns a batch of
+The trainer samples through the one engine protocol (`dapo_suite.inference.engines`): `sample_rollouts` turns a batch of
 prompts into requests and the completions into rollouts, and `make_engine` builds the engine on the trainer's own
 policy. The HF engine returns the behaviour log-probs from the same forward passes, so no extra forward is needed
 for pi_old; vLLM returns none and the trainer recomputes pi_old, as verl does, because vLLM's kernels differ
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_suite.engines import Completion, HFEngine, Request, Sampling, VLLMEngine
-from dapo_suite.models import choose_engine
+from dapo_suite.inference.engines import Completion, HFEngine, Request, Sampling, VLLMEngine
+from dapo_suite.inference.models import choose_engine
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def pick_engine(engine: str = "auto") -> str:
     """'vllm' when asked for, or on auto when vLLM is installed and a GPU is visible; else 'transformers'."""
-    from dapo_suite.models import choose_engine
+    from dapo_suite.inference.models import choose_engine
 
     return choose_engine(engine, cpu_engine="transformers")
 
@@ -128,7 +128,7 @@ def start_endpoint(model: str | None = None, port: int | None = None, host: str 
                    engine: str = "auto", startup_timeout_s: float = 600.0) -> Iterator[Endpoint]:
     """Serve `model` (None: the embedded SmolLM2-135M; a `dapo-suite train` checkpoint dir; a hub id) over an
     OpenAI-compatible API at http://host:port/v1 for the duration of the block."""
-    from dapo_suite.models import resolve_model
+    from dapo_suite.inference.models import resolve_model
 
     resolved = resolve_model(model)
     engine = pick_engine(engine)

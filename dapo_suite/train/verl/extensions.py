@@ -5,7 +5,7 @@ verl 0.9.1 has no overlong filtering. This module adds it through verl's documen
   registry, selected by `actor_rollout_ref.actor.policy_loss.loss_mode=dapo_overlong_filter`; every successor
   (`gspo`, `cispo`, ...) gets its own wrapper, `dapo_overlong_filter_<mode>` (`keys.overlong_filter_loss_name`);
 - verl imports this module in every actor worker because the override list sets
-  `actor_rollout_ref.model.external_lib=dapo_suite.verl.extensions` (`HFModelConfig.__post_init__` calls
+  `actor_rollout_ref.model.external_lib=dapo_suite.train.verl.extensions` (`HFModelConfig.__post_init__` calls
   `verl.utils.import_utils.import_external_libs` on it), so dapo_suite must be importable on every node.
 
 How the truncation flag reaches the loss: verl passes only `response_mask` (B, T), padded to the longest response
@@ -31,8 +31,12 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
-from dapo_suite.algorithm import POLICY_LOSSES, mask_truncated
-from dapo_suite.verl.keys import MAX_RESPONSE_LENGTH_ENV, OVERLONG_FILTER_LOSS, overlong_filter_loss_name
+from dapo_suite.train.algorithm import POLICY_LOSSES, mask_truncated
+from dapo_suite.train.verl.keys import (
+    MAX_RESPONSE_LENGTH_ENV,
+    OVERLONG_FILTER_LOSS,
+    overlong_filter_loss_name,
+)
 
 
 def max_response_length() -> int:

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
 
 EMBEDDED_MODEL = "embedded"  # the name users pass (or omit) to get the default model
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_suite.decoding import make_stepper
-from dapo_suite.fused_step import kernels
+from dapo_suite.inference.decoding import make_stepper
+from dapo_suite.inference.fused_step import kernels
 
 
 @dataclass

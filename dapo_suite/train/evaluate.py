@@ -10,9 +10,9 @@ import time
 
 from tqdm.auto import tqdm
 
-from dapo_suite.engines import Completion, Engine, Request, Sampling
-from dapo_suite.reward import compute_score, extract_answer
-from dapo_suite.stats import avg_at_k, avg_at_k_standard_error
+from dapo_suite.core.reward import compute_score, extract_answer
+from dapo_suite.core.stats import avg_at_k, avg_at_k_standard_error
+from dapo_suite.inference.engines import Completion, Engine, Request, Sampling
 
 
 def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,

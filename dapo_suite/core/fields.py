@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from dapo_suite.errors import UserError
-from dapo_suite.provenance import PROVENANCE_KEYS
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.provenance import PROVENANCE_KEYS
 
 Config = TypeVar("Config")
 

@@ -10,7 +10,7 @@ the text for grading and, from the in-process engines, the token ids and the sam
   weights (`sync_weights`). It returns no log-probs: vLLM's kernels differ from the ones the trainer differentiates.
 - eval's `OpenAIEngine` (eval/engines.py) implements the same protocol against a model server.
 
-Which engine "auto" means is decided in one place, `dapo_suite.models.choose_engine`. Heavy dependencies are
+Which engine "auto" means is decided in one place, `dapo_suite.inference.models.choose_engine`. Heavy dependencies are
 imported inside the engine that needs them.
 """
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm.auto import tqdm
 
-from dapo_suite.prompts import render_chat
+from dapo_suite.core.prompts import render_chat
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +112,7 @@ class HFEngine:
     def load(cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64,
              device: str | None = None) -> HFEngine:
         """An engine on a model of its own: a directory, a hub id, or None (the embedded model)."""
-        from dapo_suite.models import load_model_and_tokenizer
+        from dapo_suite.inference.models import load_model_and_tokenizer
 
         module, tokenizer = load_model_and_tokenizer(model, dtype=dtype, device=device)
         module.eval()
@@ -124,8 +124,8 @@ class HFEngine:
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         import torch
 
-        from dapo_suite.models import eval_mode
-        from dapo_suite.sampling import sample_tokens
+        from dapo_suite.inference.models import eval_mode
+        from dapo_suite.inference.sampling import sample_tokens
 
         # The samples of a problem decode together, sharing its prompt's KV cache (`samples_per_prompt`): the
         # prompt runs once and each decode step reads it once for all of them.
@@ -193,7 +193,7 @@ class VLLMEngine:
     @classmethod
     def load(cls, model: str | None = None, dtype: str = "bfloat16", seed: int = 0) -> VLLMEngine:
         """vLLM on a model of its own: a directory, a hub id, or None (the embedded model)."""
-        from dapo_suite.models import require_vllm, resolve_model
+        from dapo_suite.inference.models import require_vllm, resolve_model
 
         require_vllm("The vllm engine", "On a CPU machine use --engine hf, or --endpoint URL of a running server.")
         from vllm import LLM
@@ -206,12 +206,12 @@ class VLLMEngine:
         `sync_weights`. vLLM's `external_launcher` executor runs the model in this process instead of an engine
         subprocess, so `sync_weights` hands the policy's tensors to vLLM's own `load_weights` (which maps Hugging
         Face names onto its fused layers) with no copy through the host."""
-        from dapo_suite.models import require_vllm
+        from dapo_suite.inference.models import require_vllm
 
         require_vllm("rollout_engine 'vllm'", "On a CPU machine use rollout_engine=hf (or auto).")
         from vllm import LLM
 
-        from dapo_suite.endpoint import free_port
+        from dapo_suite.inference.endpoint import free_port
 
         # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),

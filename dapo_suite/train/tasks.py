@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from dapo_suite.errors import UserError
-from dapo_suite.problems import Problem, read_rows
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.problems import Problem, read_rows
 
 
 def arithmetic_problems() -> list[Problem]:
@@ -68,7 +68,7 @@ def load_problems(path: str | Path) -> list[Problem]:
 
 
 def _problem_text(row: dict) -> str | None:
-    from dapo_suite.prompts import strip_template
+    from dapo_suite.core.prompts import strip_template
 
     if "prompt" in row and row["prompt"] is not None and len(row["prompt"]):
         content = list(row["prompt"])[-1]["content"]

@@ -1,6 +1,6 @@
 """Symbolic answer equivalence (math-verify's LaTeX parser and comparison) with verdicts that do not depend on load.
 
-Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `python -m dapo_suite.symbolic`.
+Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `python -m dapo_suite.core.symbolic`.
 
 - The worker imports sympy and math-verify, then runs `WARM_UP` (one pair of each kind: fractions, tuples,
   intervals, sets, equations, relations, matrices) before it says `ready`: sympy imports and builds caches lazily,
@@ -93,7 +93,7 @@ class SymbolicChecker:
     def _spawn(self) -> None:
         if self._worker is None:
             self._worker = subprocess.Popen(
-                [sys.executable, "-m", "dapo_suite.symbolic"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "dapo_suite.core.symbolic"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, encoding="ascii",
             )
             self._ready = False

@@ -1,8 +1,8 @@
 """The problem record every stage shares, the one reader of problem files, and where the shipped benchmarks lie.
 
 A problem is `Problem(id, problem, answer, extra)`: `answer` is a string (integers as plain digits), the form
-`dapo_suite.reward.compute_score` grades against; `extra` keeps what a benchmark reports by (subject, level).
-The training set reader (`dapo_suite.tasks`), the evaluator (`eval.data`), the chat (`serve.chat`) and the data
+`dapo_suite.core.reward.compute_score` grades against; `extra` keeps what a benchmark reports by (subject, level).
+The training set reader (`dapo_suite.train.tasks`), the evaluator (`eval.data`), the chat (`serve.chat`) and the data
 build (`data_pipeline.sources`) read files with `read_rows` and find benchmarks with `benchmark_path`.
 Provenance of the shipped files: `/work/shared/data/PROVENANCE.md` (AIME/AMC statements are (c) MAA: evaluation
 use only).
@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.errors import UserError
+from dapo_suite.core.errors import UserError
 
 # name -> (rows, what it is); shipped as package data of `eval` (eval/benchmarks/NAME.jsonl), rows checked by
 # tests/test_eval_data.py

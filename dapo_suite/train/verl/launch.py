@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.config import TrainConfig
-from dapo_suite.verl.data import prepare
-from dapo_suite.verl.keys import REPO_ROOT, Hardware, build_overrides, hydra_value
-from dapo_suite.verl.validate import validate
+from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.verl.data import prepare
+from dapo_suite.train.verl.keys import REPO_ROOT, Hardware, build_overrides, hydra_value
+from dapo_suite.train.verl.validate import validate
 
 ENTRY_POINT = [sys.executable, "-m", "verl.trainer.main_ppo"]
 

@@ -29,7 +29,12 @@ from pathlib import Path
 
 import torch
 
-from dapo_suite.algorithm import (
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.problems import Problem
+from dapo_suite.core.prompts import chat_messages, render_chat
+from dapo_suite.core.reward import compute_score, extract_answer
+from dapo_suite.inference.models import eval_mode, load_model_and_tokenizer, resolve_precision
+from dapo_suite.train.algorithm import (
     LossHyperparameters,
     compute_advantages,
     entropy_from_logits,
@@ -38,18 +43,13 @@ from dapo_suite.algorithm import (
     soft_overlong_penalty,
     token_log_probs,
 )
-from dapo_suite.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from dapo_suite.config import TrainConfig
-from dapo_suite.errors import UserError
-from dapo_suite.evaluate import heldout_accuracy
-from dapo_suite.models import eval_mode, load_model_and_tokenizer, resolve_precision
-from dapo_suite.problems import Problem
-from dapo_suite.prompts import chat_messages, render_chat
-from dapo_suite.reward import compute_score, extract_answer
-from dapo_suite.rollout import Rollout, make_engine, sample_rollouts
-from dapo_suite.rollout_correction import rollout_correction
-from dapo_suite.run_log import MetricsLogger
-from dapo_suite.tasks import builtin_task, load_problems, split_heldout
+from dapo_suite.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.evaluate import heldout_accuracy
+from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
+from dapo_suite.train.rollout_correction import rollout_correction
+from dapo_suite.train.run_log import MetricsLogger
+from dapo_suite.train.tasks import builtin_task, load_problems, split_heldout
 
 log = logging.getLogger("dapo_suite.train")
 

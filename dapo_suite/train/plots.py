@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dapo_suite.run_log import read_metrics
+from dapo_suite.train.run_log import read_metrics
 
 PANELS = [
     ("accuracy", [("reward/acc", "train samples"), ("val/acc", "held-out avg@n")]),

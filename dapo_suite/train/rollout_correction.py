@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from dapo_suite.algorithm import masked_mean
+from dapo_suite.train.algorithm import masked_mean
 
 SAFETY_BOUND = 20.0  # |log rho| is clamped here before exp (exp(20) ~ 5e8)
 IS_LEVELS = ("token", "sequence")

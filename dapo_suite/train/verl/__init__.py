@@ -9,9 +9,9 @@ types, resources, inputs), `data` (paths and the AIME 2024 validation set), `lau
 workers (the overlong-filter losses); it imports verl and torch, so it is not imported here.
 """
 
-from dapo_suite.verl.data import prepare, write_aime24_parquet
-from dapo_suite.verl.export import export_command, latest_actor_dir
-from dapo_suite.verl.keys import (
+from dapo_suite.train.verl.data import prepare, write_aime24_parquet
+from dapo_suite.train.verl.export import export_command, latest_actor_dir
+from dapo_suite.train.verl.keys import (
     EXTENSION_MODULE,
     NOT_MAPPED,
     OVERLONG_FILTER_LOSS,
@@ -21,8 +21,8 @@ from dapo_suite.verl.keys import (
     build_overrides,
     overlong_filter_loss_name,
 )
-from dapo_suite.verl.launch import command, dry_run, launch
-from dapo_suite.verl.validate import compose, validate
+from dapo_suite.train.verl.launch import command, dry_run, launch
+from dapo_suite.train.verl.validate import compose, validate
 
 __all__ = [
     "EXTENSION_MODULE",

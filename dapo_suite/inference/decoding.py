@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from dapo_suite.fused_step import kernels
+from dapo_suite.inference.fused_step import kernels
 
 # model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
 # pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.

@@ -9,7 +9,7 @@ verl 0.9.1 traps handled here (see docs/train-at-scale.md):
 - the soft overlong penalty lives in `reward.reward_kwargs.overlong_buffer_cfg` (+ `max_resp_len`), keys verl's
   schema does not declare (hence the `+` prefix); the recipe's `reward_model.overlong_buffer.*` are ignored;
 - `algorithm.filter_groups.metric` defaults to `reward` (includes the overlong penalty): the paper filters on acc;
-- overlong filtering does not exist in verl: `dapo_suite.verl.extensions` registers it as a policy loss.
+- overlong filtering does not exist in verl: `dapo_suite.train.verl.extensions` registers it as a policy loss.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.config import TrainConfig
+from dapo_suite.train.config import TrainConfig
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dapo_suite/
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # dapo_suite/
 REPO_ROOT = PACKAGE_DIR.parent
-REWARD_FILE = PACKAGE_DIR / "reward.py"
-EXTENSION_MODULE = "dapo_suite.verl.extensions"
+REWARD_FILE = PACKAGE_DIR / "core" / "reward.py"
+EXTENSION_MODULE = "dapo_suite.train.verl.extensions"
 OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # extensions registers it (that module imports verl)
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
@@ -250,7 +250,7 @@ def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
 
 def _model_path(model: str) -> str:
     if model in (None, "embedded"):
-        from dapo_suite.models import embedded_model_path
+        from dapo_suite.inference.models import embedded_model_path
 
         return str(embedded_model_path())
     return str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
