@@ -58,7 +58,8 @@ def data() -> None:
 @click.option("--eval-dir", type=click.Path(file_okay=False),
               help="Folder with {name}.jsonl evaluation sets, when the eval package does not ship them.")
 @click.option("--data-root", type=click.Path(file_okay=False),
-              help="Folder of the raw sets behind named sources (default: $DAPO_SUITE_DATA, else ../shared/data).")
+              help="Folder of the raw sets behind named sources (default: $DAPO_SUITE_DATA, else "
+                   "~/.cache/dapo-suite/data; docs/data.md lists the files).")
 @click.option("--problem-field", help="Dotted path of the problem in each record (e.g. question, prompt.0.content).")
 @click.option("--answer-field", help="Dotted path of the answer (e.g. answer, reward_model.ground_truth).")
 @click.option("--limit", type=int, help="Read only the first N rows of each source (quick trials).")

@@ -24,9 +24,9 @@ RANGES = {
 class BuildConfig:
     """Everything `dapo-suite data build` reads. Field comments become the reference in docs/data.md."""
 
-    inputs: list[str] = field(default_factory=list)  # --input: named source, file, or hf:ID[:split]
+    inputs: list[str] = field(default_factory=list)  # --input: named source, file, or hf:ID[@config][:split]
     out: str = ""  # --out: build directory (stages resume from it)
-    data_root: str | None = None  # root of the raw sets for named sources; default $DAPO_SUITE_DATA or ../shared/data
+    data_root: str | None = None  # root of the raw sets for named sources; default $DAPO_SUITE_DATA, else ~/.cache/dapo-suite/data
     problem_field: str | None = None  # dotted path of the problem (default: problem/question/prompt.0.content)
     answer_field: str | None = None  # dotted path of the answer (default: answer/reward_model.ground_truth/...)
     limit: int | None = None  # first N rows of each source (for trials)

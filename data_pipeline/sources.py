@@ -1,5 +1,5 @@
 """Reading problem/answer pairs from anywhere: files (jsonl, json, parquet, csv), Hugging Face dataset ids
-(`hf:owner/name[:split]`, when the hub or its local cache answers) and the named raw sets the project ships.
+(`hf:owner/name[@config][:split]`, when the hub or its local cache answers) and the named raw sets the project ships.
 
 Every row becomes `{"id", "source", "row", "problem", "answer", "solution_steps"}` (the steps of a GSM8K-style
 worked solution, else None). Rows whose problem or answer is missing or empty
@@ -20,11 +20,17 @@ from dapo_suite.core.problems import BENCHMARKS, benchmark_path, read_rows
 from data_pipeline.answers import gsm8k_final_answer, solution_steps
 
 DATA_ENV = "DAPO_SUITE_DATA"
-# name -> path under the data root (PROVENANCE.md lists each file)
+# name -> path under the data root (docs/data.md lists each file and where it comes from)
 NAMED_SOURCES = {
     "math_train": "math_train/train.jsonl",
     "gsm8k": "gsm8k/train.jsonl",
     "dapo_math_17k": "dapo_math_17k/dapo_math_17k.parquet",
+}
+# name -> the Hugging Face dataset that holds the same rows, for a machine without the data root
+HUB_SOURCES = {
+    "math_train": "hf:nlile/hendrycks-MATH-benchmark:train",
+    "gsm8k": "hf:openai/gsm8k@main:train",
+    "dapo_math_17k": "hf:BytedTsinghua-SIA/DAPO-Math-17k:train",
 }
 # named sources shipped inside this package (no data root needed); docs/data.md says what each holds
 SHIPPED_SOURCES = {"arithmetic": Path(__file__).parent / "raw" / "arithmetic.jsonl"}
@@ -45,11 +51,12 @@ class SourceError(UserError):
 
 
 def default_data_root() -> Path:
-    """$DAPO_SUITE_DATA, else ../shared/data next to the repository that holds this package."""
+    """$DAPO_SUITE_DATA, else the per-user cache folder ($XDG_CACHE_HOME or ~/.cache, then dapo-suite/data)."""
     env = os.environ.get(DATA_ENV)
     if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "dapo-suite" / "data"
 
 
 def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str | Path]:
@@ -61,8 +68,9 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
         path = root / NAMED_SOURCES[spec]
         if not path.is_file():
             raise SourceError(
-                f"--input {spec}: {path} not found. Point ${DATA_ENV} or --data-root at the folder holding "
-                f"{NAMED_SOURCES[spec].split('/')[0]}/ (the project's shared/data)."
+                f"--input {spec}: {path} not found. Put the file there, or point --data-root or ${DATA_ENV} at "
+                f"the folder that holds {NAMED_SOURCES[spec]}; with network access, --input {HUB_SOURCES[spec]} "
+                f"reads the same set from the Hugging Face hub."
             )
         return "named", path
     if spec.startswith("hf:"):
@@ -75,10 +83,11 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
 
 def _read_hf(dataset_id: str) -> Iterator[dict[str, Any]]:
     name, _, split = dataset_id.partition(":")
+    name, _, subset = name.partition("@")
     try:
         import datasets
 
-        dataset = datasets.load_dataset(name, split=split or "train")
+        dataset = datasets.load_dataset(name, subset or None, split=split or "train")
     except Exception as error:  # offline, unknown id, gated: all say the same thing to the user
         raise SourceError(f"--input hf:{dataset_id}: could not load from the Hugging Face hub ({error}).") from None
     yield from dataset

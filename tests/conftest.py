@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,11 +10,16 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> Path:
-    """The raw public data beside the checkout (`../shared/data`, or $DAPO_SUITE_DATA); skips when absent."""
-    root = Path(os.environ.get("DAPO_SUITE_DATA", REPO_ROOT.parent / "shared" / "data"))
-    if not (root / "PROVENANCE.md").is_file():
-        pytest.skip(f"shared data not found at {root}: set DAPO_SUITE_DATA to the folder holding PROVENANCE.md")
+def raw_data_dir() -> Path:
+    """The raw public data (AIME, AMC, MATH, GSM8K, DAPO-Math-17k; docs/data.md), found where the product finds it
+    ($DAPO_SUITE_DATA, else the per-user cache); the one way tests reach it. Skips when it is absent."""
+    from data_pipeline.sources import NAMED_SOURCES, default_data_root
+
+    root = default_data_root()
+    missing = [name for name, path in NAMED_SOURCES.items() if not (root / path).is_file()]
+    if missing:
+        pytest.skip(f"raw data not found at {root} (missing {', '.join(missing)}): set DAPO_SUITE_DATA to the "
+                    f"folder that holds it (docs/data.md)")
     return root
 
 

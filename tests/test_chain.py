@@ -75,12 +75,12 @@ def test_report_of_a_directory_without_a_run_names_what_it_needs(tmp_path):
     assert result.returncode == 2 and "metrics.jsonl" in result.stderr and "ladder_plan.json" in result.stderr
 
 
-def test_gsm8k_preset_trains_on_a_decontaminated_build_of_the_train_split(shared_data_dir, tmp_path):
+def test_gsm8k_preset_trains_on_a_decontaminated_build_of_the_train_split(raw_data_dir, tmp_path):
     """The preset's data build (GSM8K 2-step problems + arithmetic), then `train --preset gsm8k-cpu`, one toy-sized step: the preset's bf16
     sampling runs with rollout correction and logs the sampler-trainer log-prob gap."""
     data = tmp_path / "data"
     build = dapo_suite("data", "build", "--input", "gsm8k", "--input", "arithmetic", "--max-solution-steps", "2",
-                       "--limit", "40", "--out", str(data), "--data-root", str(shared_data_dir))
+                       "--limit", "40", "--out", str(data), "--data-root", str(raw_data_dir))
     assert build.returncode == 0, build.stderr[-4000:]
     stats = json.loads((data / "stats.json").read_text())
     assert "gsm8k" in stats["config"]["decontaminate"] and stats["selection"]["kept_without_steps"] > 0

@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from data_fixtures import shared_data_dir
 
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.prompts import DAPO_TEMPLATE
@@ -19,12 +18,7 @@ from data_pipeline.config import BuildConfig
 from data_pipeline.sources import load_eval_set, load_source
 
 
-@pytest.fixture(scope="module")
-def shared_data() -> Path:
-    return shared_data_dir()
-
-
-def test_cli_build_math_train_rules(shared_data: Path, tmp_path: Path) -> None:
+def test_cli_build_math_train_rules(raw_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "math"
     result = CliRunner().invoke(data, ["build", "--input", "math_train", "--limit", "300", "--rewriter", "rules",
                                        "--out", str(out), "--decontaminate", "aime24,math500"])
@@ -87,7 +81,7 @@ def test_missing_data_root_names_the_variable(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "DAPO_SUITE_DATA" in result.output
 
 
-def test_dapo_math_17k_duplicates_and_contamination(shared_data: Path) -> None:
+def test_dapo_math_17k_duplicates_and_contamination(raw_data_dir: Path) -> None:
     """PROVENANCE.md: 627 repeated texts, 11 with another answer; AMC 2023 8 exact + ~21 near, MATH-500 7 + ~19.
 
     Differences, explained: with `\\dfrac` folded into `\\frac` one more MATH-500 problem is an exact copy (8).

@@ -98,15 +98,11 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_build_end_to_end_against_transformers_serve(tmp_path: Path) -> None:
+def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_dir: Path) -> None:
     """The real path: `transformers serve` with the embedded model, the CLI build with --rewriter llm, a rerun
     that sends no request. The 135M model rarely writes valid JSON: what matters is that every row ends verified
     or in rejected.jsonl with a reason."""
     from dapo_suite.inference.models import embedded_model_path
-    from data_pipeline.sources import default_data_root
-
-    if not (default_data_root() / "math_train" / "train.jsonl").is_file():
-        pytest.skip("raw data not found: set $DAPO_SUITE_DATA to the project's shared/data folder")
     model = str(embedded_model_path())
     port = _free_port()
     serve = subprocess.Popen(

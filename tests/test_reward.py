@@ -316,8 +316,8 @@ def test_grader_agreement_cases_have_no_false_accepts_and_only_named_disagreemen
     assert disagreements == set(KNOWN_DISAGREEMENTS)
 
 
-def test_math500_reference_solutions_score_against_their_own_answers(shared_data_dir):
-    rows = [json.loads(line) for line in (shared_data_dir / "math500" / "test.jsonl").read_text().splitlines()]
+def test_math500_reference_solutions_score_against_their_own_answers(raw_data_dir):
+    rows = [json.loads(line) for line in (raw_data_dir / "math500" / "test.jsonl").read_text().splitlines()]
     wrong = [(row["unique_id"], row["answer"], result["pred"]) for row in rows
              if not (result := compute_score("math500", row["solution"], row["answer"]))["acc"]]
     assert len(rows) == 500 and len(wrong) <= 1, wrong

@@ -4,8 +4,7 @@ A problem is `Problem(id, problem, answer, extra)`: `answer` is a string (intege
 `dapo_suite.core.reward.compute_score` grades against; `extra` keeps what a benchmark reports by (subject, level).
 The training set reader (`dapo_suite.train.tasks`), the evaluator (`eval.data`), the chat (`serve.chat`) and the data
 build (`data_pipeline.sources`) read files with `read_rows` and find benchmarks with `benchmark_path`.
-Provenance of the shipped files: `/work/shared/data/PROVENANCE.md` (AIME/AMC statements are (c) MAA: evaluation
-use only).
+Provenance of the shipped files: docs/eval.md, "Benchmarks" (AIME/AMC statements are (c) MAA: evaluation use only).
 """
 
 from __future__ import annotations
