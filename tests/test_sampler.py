@@ -131,9 +131,7 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     inputs % 2) stay on aten's `F.linear`, bit for bit."""
     from dapo_suite.inference.decoding import Projection
 
-    fused = _fused()
-    if not fused.NATIVE_BF16:
-        pytest.skip("this CPU has no avx512_bf16: linear is not built")
+    fused = _native_bf16()
     generator = torch.Generator().manual_seed(rows)
     for out, width, with_bias in ((960, 576, True), (576, 1536, False), (80, 64, True), (64, 32, False)):
         weight = torch.randn(out, width, generator=generator).to(torch.bfloat16)
@@ -162,6 +160,14 @@ def _fused():
     return fused
 
 
+def _native_bf16():
+    """The kernels with their bf16 attention and linear, which only CPUs with avx512_bf16 build."""
+    fused = _fused()
+    if not fused.NATIVE_BF16:
+        pytest.skip("this CPU has no avx512_bf16: the bf16 attention and linear kernels are not built")
+    return fused
+
+
 @pytest.mark.parametrize("rows,dim,shared", [(1, 64, False), (5, 64, False), (6, 64, True), (3, 128, False)])
 def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
@@ -169,7 +175,7 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     shared prompt, the prompt's valid positions and then the row's own)."""
     from dapo_suite.inference.decoding import LeanStepper, sdpa_with_lse
 
-    fused = _fused()
+    fused = _native_bf16()
     generator = torch.Generator().manual_seed(rows)
     heads, kv_heads, slots, slot = 9, 3, 40, 23
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(torch.bfloat16)
@@ -214,7 +220,7 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
     import dapo_suite.inference.decoding as decoding
     from dapo_suite.inference.models import load_model_and_tokenizer
 
-    _fused()
+    _native_bf16()
     monkeypatch.setattr(decoding, "PREFILL_CHUNK_TOKENS", chunk_tokens)  # 40: one prompt per chunk, or two
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
