@@ -3,6 +3,7 @@ runs, so `dapo-suite --help` answers instantly and a stage's heavy dependencies 
 
 from __future__ import annotations
 
+import errno
 import importlib
 
 import click
@@ -16,6 +17,19 @@ STAGES = {
     "train": ("dapo_suite.train_cli", "train", "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale."),
     "eval": ("eval.cli", "eval_command", "Evaluate: avg@32 on AIME 2024 (the paper's protocol), pass@k, maj@k, more benchmarks."),
     "serve": ("serve.cli", "serve", "Chat with a trained reasoner in the browser (Gradio) or serve an OpenAI-compatible API."),
+}
+
+
+# Failures of the machine, not of dapo-suite or the input: errno -> what to do.
+ENVIRONMENT_ERRORS = {
+    errno.ENOSPC: "The disk is full: free space (old run folders, checkpoints) or write elsewhere with --out.",
+    errno.EDQUOT: "The disk quota is used up: free space or write elsewhere with --out.",
+    errno.EFBIG: "The file system refuses a file this large: write to another file system with --out.",
+    errno.EROFS: "The file system is read-only: write elsewhere with --out.",
+    errno.EACCES: "Permission denied: write to a folder you own with --out, or fix the folder's permissions.",
+    errno.EPERM: "Operation not permitted: write to a folder you own with --out.",
+    errno.ENOENT: "A folder on that path does not exist and cannot be made there: check the path.",
+    errno.ENOTDIR: "A part of that path is a file, not a folder: check the path.",
 }
 
 
@@ -36,8 +50,13 @@ class StageGroup(click.Group):
                 raise
             return _not_built(name, help_text)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["dapo_suite.argv"] = list(args)  # for messages that name a flag's value
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
-        """The one place user errors become a message: UserError -> its message and exit 1; any other exception
+        """The one place errors become a message: UserError -> its message and exit 1; a failure of the machine
+        (disk full, read-only, permissions: ENVIRONMENT_ERRORS) -> the path and what to do; any other exception
         is a bug -> one line saying so, or its traceback under --debug."""
         try:
             return super().invoke(ctx)
@@ -48,6 +67,10 @@ class StageGroup(click.Group):
         except Exception as error:
             if ctx.params.get("debug"):
                 raise
+            if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRORS:
+                where = error.filename or _output_folder(ctx)
+                raise click.ClickException(f"{where}: {error.strerror}. {ENVIRONMENT_ERRORS[error.errno]} Files "
+                                           "already written are kept; rerun the same command to resume.") from None
             raise click.ClickException(
                 f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your input: rerun "
                 "with `dapo-suite --debug ...` for the traceback and report it.") from None
@@ -57,6 +80,15 @@ class StageGroup(click.Group):
         rows += [(name, self.commands[name].get_short_help_str(80)) for name in sorted(self.commands)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _output_folder(ctx: click.Context) -> str:
+    """Where the failed write went, when the OS error names no file (a write to an open file): the --out given."""
+    args = ctx.meta.get("dapo_suite.argv", [])
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == "--out":
+            return f"a file under {value}"
+    return next((arg.split("=", 1)[1] for arg in args if arg.startswith("--out=")), "a file the command writes")
 
 
 def _not_built(name: str, help_text: str) -> click.Command:

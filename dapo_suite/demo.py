@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from dapo_suite.core.lock import output_lock
 from dapo_suite.report import CHAIN_FILE, package_versions, write_report
 
 
@@ -60,6 +61,12 @@ class Chain:
 
 
 def run_demo(config: DemoConfig) -> Path:
+    """The chain into config.out, which it holds alone (a second demo into the same folder is refused)."""
+    with output_lock(config.out) as out:
+        return _run_chain(config, out)
+
+
+def _run_chain(config: DemoConfig, out: Path) -> Path:
     from dapo_suite.train.config import resolve_config
     from dapo_suite.train.trainer import DAPOTrainer
     from data_pipeline.build import run_build
@@ -67,8 +74,6 @@ def run_demo(config: DemoConfig) -> Path:
     from eval.config import EvalConfig
     from eval.runner import run_eval
 
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     chain = Chain(out, config)
     data_dir, train_dir = out / "data", out / "train"
     checkpoint = train_dir / "checkpoint-last"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from dapo_suite.core.lock import output_lock
 from dapo_suite.train.config import LADDER, SUCCESSORS
 
 
@@ -94,11 +95,12 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     run_dir = Path(config.out)
     if not resume and (run_dir / "metrics.jsonl").is_file():
         raise click.UsageError(f"{run_dir} already holds a run: add --resume to continue it, or pick another --out")
-    try:
-        trainer = DAPOTrainer(config, resume=resume)
-    except (FileNotFoundError, RuntimeError) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
-        raise click.ClickException(str(error)) from error
-    summary = trainer.fit()
+    with output_lock(run_dir):
+        try:
+            trainer = DAPOTrainer(config, resume=resume)
+        except (FileNotFoundError, RuntimeError) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
+            raise click.ClickException(str(error)) from error
+        summary = trainer.fit()
     from dapo_suite.train.plots import plot_run
 
     png = plot_run(run_dir)
@@ -226,7 +228,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                          if value is not None}
             overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-            table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides)
+            with output_lock(out):
+                table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint

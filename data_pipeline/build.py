@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.core.lock import output_lock
 from dapo_suite.core.provenance import provenance
 from data_pipeline.config import BuildConfig
 from data_pipeline.export import build_stats, dataset_card, format_ledger
@@ -20,8 +21,11 @@ def run_build(config: BuildConfig, log: Callable[[str], None] = print) -> dict[s
     with its stage and reason), stats.json (with the ledger), README.md, config.json."""
     if not config.inputs:
         raise UserError("no input: pass --input (a named source such as math_train, a file, or hf:ID).")
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(config.out, warn=lambda message: log(f"warning: {message}")) as out:
+        return _build(config, out, log)
+
+
+def _build(config: BuildConfig, out: Path, log: Callable[[str], None]) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps({**config.to_dict(), **provenance()}, indent=1))
     ctx = Context(config, out, log)
     rows = run_pipeline(build_steps(), ctx)

@@ -112,6 +112,10 @@ def dataset_card(stats: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 Built by `dapo-suite data build` from {', '.join(config['inputs'])} with the `{config['rewriter']}` rewriter.
 {stats['exported_rows']} problems, each with an integer answer that is proven (sympy) to follow from the source's
 original answer{'' if not stats['unverified_rows'] else f"; {stats['unverified_rows']} rows are unverified (extra_info.verified=false)"}.
+Each rewritten problem was checked to be the same problem as the original (data_pipeline/faithful.py): every
+statement, number and expression of the original is in it word for word, only the final question changed, and
+that question asks for exactly the verified target. No two problems share a text (dedup runs again after the
+rewrite).
 
 - `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config['data_source']}), `prompt` (one user
   message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index, source,

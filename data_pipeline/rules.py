@@ -21,14 +21,9 @@ import re
 import sympy
 
 from data_pipeline.answers import AnswerInfo, radical_parts
+from data_pipeline.faithful import OBSOLETE_INSTRUCTION
 from data_pipeline.forms import Rewrite, parse_expression
 
-_OBSOLETE = re.compile(
-    r"\s*(?:Express|Give|Write|Enter)\s+(?:your|the)\s+answer[^.]*?"
-    r"(?:common fraction|simplest (?:radical )?form|radical form|in terms of \$?\\pi\$?|fraction|mixed number|"
-    r"simplest terms|lowest terms)[^.]*\.",
-    re.IGNORECASE,
-)
 _LETTER_SETS = (("m", "n", "p", "q"), ("a", "b", "c", "d"), ("k", "l", "r", "s"), ("u", "v", "w", "z"))
 
 
@@ -38,7 +33,7 @@ def rewrite_with_rules(problem: str, info: AnswerInfo) -> tuple[Rewrite | None, 
         return Rewrite(problem, int(info.value), "n", {"n": int(info.value)}, "n", "rules"), "ok"
     if info.type not in ("rational", "radical", "pi_multiple", "decimal"):
         return None, f"no_rule_for_{info.type}"
-    stem = _OBSOLETE.sub("", problem).rstrip()
+    stem = OBSOLETE_INSTRUCTION.sub("", problem).rstrip()
     letters = _free_letters(problem)
     if info.type == "decimal":
         letters = letters + tuple(v for v in ("x", "y", "t") if _uses(problem, v))

@@ -11,10 +11,11 @@ from typing import Any
 from dapo_suite.core.errors import UserError
 from data_pipeline.answers import analyse_answer
 from data_pipeline.config import BuildConfig
+from data_pipeline.faithful import check_faithful
 from data_pipeline.forms import Rewrite, verify_rewrite
 from data_pipeline.pipeline import Context, Step, StepResult, write_jsonl
 from data_pipeline.sources import load_eval_set, load_source, resolve_source
-from data_pipeline.text import REPAIRS, repair_text
+from data_pipeline.text import REPAIRS, dedup_key, repair_text
 
 
 def _data_root(config: BuildConfig) -> Path | None:
@@ -191,17 +192,42 @@ class Verify(Step):
                 rejected.append({**row, "reason": row["rewrite_error"] or "no_rewrite"})
                 continue
             info = analyse_answer(row["answer"])
+            rewrite = Rewrite(**row["rewrite"])
             if info.value is None:
                 ok, why = False, f"original_answer_unparsable_{info.type}"
             else:
-                ok, why = verify_rewrite(info.value, Rewrite(**row["rewrite"]))
+                ok, why = verify_rewrite(info.value, rewrite)
+            if ok:
+                ok, why = check_faithful(row["problem"], rewrite)
             if ok:
                 kept.append({**row, "verified": True})
             elif ctx.config.allow_unverified:
                 kept.append({**row, "verified": False, "verify_error": why})
             else:
                 rejected.append({**row, "reason": why})
-        return StepResult(kept, rejected, {"kept_unverified": sum(not r["verified"] for r in kept)})
+        kept, duplicates = _one_answer_per_prompt(kept)
+        return StepResult(kept, rejected + duplicates, {"kept_unverified": sum(not r["verified"] for r in kept),
+                                                        "rewrite_duplicates": len(duplicates)})
+
+
+def _one_answer_per_prompt(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Dedup again after rewriting: two sources can be rewritten into one text. Copies with the same answer keep
+    the first row; a text with different answers is dropped whole (its gold answer would be a coin toss)."""
+    by_text: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_text.setdefault(dedup_key(row["rewrite"]["problem"]), []).append(row)
+    kept, dropped = [], []
+    for group in by_text.values():
+        answers = {row["rewrite"]["answer"] for row in group}
+        if len(answers) > 1:
+            dropped += [{**row, "reason": f"rewrite_duplicate_conflict: {len(group)} rows share the rewritten text "
+                                          f"with answers {sorted(answers)}"} for row in group]
+        else:
+            kept.append(group[0])
+            dropped += [{**row, "reason": f"rewrite_duplicate: same rewritten text and answer as {group[0]['id']}"}
+                        for row in group[1:]]
+    order = {id(row): i for i, row in enumerate(rows)}
+    return sorted(kept, key=lambda row: order[id(row)]), dropped
 
 
 class Export(Step):

@@ -16,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from dapo_suite.core.lock import output_lock
 from dapo_suite.core.problems import Problem
 from dapo_suite.core.provenance import provenance
 from dapo_suite.inference.engines import Completion, Engine, Request, Sampling, sample_seed
@@ -64,6 +65,11 @@ def run_eval(config: EvalConfig, engine: Engine | None = None) -> dict:
                              config.id_key, config.limit)
     config = dataclasses.replace(config, dtype=engine_dtype(config))  # "auto" as run, for the record and resume
     run_dir = prepare_run_dir(config)
+    with output_lock(run_dir):
+        return _generate_and_score(config, problems, run_dir, engine)
+
+
+def _generate_and_score(config: EvalConfig, problems: list[Problem], run_dir: Path, engine: Engine | None) -> dict:
     generations = run_dir / GENERATIONS_FILE
     done = {(str(r["problem_id"]), int(r["sample_index"])) for r in read_generations(generations, repair=True)}
     requests = build_requests(problems, config, done)

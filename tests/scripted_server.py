@@ -2,7 +2,8 @@
 (the end-to-end tests run against `transformers serve`). GET /v1/models lists one model, `scripted`;
 POST /v1/chat/completions follows a script of behaviours, one per request in arrival order, then `default`:
 
-  ok           200 with `reply` as the assistant message after `latency_s`
+  ok           200 with `reply` as the assistant message after `latency_s` (`reply` may be a function of the
+               request body: a rewriter's answer per problem, for tampering tests)
   400/429/5xx  that status with an OpenAI-style error body (any three-digit code)
   timeout      sleeps `hang_s` (longer than the client's timeout) before answering
   malformed    200 with a body that is not JSON
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
 from typing import Any
@@ -36,7 +37,8 @@ class ScriptedServer:
     """An asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) on a thread of its own: waiting costs no
     thread per request, so the server spends far less CPU than the client it measures."""
 
-    def __init__(self, script: list[str] | None = None, default: str = "ok", reply: str = "Answer: 42",
+    def __init__(self, script: list[str] | None = None, default: str = "ok",
+                 reply: str | Callable[[dict[str, Any]], str] = "Answer: 42",
                  latency_s: float = 0.0, hang_s: float = 5.0):
         self.script, self.default, self.reply = list(script or []), default, reply
         self.latency_s, self.hang_s = latency_s, hang_s
@@ -108,7 +110,8 @@ class ScriptedServer:
                     "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", MODEL),
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": self.reply}}],
+                                 "message": {"role": "assistant", "content": self.reply(body) if callable(self.reply)
+                                             else self.reply}}],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
                 }
                 await self._send(writer, 200, json.dumps(completion).encode())

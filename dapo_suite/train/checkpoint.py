@@ -4,17 +4,27 @@
 (so `from_pretrained`, `dapo-suite eval` and `dapo-suite serve` take it as is) and `trainer_state.pt`
 (optimizer, scheduler, RNG, data cursor, reused groups). It is written to a hidden temporary folder and renamed
 into place, so a crash mid-write leaves the previous checkpoint intact; `RUN/checkpoint-last` names the newest.
+
+`checksums.json` records the SHA-256 and size of every file, and `--resume` checks them before loading, then
+checks that no weight or optimizer tensor holds NaN or Inf: a damaged checkpoint (a flipped bit, a truncated file,
+a diverged step saved by an older version) stops the run with the file named, instead of training on. The default
+`keep_checkpoints: 2` keeps the one before it to resume from.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from dapo_suite.core.errors import UserError
+
 LAST = "checkpoint-last"
+CHECKSUMS = "checksums.json"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -31,6 +41,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     torch.save(trainer_state, staging / "trainer_state.pt")
+    _write_checksums(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
@@ -55,6 +66,63 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checksums(folder: Path) -> None:
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    (folder / CHECKSUMS).write_text(json.dumps(
+        {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}, indent=1))
+
+
+def _damaged(checkpoint: Path, what: str) -> UserError:
+    earlier = [p.name for p in sorted(checkpoint.parent.glob("step-*")) if p.name < checkpoint.name]
+    fallback = (f"the previous checkpoint, {earlier[-1]}, is kept: move {checkpoint.name} out of "
+                f"{checkpoint.parent} and rerun with --resume to continue from it" if earlier else
+                "no earlier checkpoint is kept: start again with a new --out (or raise keep_checkpoints)")
+    return UserError(f"--resume: checkpoint {checkpoint} is damaged: {what}. Not loaded; {fallback}.")
+
+
+def verify_checkpoint(checkpoint: Path) -> None:
+    """Every file's size and SHA-256 against checksums.json (checkpoints written before it existed pass)."""
+    listing = checkpoint / CHECKSUMS
+    if not listing.is_file():
+        return
+    for name, expected in json.loads(listing.read_text()).items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise _damaged(checkpoint, f"{path} is missing")
+        if path.stat().st_size != expected["bytes"]:
+            raise _damaged(checkpoint, f"{path} has {path.stat().st_size} bytes, {expected['bytes']} were written")
+        if _sha256(path) != expected["sha256"]:
+            raise _damaged(checkpoint, f"{path} does not match the SHA-256 recorded when it was written")
+
+
+def require_finite(checkpoint: Path, file: str, tensors: dict) -> None:
+    """Stop on the first tensor with NaN or Inf; `tensors` maps names to tensors (nested dicts and lists too)."""
+    stack = list(tensors.items())
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{name}.{key}", item) for key, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{name}.{index}", item) for index, item in enumerate(value)]
+        elif torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            bad = int((~torch.isfinite(value)).sum())
+            raise _damaged(checkpoint, f"{checkpoint / file}: {name} holds {bad} NaN or Inf values")
+
+
 def load_trainer_state(checkpoint: Path) -> dict:
     # Our own file (optimizer tensors, RNG states, Rollout records): not loadable with weights_only.
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    path = checkpoint / "trainer_state.pt"
+    try:
+        state = torch.load(path, weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as error:  # torch's errors for a truncated zip/pickle
+        raise _damaged(checkpoint, f"{path} cannot be read ({error})") from None
+    require_finite(checkpoint, "trainer_state.pt", {"optimizer": state["optimizer"]["state"]})
+    return state

@@ -138,7 +138,7 @@ class TrainConfig:
     val_top_p: float = 0.7
     val_max_response_length: int | None = None  # default: max_response_length
     save_every: int = 1  # checkpoint every N steps (1 = a crash loses at most one step)
-    keep_checkpoints: int = 1
+    keep_checkpoints: int = 2  # the newest and the one before it: a damaged newest one leaves a step to resume from
     wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
     dtype: str = "float32"  # "bfloat16" on GPUs; float32 is faster on most CPUs
     # Rollouts in another precision than training (e.g. "bfloat16" on CPUs with native bf16 matmuls); null =

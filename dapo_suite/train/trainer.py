@@ -43,7 +43,13 @@ from dapo_suite.train.algorithm import (
     soft_overlong_penalty,
     token_log_probs,
 )
-from dapo_suite.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from dapo_suite.train.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    require_finite,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.evaluate import heldout_accuracy
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
@@ -453,9 +459,17 @@ class DAPOTrainer:
         if checkpoint is None:
             log.info("no checkpoint in %s: starting from step 0", self.run_dir)
             return
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        weights = load_file(checkpoint / "model.safetensors")
+        verify_checkpoint(checkpoint)
+        try:
+            weights = load_file(checkpoint / "model.safetensors")
+        except (SafetensorError, OSError) as error:
+            raise UserError(f"--resume: {checkpoint / 'model.safetensors'} cannot be read ({error}); move "
+                            f"{checkpoint.name} out of {checkpoint.parent} and rerun with --resume to continue from "
+                            "the checkpoint before it") from None
+        require_finite(checkpoint, "model.safetensors", weights)
         own = self.model.state_dict()
         differ = [f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}" for name, tensor in weights.items()
                   if name in own and tensor.shape != own[name].shape]
