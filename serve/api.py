@@ -12,7 +12,13 @@ port users call, adds what the child lacks:
   pieces joined into one response;
 - `n` > 1 (several choices for one prompt, which `transformers serve` does not give) fans out to n requests of one
   choice each (seed, when given, becomes seed + i for choice i), whose choices come back as indices 0..n-1, in one
-  response or interleaved in one stream.
+  response or interleaved in one stream;
+- sampling as an OpenAI client expects: `transformers serve` copies `temperature` and `top_p` into the model's
+  generation config but never turns `do_sample` on, so every request decoded greedily. The front sends the whole
+  generation config with each request (`generation_config`, the model's own with `do_sample` = temperature > 0,
+  and OpenAI's defaults, temperature 1 and top_p 1, where the request gives none); `seed` makes it repeatable;
+- a request naming a model this server does not serve gets 404 `model_not_found` before any stream starts, and
+  every error, the child's included, has OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -83,8 +89,27 @@ def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[
         return None, (400, f"the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
                            f"(context {limits.context} - {key} {max_tokens}). Shorten the prompt or lower {key}.",
                       field)
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                  not low <= value <= high):
+            return None, (400, f"{name}={value!r}: must be a number from {low:g} to {high:g}", name)
+    if body.get("seed") is not None and (isinstance(body["seed"], bool) or not isinstance(body["seed"], int)):
+        return None, (400, f"seed={body['seed']!r}: must be an integer", "seed")
     return {**body, "max_tokens": max_tokens, "n": choices, "stream": True,
             "stream_options": {"include_usage": True}}, None
+
+
+def with_sampling(body: dict, generation_defaults: dict) -> dict:
+    """`body` with the generation config `transformers serve` should use: the model's own (end-of-turn tokens,
+    ...), then OpenAI's meaning of the request: temperature (default 1) > 0 samples, 0 decodes greedily; top_p
+    (default 1); max_tokens new tokens."""
+    temperature = 1.0 if body.get("temperature") is None else float(body["temperature"])
+    top_p = 1.0 if body.get("top_p") is None else float(body["top_p"])
+    config = {**generation_defaults, "do_sample": temperature > 0, "max_new_tokens": body["max_tokens"]}
+    config.update({"temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else
+                  {"temperature": None, "top_p": None, "top_k": None})
+    return {**body, "generation_config": json.dumps(config)}
 
 
 def fan_out(body: dict) -> list[dict]:
@@ -95,8 +120,10 @@ def fan_out(body: dict) -> list[dict]:
             for index in range(body["n"])]
 
 
-def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
-    """The Starlette app; `upstream` is the child's base URL (ending in /v1)."""
+def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generation_defaults: dict | None = None):
+    """The Starlette app; `upstream` is the child's base URL (ending in /v1). `generation_defaults`: the model's
+    generation config as a dict, sent with every request (see `with_sampling`); None leaves the child's own
+    handling (a `vllm serve` child samples as OpenAI does)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -131,11 +158,25 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
                                                    limits)
         if problem:
             return _error(*problem)
+        if forward.get("model") not in (None, model_name):
+            return JSONResponse({"error": {"message": f"The model `{forward['model']}` does not exist: this server "
+                                                      f"serves `{model_name}` (GET /v1/models)",
+                                           "type": "invalid_request_error", "param": "model",
+                                           "code": "model_not_found"}}, status_code=404)
+        forward = {**forward, "model": model_name}
+        if generation_defaults is not None:
+            forward = with_sampling(forward, generation_defaults)
         url = upstream + ("/chat/completions" if chat else "/completions")
         requests = fan_out(forward)
         if body.get("stream"):
-            stream = _relay(client, url, forward) if len(requests) == 1 else _interleave(client, url, requests)
-            return StreamingResponse(stream, media_type="text/event-stream")
+            if len(requests) > 1:
+                return StreamingResponse(_interleave(client, url, requests), media_type="text/event-stream")
+            upstream_response = await client.send(client.build_request("POST", url, json=forward), stream=True)
+            if upstream_response.status_code != 200:
+                content = await upstream_response.aread()
+                await upstream_response.aclose()
+                return JSONResponse(openai_error(content), status_code=upstream_response.status_code)
+            return StreamingResponse(_relay(upstream_response), media_type="text/event-stream")
         # Join the child's stream into one response, and close it as soon as the client has gone.
         joining = asyncio.ensure_future(_join_all(client, url, requests, chat))
         while not joining.done():
@@ -157,11 +198,25 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits):
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-async def _relay(client: httpx.AsyncClient, url: str, body: dict) -> AsyncIterator[bytes]:
+def openai_error(content: bytes) -> dict:
+    """A child's error body in OpenAI's shape (FastAPI answers `{"detail": ...}`)."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        payload = content.decode(errors="replace")
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return payload
+    message = payload.get("detail", payload) if isinstance(payload, dict) else payload
+    return {"error": {"message": str(message), "type": "invalid_request_error", "param": None, "code": None}}
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
     """The child's stream as it comes; leaving this generator (client gone) closes the child's stream."""
-    async with client.stream("POST", url, json=body) as upstream:
+    try:
         async for piece in upstream.aiter_raw():
             yield piece
+    finally:
+        await upstream.aclose()
 
 
 async def _interleave(client: httpx.AsyncClient, url: str, bodies: list[dict]) -> AsyncIterator[bytes]:
@@ -173,7 +228,7 @@ async def _interleave(client: httpx.AsyncClient, url: str, bodies: list[dict]) -
         try:
             async with client.stream("POST", url, json=body) as upstream:
                 if upstream.status_code != 200:
-                    await queue.put(b"data: " + await upstream.aread() + b"\n\n")
+                    await queue.put(b"data: " + json.dumps(openai_error(await upstream.aread())).encode() + b"\n\n")
                     return
                 async for line in upstream.aiter_lines():
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
@@ -222,11 +277,7 @@ async def _join(client: httpx.AsyncClient, url: str, body: dict, chat: bool) -> 
     text, finish, usage, model = [], "stop", None, body.get("model")
     async with client.stream("POST", url, json=body) as upstream:
         if upstream.status_code != 200:
-            content = await upstream.aread()
-            try:
-                return upstream.status_code, json.loads(content)
-            except ValueError:
-                return upstream.status_code, {"error": {"message": content.decode(errors="replace")}}
+            return upstream.status_code, openai_error(await upstream.aread())
         async for line in upstream.aiter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
@@ -244,8 +295,20 @@ async def _join(client: httpx.AsyncClient, url: str, body: dict, chat: bool) -> 
                  "model": model, "choices": [choice], "usage": usage}
 
 
+def generation_defaults(model_path: str) -> dict:
+    """The model's generation config as a dict (the library's defaults where the model ships none)."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        config = GenerationConfig()
+    return config.to_diff_dict()
+
+
 def serve_front(upstream: str, model_name: str, model_path: str, host: str, port: int,
-                max_prompt_tokens: int | None = None, on_ready: Callable[[], None] = lambda: None) -> None:
+                max_prompt_tokens: int | None = None, on_ready: Callable[[], None] = lambda: None,
+                engine: str = "transformers") -> None:
     """Serve the front on host:port until SIGINT/SIGTERM. The socket is bound before `on_ready` runs, so a
     client that reads the printed URL and connects at once waits in the backlog instead of being refused."""
     import socket
@@ -254,7 +317,8 @@ def serve_front(upstream: str, model_name: str, model_path: str, host: str, port
     from transformers import AutoTokenizer
 
     app = make_app(upstream, model_name, AutoTokenizer.from_pretrained(model_path),
-                   Limits(model_context(model_path), max_prompt_tokens))
+                   Limits(model_context(model_path), max_prompt_tokens),
+                   generation_defaults(model_path) if engine == "transformers" else None)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

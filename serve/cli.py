@@ -111,7 +111,7 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
                            f"  model:    {endpoint.model_name}\nCtrl-C stops it.")
 
             serve_front(endpoint.base_url, endpoint.model_name, endpoint.model_name, host, port, max_prompt_tokens,
-                        on_ready=ready)
+                        on_ready=ready, engine=endpoint.engine)
             if endpoint.exit_code() is not None:
                 raise click.ClickException(endpoint.diagnose())
     except KeyboardInterrupt:

@@ -144,3 +144,62 @@ def test_a_client_that_disconnects_stops_its_generation(api):
                                                    stream=True) as stream:
         next(iter(stream))  # a streaming client that leaves after its first piece
     assert _goes_idle(pid), "the model server kept generating for a streaming client that had gone"
+
+
+def test_sampling_follows_temperature_and_seed_as_an_openai_client_expects(api):
+    """T > 0 samples (8 choices of 12 tokens, not all the same), a seed repeats them, T = 0 decodes greedily
+    (the same text whatever the seed). `transformers serve` alone decoded every request greedily."""
+    base_url, model, _ = api
+    client = _client(base_url)
+    messages = [{"role": "user", "content": "Write a short sentence about the sea."}]
+
+    def texts(**sampling) -> list[str]:
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=12, **sampling)
+        return [choice.message.content for choice in reply.choices]
+
+    hot = texts(n=8, temperature=1.5, seed=1)
+    assert len(set(hot)) >= 4, hot
+    assert texts(n=8, temperature=1.5, seed=1) == hot
+    greedy = texts(n=3, temperature=0, seed=5)
+    assert len(set(greedy)) == 1 and texts(temperature=0, seed=9) == greedy[:1]
+
+
+def test_a_wrong_model_is_404_before_any_stream_and_errors_have_openais_shape(api):
+    base_url, _, _ = api
+    client = _client(base_url)
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as caught:
+            reply = client.chat.completions.create(model="no-such-model", stream=stream, max_tokens=4,
+                                                   messages=[{"role": "user", "content": "Hi"}])
+            list(reply) if stream else None
+        assert caught.value.status_code == 404 and caught.value.body["code"] == "model_not_found"
+    answer = httpx.post(f"{base_url}/chat/completions", json={"messages": [], "max_tokens": 0}, timeout=30)
+    assert answer.status_code == 400 and set(answer.json()["error"]) == {"message", "type", "param", "code"}
+    answer = httpx.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                              "temperature": 7}, timeout=30)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "temperature"
+
+
+def test_eval_through_the_endpoint_samples_as_many_distinct_answers_as_the_hf_engine(api, tmp_path):
+    """`dapo-suite eval --endpoint` at T 1.0, top_p 0.7 gave one distinct sample of four per problem (the endpoint
+    decoded greedily); now as many as eval's own HF engine with the same settings."""
+    import json as json_lib
+
+    from click.testing import CliRunner
+
+    from dapo_suite.cli import main
+    from eval.scoring import read_generations
+
+    base_url, model, _ = api
+    settings = ["--n", "4", "--limit", "3", "--max-tokens", "16", "--temperature", "1.0", "--top-p", "0.7"]
+    distinct = {}
+    for name, engine in (("endpoint", ["--endpoint", base_url, "--model", model]), ("hf", ["--engine", "hf"])):
+        result = CliRunner().invoke(main, ["eval", "gsm8k", *engine, *settings, "--out", str(tmp_path / name)],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        texts: dict[str, set[str]] = {}
+        for record in read_generations(tmp_path / name / "generations.jsonl"):
+            texts.setdefault(record["problem_id"], set()).add(record["text"])
+        distinct[name] = sum(len(group) for group in texts.values())
+        assert json_lib.loads((tmp_path / name / "results.json").read_text())["num_samples"] == 12
+    assert distinct["endpoint"] >= min(distinct["hf"], 10) and distinct["endpoint"] > 3, distinct
