@@ -41,7 +41,10 @@ PAPER_32B = {
     "actor_rollout_ref.rollout.n": 16,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
     "actor_rollout_ref.actor.optim.lr": 1e-6,
-    "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+    # the recipe's "constant" is verl's constant-with-warm-up, whose step 1 runs at lr 0; "cosine" with no cycle
+    # and one-indexed steps is the same schedule from step 2 on, and gives step 1 lr / warm-up steps
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
+    "actor_rollout_ref.actor.optim.num_cycles": 0.0,
     "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,
     "actor_rollout_ref.actor.optim.weight_decay": 0.1,
     "actor_rollout_ref.actor.grad_clip": 1.0,
@@ -267,3 +270,28 @@ def test_verls_model_patching_runs_in_the_projects_environment(embedded_model_di
 
     model = AutoModelForCausalLM.from_pretrained(str(embedded_model_dir), attn_implementation="sdpa")
     apply_monkey_patch(model=model, use_remove_padding=False)
+
+
+def test_verls_warm_up_gives_the_first_step_a_learning_rate(data, tmp_path):
+    """With verl's constant schedule, step 1 ran at lr 0 (a checkpoint bit-identical to the base model). The
+    composed config, fed to verl's own scheduler, must give step k the factor k/w and then hold lr."""
+    import torch
+    from verl.utils.torch_functional import get_cosine_schedule_with_warmup
+
+    config = _config(data, tmp_path, presets=("dapo",))
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    optim = cfg.actor_rollout_ref.actor.optim
+    assert optim.lr_scheduler_type == "cosine" and optim.lr_warmup_steps == config.warmup_steps
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
+    schedule = get_cosine_schedule_with_warmup(optimizer, optim.lr_warmup_steps, config.max_steps,
+                                               min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles,
+                                               zero_indexed_step=optim.zero_indexed_step)
+    rates = []
+    for _ in range(config.max_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    warmup = config.warmup_steps
+    assert rates[0] == pytest.approx(optim.lr / warmup) and rates[0] > 0
+    assert rates[warmup - 1:] == pytest.approx([optim.lr] * (config.max_steps - warmup + 1))

@@ -166,7 +166,12 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     (f"{ACTOR}.use_kl_loss", False),
     (f"{ACTOR}.kl_loss_coef", 0.0),
     (f"{ACTOR}.entropy_coeff", 0),
-    (f"{ACTOR}.optim.lr_scheduler_type", "constant"),
+    # Warm-up that never trains a step at lr 0: verl's "constant" schedule gives step 1 the factor 0/w (a first
+    # step that learns nothing); its "cosine" schedule with no cycle is constant after the warm-up, and with
+    # one-indexed steps gives step k the factor k/w, as the embedded trainer's warm-up reaches lr at step w.
+    (f"{ACTOR}.optim.lr_scheduler_type", "cosine"),
+    (f"{ACTOR}.optim.num_cycles", 0.0),
+    (f"{ACTOR}.optim.zero_indexed_step", False),
     (f"{ROLLOUT}.val_kwargs.do_sample", True),
     (f"{ROLLOUT}.val_kwargs.top_k", -1),
     (f"{ROLLOUT}.top_k", -1),
