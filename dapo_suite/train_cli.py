@@ -166,6 +166,7 @@ def export(run_dir: str, out: str | None) -> None:
     code = subprocess.call(argv)
     if code:
         raise click.ClickException(f"verl's model merger failed with exit code {code}")
+    click.echo(verl_backend.record_export(actor, target), err=True)
     click.echo(str(target))
 
 

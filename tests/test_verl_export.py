@@ -3,6 +3,7 @@ world size 1, FSDP2) merged by verl's model merger into a directory transformers
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -74,8 +75,11 @@ def test_export_merges_a_verl_fsdp_checkpoint_into_a_loadable_hf_dir(tmp_path, e
     AutoTokenizer.from_pretrained(target)
     merged = model.state_dict()
     for name, tensor in reference.items():
-        # the merger stores bfloat16
+        # the merger stores bfloat16, and the command says so
         torch.testing.assert_close(merged[name].float(), tensor.to(torch.bfloat16).float())
+    assert "in BF16" in result.output and "writes bfloat16" in result.output
+    record = json.loads((target / "dapo_suite_export.json").read_text())
+    assert set(record["dtypes"]) == {"BF16"} and record["source"] == str(actor)
 
 
 def test_export_without_checkpoint_says_what_is_missing(tmp_path):

@@ -10,7 +10,7 @@ workers (the overlong-filter losses); it imports verl and torch, so it is not im
 """
 
 from dapo_suite.train.verl.data import prepare, write_aime24_parquet
-from dapo_suite.train.verl.export import export_command, latest_actor_dir
+from dapo_suite.train.verl.export import export_command, latest_actor_dir, record_export
 from dapo_suite.train.verl.keys import (
     EXTENSION_MODULE,
     NOT_MAPPED,
@@ -36,6 +36,7 @@ __all__ = [
     "compose",
     "dry_run",
     "export_command",
+    "record_export",
     "latest_actor_dir",
     "launch",
     "overlong_filter_loss_name",

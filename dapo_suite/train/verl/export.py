@@ -1,9 +1,17 @@
-"""`dapo-suite train export`: find the newest verl FSDP actor checkpoint and merge it with verl's model merger."""
+"""`dapo-suite train export`: find the newest verl FSDP actor checkpoint and merge it with verl's model merger.
+
+verl's merger writes bfloat16 whatever the shards hold (verl trains with float32 master weights): `export_dtypes`
+reads what was written, so the command says it and records it in `EXPORT_RECORD` beside the weights.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+EXPORT_RECORD = "dapo_suite_export.json"
 
 
 def latest_actor_dir(run_dir: Path) -> Path:
@@ -29,3 +37,24 @@ def latest_actor_dir(run_dir: Path) -> Path:
 def export_command(actor_dir: Path, target_dir: Path) -> list[str]:
     return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor_dir),
             "--target_dir", str(target_dir)]
+
+
+def export_dtypes(target_dir: Path) -> dict[str, int]:
+    """{dtype: tensor count} of the safetensors files in an exported folder, read from their headers only."""
+    counts: Counter[str] = Counter()
+    for path in sorted(Path(target_dir).glob("*.safetensors")):
+        with open(path, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        counts.update(entry["dtype"] for name, entry in header.items() if name != "__metadata__")
+    return dict(counts)
+
+
+def record_export(actor_dir: Path, target_dir: Path) -> str:
+    """Write EXPORT_RECORD (source checkpoint, merger, dtypes written) and return the sentence that says it."""
+    dtypes = export_dtypes(target_dir)
+    (Path(target_dir) / EXPORT_RECORD).write_text(json.dumps(
+        {"source": str(actor_dir), "merger": "verl.model_merger (fsdp)", "dtypes": dtypes}, indent=1))
+    written = ", ".join(f"{count} tensors in {dtype}" for dtype, count in sorted(dtypes.items()))
+    return (f"exported {written}: verl's model merger writes bfloat16 (the FSDP shards keep the trainer's float32 "
+            f"master weights; load them with verl to keep that precision)")
