@@ -47,6 +47,9 @@ def data() -> None:
 @click.option("--api-key", help="API key for --base-url (default: EMPTY, enough for local servers).")
 @click.option("--concurrency", type=int, help="LLM requests in flight at once. [8]")
 @click.option("--max-tokens", type=int, help="LLM completion budget per problem (>= 1). [1024]")
+@click.option("--request-timeout", "request_timeout_s", type=float, metavar="SECONDS",
+              help="Seconds one LLM request may take, waiting in the server's queue included, before it is retried. "
+                   "[600: enough for --concurrency 8 x 1024 tokens on a CPU server that answers one at a time]")
 @click.option("--max-failed-fraction", type=float,
               help="Share of LLM requests that may fail for good (connection refused, 5xx after every retry) with "
                    "their rows rejected; beyond it the build stops. [0: any failure stops it]")

@@ -49,7 +49,7 @@ class BuildConfig:
     api_key: str = "EMPTY"
     concurrency: int = 8  # requests in flight at once
     max_retries: int = 5  # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0  # --request-timeout; a request queued behind 7 others on a CPU server waits
     temperature: float = 0.0
     max_tokens: int = 1024
     max_failed_fraction: float = 0.0  # LLM requests that may fail for good (their rows are rejected) before the build stops

@@ -131,7 +131,7 @@ class LLMRewriter:
     """Rewrites many problems through one endpoint, concurrently, with retries and the request cache."""
 
     def __init__(self, base_url: str, model: str, cache_path: Path, api_key: str = "EMPTY", concurrency: int = 8,
-                 max_retries: int = 5, timeout_s: float = 120.0, temperature: float = 0.0, max_tokens: int = 1024,
+                 max_retries: int = 5, timeout_s: float = 600.0, temperature: float = 0.0, max_tokens: int = 1024,
                  backoff_s: float = 0.5):
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.concurrency, self.max_retries, self.timeout_s = concurrency, max_retries, timeout_s
