@@ -31,7 +31,7 @@ PAPER_32B = {
     "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
     "reward.reward_kwargs.max_resp_len": 20480,
     "reward.reward_manager.name": "dapo",
-    "reward.custom_reward_function.path": str(Path(vb.__file__).parents[2] / "core" / "reward.py"),
+    "reward.custom_reward_function.path": "pkg://dapo_suite.core.reward",
     "reward.custom_reward_function.name": "compute_score",
     "algorithm.filter_groups.enable": True,
     "algorithm.filter_groups.metric": "acc",

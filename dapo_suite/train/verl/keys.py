@@ -24,7 +24,9 @@ from dapo_suite.train.config import TrainConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # dapo_suite/
 REPO_ROOT = PACKAGE_DIR.parent
-REWARD_FILE = PACKAGE_DIR / "core" / "reward.py"
+# verl loads the reward by module ("pkg://"), so a node without the driver's checkout finds it where Ray's
+# runtime_env (py_modules) put the package; a file path would name the driver's disk.
+REWARD_MODULE = "pkg://dapo_suite.core.reward"
 EXTENSION_MODULE = "dapo_suite.train.verl.extensions"
 OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # extensions registers it (that module imports verl)
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
@@ -176,7 +178,7 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     (f"{ROLLOUT}.val_kwargs.top_k", -1),
     (f"{ROLLOUT}.top_k", -1),
     ("reward.reward_manager.name", "dapo"),
-    ("reward.custom_reward_function.path", str(REWARD_FILE)),
+    ("reward.custom_reward_function.path", REWARD_MODULE),
     ("reward.custom_reward_function.name", "compute_score"),
     (f"{OVERLONG}.log", False),
     ("actor_rollout_ref.model.external_lib", EXTENSION_MODULE),

@@ -11,7 +11,7 @@ from typing import Any
 
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.verl.data import prepare
-from dapo_suite.train.verl.keys import REPO_ROOT, Hardware, build_overrides, hydra_value
+from dapo_suite.train.verl.keys import PACKAGE_DIR, REPO_ROOT, Hardware, build_overrides, hydra_value
 from dapo_suite.train.verl.validate import validate
 
 ENTRY_POINT = [sys.executable, "-m", "verl.trainer.main_ppo"]
@@ -25,9 +25,15 @@ def command(overrides: list[str], hw: Hardware, run_dir: Path | None = None) -> 
         overrides = [*overrides, f"hydra.run.dir={hydra_value(str(Path(run_dir).resolve() / 'hydra'))}"]
     if hw.ray_address is None:
         return [*ENTRY_POINT, *overrides]
-    env = {"env_vars": {"PYTHONPATH": str(REPO_ROOT)}}
-    return ["ray", "job", "submit", "--address", hw.ray_address, "--runtime-env-json", json.dumps(env), "--",
-            "python", "-m", "verl.trainer.main_ppo", *overrides]
+    return ["ray", "job", "submit", "--address", hw.ray_address, "--runtime-env-json",
+            json.dumps(job_runtime_env()), "--", "python", "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def job_runtime_env() -> dict[str, Any]:
+    """What `ray job submit` sends with the job: the dapo_suite package itself (`py_modules`: Ray uploads it from
+    this machine and unpacks it on every node), so a cluster without a shared disk runs the same code; nothing
+    points at this machine's checkout."""
+    return {"py_modules": [str(PACKAGE_DIR)]}
 
 
 
