@@ -180,6 +180,7 @@ def test_a_wrong_model_is_404_before_any_stream_and_errors_have_openais_shape(ap
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "temperature"
 
 
+@pytest.mark.slow  # two evaluations, about 3 minutes
 def test_eval_through_the_endpoint_samples_as_many_distinct_answers_as_the_hf_engine(api, tmp_path):
     """`dapo-suite eval --endpoint` at T 1.0, top_p 0.7 gave one distinct sample of four per problem (the endpoint
     decoded greedily); now as many as eval's own HF engine with the same settings."""
