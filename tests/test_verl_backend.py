@@ -295,3 +295,17 @@ def test_verls_warm_up_gives_the_first_step_a_learning_rate(data, tmp_path):
     warmup = config.warmup_steps
     assert rates[0] == pytest.approx(optim.lr / warmup) and rates[0] > 0
     assert rates[warmup - 1:] == pytest.approx([optim.lr] * (config.max_steps - warmup + 1))
+
+
+def test_verls_v1_trainer_can_start_in_the_projects_environment(data, tmp_path):
+    """`python -m verl.trainer.main_ppo` runs the V1 trainer (trainer.use_v1), whose task runner imports
+    transfer_queue (verl's verl-core extra) before anything else: the product's environment must have it, and the
+    trainer class of the composed config must resolve."""
+    import transfer_queue
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    config = _config(data, tmp_path, presets=("dapo",))
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    assert cfg.trainer.use_v1 is True
+    assert callable(transfer_queue.init) and get_trainer_cls(cfg.trainer.v1.trainer_mode) is not None
