@@ -120,6 +120,22 @@ def fan_out(body: dict) -> list[dict]:
             for index in range(body["n"])]
 
 
+class Upstream:
+    """The child server. `serial`: one request at a time. `transformers serve` seeds torch's global generator when a
+    request arrives, while another may be generating: overlapping requests would draw from each other's stream and a
+    seed would not repeat. It generates one request at a time anyway, so this costs no throughput."""
+
+    def __init__(self, client: httpx.AsyncClient, serial: bool) -> None:
+        self.client = client
+        self.slot = asyncio.Semaphore(1) if serial else None
+
+    @contextlib.asynccontextmanager
+    async def stream(self, url: str, body: dict) -> AsyncIterator[httpx.Response]:
+        async with self.slot or contextlib.nullcontext():
+            async with self.client.stream("POST", url, json=body) as response:
+                yield response
+
+
 def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generation_defaults: dict | None = None):
     """The Starlette app; `upstream` is the child's base URL (ending in /v1). `generation_defaults`: the model's
     generation config as a dict, sent with every request (see `with_sampling`); None leaves the child's own
@@ -130,6 +146,7 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
     from starlette.routing import Route
 
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    child = Upstream(client, serial=generation_defaults is not None)
 
     def count_chat(messages) -> int:
         return len(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
@@ -169,16 +186,10 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
         url = upstream + ("/chat/completions" if chat else "/completions")
         requests = fan_out(forward)
         if body.get("stream"):
-            if len(requests) > 1:
-                return StreamingResponse(_interleave(client, url, requests), media_type="text/event-stream")
-            upstream_response = await client.send(client.build_request("POST", url, json=forward), stream=True)
-            if upstream_response.status_code != 200:
-                content = await upstream_response.aread()
-                await upstream_response.aclose()
-                return JSONResponse(openai_error(content), status_code=upstream_response.status_code)
-            return StreamingResponse(_relay(upstream_response), media_type="text/event-stream")
+            stream = _relay(child, url, forward) if len(requests) == 1 else _interleave(child, url, requests)
+            return StreamingResponse(stream, media_type="text/event-stream")
         # Join the child's stream into one response, and close it as soon as the client has gone.
-        joining = asyncio.ensure_future(_join_all(client, url, requests, chat))
+        joining = asyncio.ensure_future(_join_all(child, url, requests, chat))
         while not joining.done():
             if await request.is_disconnected():
                 joining.cancel()
@@ -210,23 +221,25 @@ def openai_error(content: bytes) -> dict:
     return {"error": {"message": str(message), "type": "invalid_request_error", "param": None, "code": None}}
 
 
-async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """The child's stream as it comes; leaving this generator (client gone) closes the child's stream."""
-    try:
+async def _relay(child: Upstream, url: str, body: dict) -> AsyncIterator[bytes]:
+    """The child's stream as it comes (an error as one OpenAI-shaped event); leaving this generator (client gone)
+    closes the child's stream. The front's own checks (model, limits) answer with a status before any stream."""
+    async with child.stream(url, body) as upstream:
+        if upstream.status_code != 200:
+            yield b"data: " + json.dumps(openai_error(await upstream.aread())).encode() + b"\n\n"
+            return
         async for piece in upstream.aiter_raw():
             yield piece
-    finally:
-        await upstream.aclose()
 
 
-async def _interleave(client: httpx.AsyncClient, url: str, bodies: list[dict]) -> AsyncIterator[bytes]:
+async def _interleave(child: Upstream, url: str, bodies: list[dict]) -> AsyncIterator[bytes]:
     """The streams of several single-choice requests as one stream, each chunk's choice renumbered to its
     request's index; leaving this generator (client gone) cancels every request."""
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def pump(index: int, body: dict) -> None:
         try:
-            async with client.stream("POST", url, json=body) as upstream:
+            async with child.stream(url, body) as upstream:
                 if upstream.status_code != 200:
                     await queue.put(b"data: " + json.dumps(openai_error(await upstream.aread())).encode() + b"\n\n")
                     return
@@ -255,10 +268,10 @@ async def _interleave(client: httpx.AsyncClient, url: str, bodies: list[dict]) -
             task.cancel()
 
 
-async def _join_all(client: httpx.AsyncClient, url: str, bodies: list[dict], chat: bool) -> tuple[int, dict]:
+async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool) -> tuple[int, dict]:
     """(status, one OpenAI response) holding the choices of several single-choice requests, as indices 0..n-1;
     the first failed request's answer when one fails. Usage: the prompt once, the completions summed."""
-    answers = await asyncio.gather(*(_join(client, url, body, chat) for body in bodies))
+    answers = await asyncio.gather(*(_join(child, url, body, chat) for body in bodies))
     for status, payload in answers:
         if status != 200:
             return status, payload
@@ -272,10 +285,10 @@ async def _join_all(client: httpx.AsyncClient, url: str, bodies: list[dict], cha
     return 200, payload
 
 
-async def _join(client: httpx.AsyncClient, url: str, body: dict, chat: bool) -> tuple[int, dict]:
+async def _join(child: Upstream, url: str, body: dict, chat: bool) -> tuple[int, dict]:
     """(status, one OpenAI response) from the child's server-sent events."""
     text, finish, usage, model = [], "stop", None, body.get("model")
-    async with client.stream("POST", url, json=body) as upstream:
+    async with child.stream(url, body) as upstream:
         if upstream.status_code != 200:
             return upstream.status_code, openai_error(await upstream.aread())
         async for line in upstream.aiter_lines():
