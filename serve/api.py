@@ -1,7 +1,8 @@
 """The front of `dapo-suite serve api`: an OpenAI-compatible HTTP server that guards the model server behind it.
 
-`transformers serve` (or `vllm serve`) runs as a child on a private port (dapo_suite/inference/endpoint.py); this front, on the
-port users call, adds what the child lacks:
+The model server runs as a child on a private port (dapo_suite/inference/endpoint.py): dapo-suite's batched sampler
+on a CPU, `vllm serve` on a GPU, or `transformers serve`; this front, on the port users call, adds what the child
+lacks:
 - `GET /v1/models` answers with the served model itself (the child's listing scans the Hugging Face cache and
   answers 500 on a machine where that cache does not exist yet);
 - a request whose prompt is longer than the limit (default: the model's context minus the request's
@@ -10,11 +11,11 @@ port users call, adds what the child lacks:
 - the child always streams: when the client disconnects, the front closes the child's stream, and the child
   stops generating (it cancels a generation whose stream is closed). A non-streaming client gets the streamed
   pieces joined into one response;
-- `n` > 1 (several choices for one prompt, which `transformers serve` does not give) fans out to n requests of one
-  choice each (seed, when given, becomes seed + i for choice i), whose choices come back as indices 0..n-1, in one
-  response or interleaved in one stream;
-- sampling as an OpenAI client expects: `transformers serve` copies `temperature` and `top_p` into the model's
-  generation config but never turns `do_sample` on, so every request decoded greedily. The front sends the whole
+- `n` > 1 (several choices for one prompt, which neither the sampler's server nor `transformers serve` gives)
+  fans out to n requests of one choice each (seed, when given, becomes seed + i for choice i), whose choices come
+  back as indices 0..n-1, in one response or interleaved in one stream;
+- with `transformers serve`, sampling as an OpenAI client expects: it copies `temperature` and `top_p` into the
+  model's generation config but never turns `do_sample` on, so every request decoded greedily. The front sends the whole
   generation config with each request (`generation_config`, the model's own with `do_sample` = temperature > 0,
   and OpenAI's defaults, temperature 1 and top_p 1, where the request gives none); `seed` makes it repeatable;
 - a request naming a model this server does not serve gets 404 `model_not_found` before any stream starts, and

@@ -1,7 +1,7 @@
 """The browser chat (Gradio 6): streams a reasoner's reply from an OpenAI-compatible endpoint, folds the reasoning
 into a collapsible "Thinking" message and shows the final `Answer:` line with a badge when it is an integer, and
 checks the answer when the question is a known AIME 2024 problem. All inference goes through `openai` to one
-endpoint (`dapo_suite.inference.endpoint`), so the app is the same on a laptop (`transformers serve`) and on a GPU (`vllm serve`).
+endpoint (`dapo_suite.inference.endpoint`), so the app is the same on a laptop (dapo-suite's batched sampler) and on a GPU (`vllm serve`).
 
 Limits: a queue with a concurrency limit and a maximum size, a maximum question length, a timeout per reply, and
 no file routes beyond Gradio's own static assets (no `allowed_paths`)."""

@@ -22,7 +22,8 @@ def _model_option(extra: str = ""):
 
 def _engine_option(func):
     return click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-                        help="Model server to start: vLLM when installed with a GPU (auto), else transformers.")(func)
+                        help="Model server to start: vLLM when installed with a GPU (auto), else dapo-suite's sampler with "
+                             "continuous batching; `transformers` starts `transformers serve`.")(func)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,7 +65,7 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
 
     The chat streams the reply, folds the reasoning into "Thinking", shows the final `Answer:` line (badge
     when it is an integer) and checks it when the question is an AIME 2024 problem. The model server
-    (`vllm serve` on a GPU, `transformers serve` on the CPU) is health-checked first and stopped with the app.
+    (`vllm serve` on a GPU, dapo-suite's batched sampler on the CPU) is health-checked first and stopped with the app.
     """
     if ctx.invoked_subcommand is not None:
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("auto", "vllm", "transformers")
+ENGINES = ("auto", "vllm", "sampler", "transformers")
 
 
 @dataclass
@@ -17,7 +17,8 @@ class ServeConfig:
     endpoint: str | None = None
     """Base URL of a running OpenAI-compatible server (`.../v1`); when set, no model server is started."""
     engine: str = "auto"
-    """Which server `--model` starts: `vllm serve` when vLLM and a GPU are present (auto), else `transformers serve`."""
+    """Which server `--model` starts: `vllm serve` when vLLM and a GPU are present (auto), else dapo-suite's
+    batched sampler (`sampler`); `transformers serve` when asked for."""
     host: str = "127.0.0.1"
     """Address the chat app binds: loopback only unless you choose otherwise."""
     port: int = 7860

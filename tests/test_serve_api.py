@@ -1,6 +1,8 @@
-"""`dapo-suite serve api` on a fresh machine (empty HOME and HF_HOME) with the embedded model behind
-`transformers serve`: /v1/models through the `openai` client, 400 at once for an oversized prompt or a bad
-max_tokens, a small request answered right after an oversized one, and a disconnected client's generation stopped."""
+"""`dapo-suite serve api` on a fresh machine (empty HOME and HF_HOME) with the embedded model behind each CPU
+engine (dapo-suite's batched sampler, the default; `transformers serve`, in the slow suite): /v1/models through the
+`openai` client, 400 at once for an oversized prompt or a bad max_tokens, a small request answered right after an
+oversized one, a disconnected client's generation stopped, sampling as OpenAI's, and (the sampler) concurrent
+requests decoded together."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from dapo_suite.inference.endpoint import free_port
 from dapo_suite.inference.models import cache_dir, embedded_model_path
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sampler", pytest.param("transformers", marks=pytest.mark.slow)])
+def api(request, tmp_path_factory):
     """(base URL, model name, pid of the `serve api` process) on a machine whose HOME and HF_HOME are empty."""
     home = tmp_path_factory.mktemp("home")
     embedded_model_path()  # converted once into the shared cache, which the fresh HOME does not hold
@@ -29,8 +31,8 @@ def api(tmp_path_factory):
            "HF_HUB_OFFLINE": "1"}
     env.pop("XDG_CACHE_HOME", None)
     port = free_port()
-    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), "--engine",
+                            request.param], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in cli.stdout:
         lines.append(line)
@@ -162,6 +164,56 @@ def test_sampling_follows_temperature_and_seed_as_an_openai_client_expects(api):
     assert texts(n=8, temperature=1.5, seed=1) == hot
     greedy = texts(n=3, temperature=0, seed=5)
     assert len(set(greedy)) == 1 and texts(temperature=0, seed=9) == greedy[:1]
+
+
+def test_concurrent_streams_are_decoded_together(api, request):
+    """8 streams sent at once: with the sampler every stream's first piece arrives before any stream has ended
+    (one request at a time, the last would start only after the others ended), and each greedy reply is the one
+    the same request gets alone."""
+    if request.node.callspec.params["api"] != "sampler":
+        pytest.skip("`transformers serve` answers one request at a time (the front serialises it)")
+    import asyncio
+    import json
+
+    base_url, model, _ = api
+    questions = [f"List the first {count} prime numbers." for count in range(3, 11)]
+
+    async def stream(client: httpx.AsyncClient, question: str) -> tuple[float, float, str]:
+        body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 40,
+                "temperature": 0, "stream": True}
+        first, text = None, ""
+        async with client.stream("POST", f"{base_url}/chat/completions", json=body) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        if piece := (choice.get("delta") or {}).get("content"):
+                            first = first or time.monotonic()
+                            text += piece
+        return first, time.monotonic(), text
+
+    async def together() -> list[tuple[float, float, str]]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            return await asyncio.gather(*(stream(client, question) for question in questions))
+
+    replies = asyncio.run(together())
+    assert max(first for first, _, _ in replies) < min(end for _, end, _ in replies)
+    client = _client(base_url)
+    for question in (questions[0], questions[-1]):
+        alone = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
+                                               max_tokens=40, temperature=0).choices[0].message.content
+        assert alone == replies[questions.index(question)][2]
+
+
+def test_stop_strings_end_the_reply_before_them(api):
+    base_url, model, _ = api
+    messages = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    full = _client(base_url).chat.completions.create(model=model, messages=messages, max_tokens=60, temperature=0)
+    text = full.choices[0].message.content
+    assert "7" in text, text
+    cut = _client(base_url).chat.completions.create(model=model, messages=messages, max_tokens=60, temperature=0,
+                                                     stop=["7"])
+    assert cut.choices[0].message.content == text[: text.index("7")]
+    assert cut.choices[0].finish_reason == "stop"
 
 
 def test_a_wrong_model_is_404_before_any_stream_and_errors_have_openais_shape(api):

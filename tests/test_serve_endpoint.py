@@ -1,4 +1,5 @@
-"""The model server lifecycle against the real `transformers serve` on the embedded model: health-checked before
+"""The model server lifecycle against the real default CPU server (dapo-suite's batched sampler) on the embedded
+model: health-checked before
 use, OpenAI streaming through it, stopped on exit and on SIGTERM of `dapo-suite serve api`, and a clear error
 when the child cannot start."""
 
@@ -39,7 +40,7 @@ def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
 
     with start_endpoint(None, startup_timeout_s=300) as endpoint:
         assert endpoint.base_url.startswith("http://127.0.0.1:") and endpoint.base_url.endswith("/v1")
-        assert endpoint.engine == "transformers" and Path(endpoint.model_name, "config.json").is_file()
+        assert endpoint.engine == "sampler" and Path(endpoint.model_name, "config.json").is_file()
         client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0)
         stream = client.chat.completions.create(
             model=endpoint.model_name, messages=[{"role": "user", "content": "What is 2+3?"}], stream=True,
@@ -97,10 +98,12 @@ def test_connect_endpoint_normalises_the_url_and_needs_a_model_name_when_unliste
 
 def test_engine_choice_and_commands():
     assert pick_engine("transformers") == "transformers"
-    assert pick_engine("auto") in ("vllm", "transformers")
+    assert pick_engine("auto") in ("vllm", "sampler")
+    sampler = server_command("sampler", "/ckpt", "127.0.0.1", 9000)
+    assert sampler[1:5] == ["-m", "dapo_suite.inference.sampler_server", "--model", "/ckpt"] and "9000" in sampler
     command = server_command("transformers", "/ckpt", "127.0.0.1", 9000)
     assert command[1:5] == ["serve", "/ckpt", "--host", "127.0.0.1"] and "9000" in command
     vllm = server_command("vllm", "/ckpt", "127.0.0.1", 9000)
     assert vllm[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/ckpt"]
-    with pytest.raises(EndpointError, match="choose vllm or transformers"):
+    with pytest.raises(EndpointError, match="choose one of vllm, sampler, transformers"):
         server_command("tgi", "/ckpt", "127.0.0.1", 9000)

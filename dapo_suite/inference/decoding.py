@@ -189,6 +189,52 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
     return merged
 
 
+SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
+
+
+def common_prefix_length(prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> int:
+    """How many leading tokens every (left-padded) prompt has in common."""
+    rows = [ids[mask.bool()] for ids, mask in zip(prefix_ids, prefix_mask, strict=True)]
+    shortest = min(row.numel() for row in rows)
+    if shortest == 0:
+        return 0
+    stacked = torch.stack([row[:shortest] for row in rows])
+    differs = (stacked != stacked[:1]).any(0).nonzero()
+    return int(differs[0]) if differs.numel() else shortest
+
+
+@torch.no_grad()
+def shared_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype):
+    """`prefill` for prompts that begin alike (an endpoint's requests in one template: the DAPO instruction, a
+    system prompt): their common start runs once, then each prompt's remainder attends to it. Returns (cache, mask)
+    in the layout [common start | left-padded remainders], the mask marking the padding between the two; the
+    plain `prefill` layout when the common start is shorter than SHARED_PREFIX_MIN_TOKENS or there is one prompt.
+    16 DAPO-template prompts of ~95 tokens share ~85: about 6x fewer tokens through the model."""
+    common = common_prefix_length(prefix_ids, prefix_mask) if prefix_ids.shape[0] > 1 else 0
+    if common < SHARED_PREFIX_MIN_TOKENS:
+        return prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
+    width = prefix_ids.shape[1]
+    start = width - prefix_mask.sum(-1)  # each row's first real slot
+    head = prefix_ids[:1, int(start[0]) : int(start[0]) + common]
+    rest_len = prefix_mask.sum(-1) - common
+    rest_width = int(rest_len.max())
+    rest_ids = torch.full((prefix_ids.shape[0], rest_width), 0, dtype=prefix_ids.dtype, device=prefix_ids.device)
+    rest_mask = torch.zeros_like(rest_ids)
+    for row, length in enumerate(rest_len.tolist()):
+        if length:
+            rest_ids[row, rest_width - length :] = prefix_ids[row, width - length :]
+            rest_mask[row, rest_width - length :] = 1
+    mask = torch.cat([prefix_mask.new_ones(prefix_ids.shape[0], common), rest_mask], dim=1)
+    with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
+        cache = model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(prefix_ids.shape[0])
+        if rest_width:
+            positions = common + (rest_mask.cumsum(-1) - 1).clamp(min=0)
+            cache = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).past_key_values
+    return cache, mask
+
+
 class LeanStepper:
     """Decode steps for a Llama-style model with a preallocated cache.
 
@@ -208,7 +254,7 @@ class LeanStepper:
     """
 
     def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None, group_size: int = 1) -> None:
+                 dtype: torch.dtype | None = None, group_size: int = 1, share_prefix: bool = False) -> None:
         config, inner = model.config, model.model
         dtype = dtype or model.dtype
         self.heads = config.num_attention_heads
@@ -259,19 +305,13 @@ class LeanStepper:
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
         # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).
-        prompt_len, prompts = input_ids.shape[1] - 1, input_ids.shape[0]
-        if self.kernels is not None:
-            prompt_kv = self._packed_prefill(input_ids[:, :-1], attention_mask[:, :-1])
-        else:
-            cache = prefill(model, input_ids[:, :-1], attention_mask[:, :-1], dtype)
-            prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], 1).to(dtype)
-        prompt_bias = torch.zeros(prompts, 1, 1, prompt_len, dtype=dtype, device=attention_mask.device)
-        prompt_bias.masked_fill_(~attention_mask[:, None, None, :prompt_len].bool(), float("-inf"))
-        # the first real (not left-padding) position of each prompt: the fused attention starts reading there
-        prompt_start = prompt_len - attention_mask[:, :prompt_len].long().sum(-1)
+        self.share_prefix = share_prefix and self.kernels is None
+        prompts = input_ids.shape[0]
+        prompt_kv, prompt_bias, prompt_start = self._prefix(model, input_ids, attention_mask)
+        prompt_len = prompt_kv.shape[4]
         # A prompt of one token has no cached prefix, and the kernel gives a fully masked prefix weight e^0: share
         # only when every prompt has one.
-        self.shared = group_size > 1 and bool(attention_mask[:, :prompt_len].any(-1).all())
+        self.shared = group_size > 1 and bool(attention_mask[:, :-1].any(-1).all())
         own_len = max_new_tokens if self.shared else prompt_len + max_new_tokens
         # Each row's own keys and values of every layer in one buffer: (2, layers, rows, H_kv, slots, D), so
         # dropping finished rows is one index_select.
@@ -290,6 +330,54 @@ class LeanStepper:
             self.bias[:, :, :, :prompt_len] = prompt_bias.repeat_interleave(group_size, dim=0)
             self.length = prompt_len
             self.start = prompt_start.repeat_interleave(group_size)
+
+    def _prefix(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """(keys and values of each prompt's prefix (2, layers, prompts, H_kv, W, D), their attention bias
+        (prompts, 1, 1, W), the first real slot of each) for left-padded prompts (prompts, P + 1); W = P, or with
+        `share_prefix` the width of `shared_prefill`'s layout."""
+        prefix_ids, prefix_mask = input_ids[:, :-1], attention_mask[:, :-1]
+        if prefix_ids.shape[1] == 0:  # one-token prompts: nothing before the token the first step feeds
+            prompt_kv = torch.zeros(2, len(self.layers), input_ids.shape[0], self.kv_heads, 0, self.head_dim,
+                                    dtype=self.dtype, device=input_ids.device)
+        elif self.kernels is not None:
+            prompt_kv = self._packed_prefill(prefix_ids, prefix_mask)
+        else:
+            if self.share_prefix:
+                cache, prefix_mask = shared_prefill(model, prefix_ids, prefix_mask, self.dtype)
+            else:
+                cache = prefill(model, prefix_ids, prefix_mask, self.dtype)
+            prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], 1)
+            prompt_kv = prompt_kv.to(self.dtype)
+        width = prefix_mask.shape[1]
+        prompt_bias = torch.zeros(input_ids.shape[0], 1, 1, width, dtype=self.dtype, device=input_ids.device)
+        prompt_bias.masked_fill_(~prefix_mask[:, None, None, :].bool(), float("-inf"))
+        return prompt_kv, prompt_bias, width - prefix_mask.long().sum(-1)
+
+    def add_rows(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+        """Join new prompts (left-padded, one row each) to the running rows, after them: continuous batching.
+
+        Every row's filled slots end at the same slot (the running rows' prompts and tokens so far; the new
+        prompts' prefixes), so the next `step` writes all of them at one slot; a row's RoPE positions are its own
+        (the caller's `positions`), so where its keys sit in the buffer changes nothing but the padding. The buffer
+        is rebuilt, wide enough for every row's remaining tokens. Only the new prompts run through the model:
+        restarting the batch would recompute every running row's prompt and tokens. Not with a shared prompt
+        cache (`group_size` > 1)."""
+        if self.shared:
+            raise ValueError("add_rows needs the per-row cache layout (group_size 1)")
+        new_kv, new_bias, new_start = self._prefix(model, input_ids, attention_mask)
+        running, added, prefix_len = self.kv.shape[2], input_ids.shape[0], new_kv.shape[4]
+        end = max(self.length, prefix_len)  # where every row's filled slots end
+        slots = end + max(self.kv.shape[4] - self.length, max_new_tokens)
+        kv = self.kv.new_zeros(2, len(self.layers), running + added, self.kv_heads, slots, self.head_dim)
+        bias = self.bias.new_full((running + added, 1, 1, slots), float("-inf"))
+        shift = end - self.length
+        kv[:, :, :running, :, shift:end] = self.kv[:, :, :, :, : self.length]
+        bias[:running, :, :, shift:end] = self.bias[:, :, :, : self.length]
+        kv[:, :, running:, :, end - prefix_len : end] = new_kv
+        bias[running:, :, :, end - prefix_len : end] = new_bias
+        bias[:, :, :, end:] = 0.0  # the slots the coming steps fill
+        self.kv, self.bias, self.length = kv, bias, end
+        self.start = torch.cat([self.start + shift, new_start + end - prefix_len])
 
     def _group_layout(self) -> None:
         """Where each row's queries go in the (prompts, widest group) grid the shared-prefix attention runs on;
@@ -418,7 +506,8 @@ class LeanStepper:
 
 
 def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None, decoder: str = "auto", group_size: int = 1) -> Stepper:
+                 dtype: torch.dtype | None = None, decoder: str = "auto", group_size: int = 1,
+                 share_prefix: bool = False) -> Stepper:
     """A stepper that has run the prompts (left-padded, each once) up to their last token, which its first step
     takes: the lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
     (which samples in the model's dtype: `dtype` needs the lean stepper). It decodes `group_size` rows per prompt
@@ -426,7 +515,7 @@ def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     if decoder not in ("auto", "hf"):
         raise ValueError(f"decoder {decoder!r}: expected 'auto' or 'hf'")
     if decoder == "auto" and lean_supported(model):
-        return LeanStepper(model, input_ids, attention_mask, max_new_tokens, dtype, group_size)
+        return LeanStepper(model, input_ids, attention_mask, max_new_tokens, dtype, group_size, share_prefix)
     cache = prefill(model, input_ids[:, :-1], attention_mask[:, :-1], dtype or model.dtype)
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)

@@ -1,6 +1,6 @@
-"""Start an OpenAI-compatible model server as a child process: `vllm serve` on a GPU machine with vLLM,
-`transformers serve` on the CPU otherwise. The chat app, the evaluator and the data pipeline all reach models
-this one way:
+"""Start an OpenAI-compatible model server as a child process: `vllm serve` on a GPU machine with vLLM, else
+dapo-suite's own sampler with continuous batching (`sampler_server`; `transformers serve` on request). The chat
+app, the evaluator and the data pipeline all reach models this one way:
 
     with start_endpoint("runs/dapo/checkpoint-last") as endpoint:
         client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused")
@@ -65,11 +65,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+SERVER_ENGINES = ("vllm", "sampler", "transformers")
+
+
 def pick_engine(engine: str = "auto") -> str:
-    """'vllm' when asked for, or on auto when vLLM is installed and a GPU is visible; else 'transformers'."""
+    """'vllm' on auto when vLLM is installed and a GPU is visible, else 'sampler' (dapo-suite's batched sampler:
+    on 16 concurrent streams it serves several times the tokens of `transformers serve`, docs/benchmarks.md); a
+    named engine is itself."""
     from dapo_suite.inference.models import choose_engine
 
-    return choose_engine(engine, cpu_engine="transformers")
+    return choose_engine(engine, cpu_engine="sampler")
 
 
 def server_command(engine: str, model: str, host: str, port: int) -> list[str]:
@@ -88,13 +93,16 @@ def server_command(engine: str, model: str, host: str, port: int) -> list[str]:
                 flag = "--" + key.replace("_", "-")
                 command += [flag] if value is True else [flag, str(value)]
         return command
+    if engine == "sampler":
+        return [sys.executable, "-m", "dapo_suite.inference.sampler_server", "--model", model, "--host", host,
+                "--port", str(port)]
     if engine == "transformers":
         executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
         if executable is None:
             raise EndpointError("The `transformers` command is missing: `pip install 'transformers[serving]'`.")
         # Passing the model pins the server to it and loads it before /health answers.
         return [executable, "serve", model, "--host", host, "--port", str(port), "--log-level", "warning"]
-    raise EndpointError(f"engine={engine!r}: choose vllm or transformers.")
+    raise EndpointError(f"engine={engine!r}: choose one of {', '.join(SERVER_ENGINES)}.")
 
 
 def _die_with_parent() -> None:

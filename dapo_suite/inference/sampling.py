@@ -26,61 +26,75 @@ class SampledBatch:
 NUCLEUS_CANDIDATES = 256  # top-p looks for the nucleus among this many most likely tokens first
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index per row with probability proportional to `weights` (N, K), by inverse CDF: one uniform per row.
+def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One index per row with probability proportional to `weights` (N, K), by inverse CDF of the row's uniform
+    (N,) in [0, 1).
 
     torch.multinomial draws an exponential per vocabulary entry (64 rows x 49k tokens: ~70 ms per step on a
-    2-core CPU); a cumulative sum and a binary search take ~2 ms and draw from the same distribution."""
+    2-core CPU); a cumulative sum and a binary search take ~2 ms and draw from the same distribution. One uniform
+    per row, drawn by the caller, is also what lets each row of a batch follow its own seed (`row_uniforms`)."""
     cdf = weights.cumsum(dim=-1)
-    target = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device) * cdf[:, -1:]
+    target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
     # right=True: the first entry whose cdf exceeds the target, so zero-weight entries are never drawn
     return torch.searchsorted(cdf, target, right=True).clamp(max=weights.shape[-1] - 1).squeeze(-1)
 
 
-def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def row_uniforms(generators: list[torch.Generator]) -> torch.Tensor:
+    """One uniform per row, row i from `generators[i]`: a batch whose rows are seeded separately (the endpoint's
+    requests) draws each row's tokens from its own stream, whatever else shares the batch."""
+    return torch.cat([torch.rand(1, generator=generator) for generator in generators])
+
+
+def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generator | None = None,
+                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """Nucleus sampling (Holtzman et al. 2019, arXiv 1904.09751): draw from the smallest set of most likely tokens
-    whose probability mass reaches top_p. (N, V) -> (N,).
+    whose probability mass reaches top_p. (N, V) -> (N,). One uniform per row: `uniforms` (N,), else drawn from
+    `generator`.
 
     The nucleus is looked for among the NUCLEUS_CANDIDATES most likely tokens (a partial top-k instead of sorting
     the whole vocabulary, ~60x cheaper); only rows whose nucleus is wider than that are sorted in full."""
+    if uniforms is None:
+        uniforms = torch.rand(log_probs.shape[0], generator=generator, device=log_probs.device)
     probs = log_probs.exp()
     if top_p >= 1.0:
-        return _draw(probs, generator)
+        return _draw(probs, uniforms)
     top, order = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)  # descending
     wide = top.sum(dim=-1) <= top_p  # the nucleus may reach past the candidates
     if wide.any():
         full_top, full_order = probs[wide].sort(dim=-1, descending=True)
         sampled = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-        sampled[~wide] = _nucleus_draw(top[~wide], order[~wide], top_p, generator)
-        sampled[wide] = _nucleus_draw(full_top, full_order, top_p, generator)
+        sampled[~wide] = _nucleus_draw(top[~wide], order[~wide], top_p, uniforms[~wide])
+        sampled[wide] = _nucleus_draw(full_top, full_order, top_p, uniforms[wide])
         return sampled
-    return _nucleus_draw(top, order, top_p, generator)
+    return _nucleus_draw(top, order, top_p, uniforms)
 
 
 def _nucleus_draw(sorted_probs: torch.Tensor, order: torch.Tensor, top_p: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
+                  uniforms: torch.Tensor) -> torch.Tensor:
     """Draw from descending probabilities cut to their nucleus; `order` maps positions back to token ids."""
     outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token already reaches top_p
-    return order.gather(-1, _draw(sorted_probs.masked_fill(outside, 0.0), generator).unsqueeze(-1)).squeeze(-1)
+    return order.gather(-1, _draw(sorted_probs.masked_fill(outside, 0.0), uniforms).unsqueeze(-1)).squeeze(-1)
 
 
-def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+                uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's next token (temperature, then top-p; greedy at temperature 0) and its log-prob under
-    softmax(logits / T) (T = 1 when greedy). logits (N, V) -> tokens (N,), log-probs (N,).
+    softmax(logits / T) (T = 1 when greedy). logits (N, V) -> tokens (N,), log-probs (N,). One uniform per row:
+    `uniforms` (N,), else drawn from `generator`.
 
-    On a CPU this is one call of the fused kernel (`fused_step`, one uniform per row from `generator`): at 64 rows
-    x 49k tokens, 0.9 ms against 15.5 ms for the torch ops below (log-softmax, top-k, draw), which remain where
-    the kernel is not built and on other devices."""
+    On a CPU this is one call of the fused kernel (`fused_step`): at 64 rows x 49k tokens, 0.9 ms against 15.5 ms
+    for the torch ops below (log-softmax, top-k, draw), which remain where the kernel is not built and on other
+    devices."""
+    if uniforms is None and temperature > 0:
+        uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
     fused = kernels() if logits.device.type == "cpu" else None
     if fused is not None:
-        uniforms = torch.rand(logits.shape[0], generator=generator) if temperature > 0 else logits.new_zeros(
-            logits.shape[0])
-        sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p, uniforms)
+        sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p,
+                                               uniforms if temperature > 0 else logits.new_zeros(logits.shape[0]))
         return sampled, log_probs
     if temperature > 0:
         step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
-        sampled = sample_top_p(step_log_probs, top_p, generator)
+        sampled = sample_top_p(step_log_probs, top_p, uniforms=uniforms)
     else:  # greedy
         step_log_probs = torch.log_softmax(logits, dim=-1)
         sampled = logits.argmax(dim=-1)

@@ -1,0 +1,222 @@
+"""An OpenAI-compatible server on dapo-suite's own sampler, with continuous batching (`batching.BatchDecoder`):
+the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a child by `endpoint.start_endpoint`.
+
+    python -m dapo_suite.inference.sampler_server --model runs/dapo/checkpoint-last --port 8001
+
+It answers streamed `/v1/chat/completions` and `/v1/completions` with one choice each (`n` and non-streamed
+responses are the front's work, serve/api.py), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
+`top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; `/health` and `/v1/models`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+DEFAULT_MAX_TOKENS = 1024
+
+
+class IncrementalText:
+    """The text of a growing token sequence, piece by piece: a piece is released once its tokens decode to whole
+    characters (a multi-byte character split over two tokens decodes to U+FFFD until its second token comes).
+    Decodes only the tokens since the last released piece, so a long reply costs no more per token than a short
+    one."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.tokens, self.prefix, self.read = tokenizer, [], 0, 0
+
+    def push(self, token: int) -> str:
+        self.tokens.append(token)
+        done = self.tokenizer.decode(self.tokens[self.prefix : self.read], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.tokens[self.prefix :], skip_special_tokens=True)
+        if len(text) <= len(done) or text.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.tokens)
+        return text[len(done) :]
+
+
+class StopStrings:
+    """OpenAI's `stop`: the text is cut before the first stop string. Text that might be the start of one is
+    held back until the next piece settles it."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops, self.held = [stop for stop in stops if stop], ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """(text to release, whether a stop string was reached)."""
+        text = self.held + piece
+        hits = [text.index(stop) for stop in self.stops if stop in text]
+        if hits:
+            self.held = ""
+            return text[: min(hits)], True
+        keep = max((size for stop in self.stops for size in range(1, len(stop)) if text.endswith(stop[:size])),
+                   default=0)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+def _error(status: int, message: str, param: str | None = None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": None}}, status_code=status)
+
+
+def _sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def make_app(decoder, tokenizer, model_name: str, context: int):
+    """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name`."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    from dapo_suite.core.prompts import render_chat
+    from dapo_suite.inference.batching import GenerationJob
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": 0, "owned_by": "dapo-suite"}]})
+
+    async def generate(request: Request) -> Response:
+        chat = request.url.path.endswith("/chat/completions")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        if body.get("n") not in (None, 1):
+            return _error(400, "this server gives one choice per request (serve/api.py's front fans out n)", "n")
+        try:
+            if chat:
+                ids = tokenizer(render_chat(tokenizer, body["messages"]), add_special_tokens=False)["input_ids"]
+            else:
+                prompt = body["prompt"]
+                ids = tokenizer(prompt if isinstance(prompt, str) else "".join(prompt))["input_ids"]
+        except (KeyError, TypeError, ValueError) as error:
+            field = "messages" if chat else "prompt"
+            return _error(400, f"{field} could not be read ({error})", field)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+        temperature = 1.0 if body.get("temperature") is None else body["temperature"]
+        top_p = 1.0 if body.get("top_p") is None else body["top_p"]
+        if not isinstance(max_tokens, int) or max_tokens < 1 or len(ids) + max_tokens > context:
+            return _error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens!r} exceed the context of "
+                               f"{context} tokens", "max_tokens")
+        if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
+            return _error(400, f"temperature={temperature!r}: must be a number from 0 to 2", "temperature")
+        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            return _error(400, f"top_p={top_p!r}: must be a number in (0, 1]", "top_p")
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            return _error(400, f"seed={seed!r}: must be an integer", "seed")
+        stop = body.get("stop") or []
+        stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
+
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        job = GenerationJob(ids, max_tokens, float(temperature), float(top_p), seed,
+                            emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        decoder.submit(job)
+        name = body.get("model") or model_name
+        usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
+        reply_id, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text: str | None, finish: str | None) -> dict:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created, "model": name, "choices": [choice]}
+
+        async def stream() -> AsyncIterator[bytes]:
+            text = IncrementalText(tokenizer)
+            try:
+                if chat:
+                    first = chunk("", None)
+                    first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                    yield _sse(first)
+                while True:
+                    kind, value = await events.get()
+                    if kind == "error":
+                        yield _sse({"error": {"message": str(value), "type": "server_error", "param": None,
+                                              "code": None}})
+                        return
+                    if kind == "end":
+                        finish = "stop" if value == "cancelled" else str(value)
+                        break
+                    piece, stopped = stops.feed(text.push(int(value)))
+                    if piece:
+                        yield _sse(chunk(piece, None))
+                    if stopped:
+                        job.cancelled, finish = True, "stop"
+                        break
+                if rest := stops.flush():
+                    yield _sse(chunk(rest, None))
+                yield _sse(chunk(None, finish))
+                if usage_wanted:
+                    yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                                "created": created, "model": name, "choices": [],
+                                "usage": {"prompt_tokens": len(ids), "completion_tokens": job.produced,
+                                          "total_tokens": len(ids) + job.produced}})
+                yield b"data: [DONE]\n\n"
+            finally:
+                job.cancelled = True  # the client has gone or the reply is complete: free the row
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    routes = [Route("/health", health), Route("/v1/models", models),
+              Route("/v1/chat/completions", generate, methods=["POST"]),
+              Route("/v1/completions", generate, methods=["POST"])]
+    return Starlette(routes=routes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dapo_suite.inference.sampler_server",
+                                     description="OpenAI-compatible server on dapo-suite's sampler "
+                                                 "(continuous batching; CPU).")
+    parser.add_argument("--model", default=None, help="checkpoint dir, hub id, or omit for the embedded model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-rows", type=int, default=64, help="requests decoded together at most")
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0, help="cache memory the batch may hold")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="sampling precision; auto: bf16 where the CPU has native bf16, else float32")
+    args = parser.parse_args(argv)
+
+    import torch
+    import uvicorn
+
+    from dapo_suite.core.prompts import render_chat
+    from dapo_suite.inference.batching import BatchDecoder
+    from dapo_suite.inference.engines import end_of_response_ids
+    from dapo_suite.inference.models import load_model_and_tokenizer, resolve_model, resolve_precision
+
+    name = resolve_model(args.model)
+    model, tokenizer = load_model_and_tokenizer(name, dtype="float32")
+    model.eval()
+    dtype = getattr(torch, resolve_precision(args.dtype) or "float32")
+    decoder = BatchDecoder(model, end_of_response_ids(model, tokenizer), tokenizer.pad_token_id, dtype,
+                           max_rows=args.max_rows, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)))
+    decoder.warm_up(tokenizer(render_chat(tokenizer, "Hello"), add_special_tokens=False)["input_ids"])
+    context = int(getattr(model.config, "max_position_embeddings", 2048))
+    uvicorn.run(make_app(decoder, tokenizer, name, context), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Continuous batching (dapo_suite/inference/batching.py) on the embedded model: a request that joins a running
+batch gets the tokens it gets alone; rows with different settings share a batch; a cancelled row stops; the
+shared-prefix prompt pass gives the plain one's cache; and the server's text streaming (multi-byte characters,
+stop strings)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from dapo_suite.core.prompts import format_prompt, render_chat
+
+QUESTIONS = ["What is 2 + 3?", "A baker has 12 loaves and sells 5. How many are left?", "What is 9 times 4?"]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(embedded_model_dir):
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir), dtype="float32")
+    model.eval()
+    return model, tokenizer
+
+
+def _prompt_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer(render_chat(tokenizer, format_prompt(q)), add_special_tokens=False).input_ids for q in QUESTIONS]
+
+
+def _decode(model, tokenizer, specs: list[dict], pause_after_first: float = 0.0) -> list[tuple[list[int], str]]:
+    """Run jobs (GenerationJob keyword arguments) through a fresh BatchDecoder; (tokens, finish) of each. With
+    `pause_after_first`, the others are submitted that long after the first, so they join its running batch."""
+    import time
+
+    from dapo_suite.inference.batching import BatchDecoder, GenerationJob
+    from dapo_suite.inference.engines import end_of_response_ids
+
+    decoder = BatchDecoder(model, end_of_response_ids(model, tokenizer), tokenizer.pad_token_id, join_every=2)
+    results: list[tuple[list[int], str]] = [([], "") for _ in specs]
+    finished = threading.Semaphore(0)
+    jobs = []
+
+    def emitter(index: int):
+        def emit(event) -> None:
+            kind, value = event
+            if kind == "token":
+                results[index][0].append(value)
+            else:
+                results[index] = (results[index][0], str(value))
+                finished.release()
+        return emit
+
+    for index, spec in enumerate(specs):
+        jobs.append(GenerationJob(emit=emitter(index), **spec))
+        decoder.submit(jobs[-1])
+        if index == 0 and pause_after_first:
+            time.sleep(pause_after_first)
+    for _ in specs:
+        assert finished.acquire(timeout=300), "a job never ended"
+    return results
+
+
+def test_a_request_that_joins_a_running_batch_gets_the_tokens_it_gets_alone(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = _prompt_ids(tokenizer)
+    specs = [{"prompt_ids": ids[i], "max_tokens": 32, "temperature": 1.0, "top_p": 0.7, "seed": 11 + i}
+             for i in range(3)]
+    alone = [_decode(model, tokenizer, [spec])[0] for spec in specs]
+    joined = _decode(model, tokenizer, specs, pause_after_first=1.0)
+    assert joined == alone
+    assert len({tuple(tokens) for tokens, _ in alone}) == 3
+
+
+def test_rows_with_different_settings_share_a_batch(model_and_tokenizer):
+    """A greedy row, a hot row and a short row decoded together: each as alone; the short row ends by length."""
+    model, tokenizer = model_and_tokenizer
+    ids = _prompt_ids(tokenizer)
+    specs = [{"prompt_ids": ids[0], "max_tokens": 24, "temperature": 0.0},
+             {"prompt_ids": ids[1], "max_tokens": 24, "temperature": 1.5, "top_p": 1.0, "seed": 3},
+             {"prompt_ids": ids[2], "max_tokens": 5, "temperature": 1.0, "top_p": 0.7, "seed": 4}]
+    together = _decode(model, tokenizer, specs)
+    assert together == [_decode(model, tokenizer, [spec])[0] for spec in specs]
+    assert together[2] == (together[2][0], "length") and len(together[2][0]) == 5
+
+
+def test_a_cancelled_row_stops_at_the_next_step(model_and_tokenizer):
+    from dapo_suite.inference.batching import BatchDecoder, GenerationJob
+    from dapo_suite.inference.engines import end_of_response_ids
+
+    model, tokenizer = model_and_tokenizer
+    decoder = BatchDecoder(model, end_of_response_ids(model, tokenizer), tokenizer.pad_token_id)
+    seen, ended = [], threading.Event()
+
+    def emit(event) -> None:
+        seen.append(event)
+        if event[0] == "token" and len(seen) == 3:
+            job.cancelled = True
+        if event[0] != "token":
+            ended.set()
+
+    job = GenerationJob(_prompt_ids(tokenizer)[1], max_tokens=500, temperature=0.0, emit=emit)
+    decoder.submit(job)
+    assert ended.wait(120)
+    assert seen[-1] == ("end", "cancelled") and len(seen) <= 5
+
+
+def test_the_shared_prefix_prompt_pass_gives_the_plain_passs_decoding(model_and_tokenizer):
+    """Prompts that begin alike (the chat template and the DAPO instruction): the common start runs once; the
+    logits of the decode steps equal the plain pass's within float32 rounding, and the greedy tokens are the same."""
+    from dapo_suite.inference.decoding import common_prefix_length, make_stepper
+
+    model, tokenizer = model_and_tokenizer
+    tokenizer.padding_side = "left"
+    texts = [render_chat(tokenizer, format_prompt(q)) for q in QUESTIONS]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert common_prefix_length(encoded.input_ids, encoded.attention_mask) >= 40
+
+    def greedy(share: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            stepper = make_stepper(model, encoded.input_ids, encoded.attention_mask, 16, share_prefix=share)
+            positions, tokens = encoded.attention_mask.sum(-1) - 1, encoded.input_ids[:, -1]
+            out, logits = [], []
+            for _ in range(16):
+                step = stepper.step(tokens, positions)
+                tokens, positions = step.argmax(-1), positions + 1
+                out.append(tokens)
+                logits.append(step)
+        return torch.stack(out, 1), torch.stack(logits, 1)
+
+    plain, shared = greedy(False), greedy(True)
+    assert torch.equal(plain[0], shared[0])
+    torch.testing.assert_close(shared[1], plain[1], atol=1e-3, rtol=1e-4)
+
+
+def test_text_streams_in_whole_characters_and_stops_before_a_stop_string(model_and_tokenizer):
+    from dapo_suite.inference.sampler_server import IncrementalText, StopStrings
+
+    _, tokenizer = model_and_tokenizer
+    text = "Prix: 12 € — voilà 你好 done"
+    stream = IncrementalText(tokenizer)
+    pieces = [stream.push(token) for token in tokenizer(text, add_special_tokens=False).input_ids]
+    assert "".join(pieces) == text and not any("\ufffd" in piece for piece in pieces)
+
+    stops = StopStrings(["Answer:", "\n\n"])
+    released = [stops.feed(piece) for piece in ["The sum is 5. Ans", "wer", ": 5"]]
+    assert released == [("The sum is 5. ", False), ("", False), ("", True)]
+    stops = StopStrings(["Answer:"])
+    assert stops.feed("An") == ("", False) and stops.feed("d so") == ("And so", False) and stops.flush() == ""
+
+
+def test_a_one_token_prompt_is_decoded(model_and_tokenizer):
+    """A prompt of one token has nothing to cache before the token the first step feeds (a bare completion)."""
+    model, tokenizer = model_and_tokenizer
+    ids = tokenizer("Hello", add_special_tokens=False).input_ids
+    assert len(ids) == 1
+    (tokens, finish), = _decode(model, tokenizer, [{"prompt_ids": ids, "max_tokens": 4, "temperature": 0.0}])
+    assert len(tokens) == 4 and finish == "length"
