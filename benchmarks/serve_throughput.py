@@ -3,15 +3,17 @@ default) against `transformers serve` (`--engine transformers`, what the endpoin
 OpenAI front, on the same model. Target (2 CPU cores): at 16 concurrent streams, >= 8x the aggregate tokens/s of
 `transformers serve`, and time to first token p95 under 10 s.
 
-    .venv/bin/python benchmarks/serve_throughput.py                       # 1, 16 and 64 clients, embedded model
+    .venv/bin/python benchmarks/serve_throughput.py                       # 1, 16 and 64 clients, 256 tokens
     .venv/bin/python benchmarks/serve_throughput.py --clients 1,16 --max-tokens 64 --model runs/dapo/checkpoint-last
 
-Each client sends one streamed chat request at the same moment (a different arithmetic question in the DAPO
-prompt each, T 1.0, top_p 0.7 as the paper evaluates, seed = client index) and reads its stream; the figures are
-time to first token (p50, p95 over the clients), the slowest client's total time, and the aggregate rate:
-completion tokens of all clients (the server's usage counts) over the wall time from the first request to the last
-reply. Both servers run from the start, each idle while the other is measured; the engines alternate at each
-client count. Prints the CPU's vector flags and the load average beside the figures.
+Each measurement runs `--duration` seconds with a fixed number of clients, each sending streamed chat requests
+back to back (a two-step word problem in the DAPO prompt, numbers varying by request; T 1.0, top_p 0.7 as the
+paper evaluates; a seed per request), as serving benchmarks hold a concurrency level. Figures: tokens received
+per second of the window (completion tokens from the server's usage for finished requests, streamed pieces for
+those cut by the end of the window), and time to first token, p50 and p95 over the requests sent (one still
+waiting at the end counts as waiting until then: a lower bound, and the count is printed). Both servers run from
+the start, each idle while the other is measured; the engines alternate at each client count. Prints the CPU's
+vector flags and the load average beside the figures.
 """
 
 from __future__ import annotations
@@ -66,42 +68,65 @@ def served(engine: str, model: str | None) -> Iterator[str]:
         stop_process(process)
 
 
-async def one_client(client: httpx.AsyncClient, url: str, index: int, max_tokens: int) -> tuple[float, int]:
-    """(time to the first content token, completion tokens) of one streamed chat request."""
-    question = f"What is {index % 9 + 2} times {index // 9 % 4 + 2}?"
-    body = {"messages": [{"role": "user", "content": format_prompt(question)}], "max_tokens": max_tokens,
-            "temperature": 1.0, "top_p": 0.7, "seed": index, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start, first, tokens = time.perf_counter(), None, 0
-    async with client.stream("POST", url + "/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                first = time.perf_counter() - start
-            tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
-    return (first if first is not None else time.perf_counter() - start), tokens
+async def client_loop(client: httpx.AsyncClient, url: str, index: int, max_tokens: int, deadline: float,
+                      requests: list[dict]) -> None:
+    """One client: streamed chat requests back to back until `deadline`, each recorded in `requests` as it goes
+    (sent, first-token time, tokens so far), so a request cut by the deadline still counts what it received."""
+    for number in range(10**6):
+        if time.perf_counter() >= deadline:
+            return
+        seed = index * 1000 + number
+        question = (f"A shop sells {seed % 7 + 3} boxes of pencils on Monday and {seed % 5 + 2} more boxes on "
+                    f"Tuesday than on Monday. Each box holds {seed % 4 + 6} pencils. How many pencils did the shop "
+                    f"sell?")
+        body = {"messages": [{"role": "user", "content": format_prompt(question)}], "max_tokens": max_tokens,
+                "temperature": 1.0, "top_p": 0.7, "seed": seed, "stream": True,
+                "stream_options": {"include_usage": True}}
+        record = {"sent": time.perf_counter(), "first": None, "tokens": 0, "done": False}
+        requests.append(record)
+        async with client.stream("POST", url + "/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                    record["first"] = record["first"] or time.perf_counter()
+                    record["tokens"] += 1  # a piece is a token (or a few, for a character split over tokens)
+                if chunk.get("usage"):
+                    record["tokens"], record["done"] = chunk["usage"]["completion_tokens"], True
 
 
-async def measure(url: str, clients: int, max_tokens: int) -> dict:
+async def measure(url: str, clients: int, max_tokens: int, duration_s: float) -> dict:
+    """`clients` clients running back to back for `duration_s`: tokens received per second of the window, and
+    time to first token over the requests sent in it (a request still without one at the end counts as waiting
+    until the end: its figure is a lower bound)."""
+    requests: list[dict] = []
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=clients + 4)) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(one_client(client, url, index, max_tokens) for index in range(clients)))
-        wall = time.perf_counter() - start
-    firsts = sorted(first for first, _ in results)
-    tokens = sum(count for _, count in results)
-    return {"clients": clients, "ttft_p50_s": statistics.median(firsts),
-            "ttft_p95_s": firsts[min(len(firsts) - 1, round(0.95 * (len(firsts) - 1)))], "wall_s": wall,
-            "tokens": tokens, "tokens_per_s": tokens / wall}
+        deadline = start + duration_s
+        tasks = [asyncio.create_task(client_loop(client, url, index, max_tokens, deadline, requests))
+                 for index in range(clients)]
+        await asyncio.wait(tasks, timeout=duration_s)
+        end = time.perf_counter()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    firsts = sorted((record["first"] or end) - record["sent"] for record in requests)
+    waiting = sum(record["first"] is None for record in requests)
+    tokens = sum(record["tokens"] for record in requests)
+    return {"clients": clients, "requests": len(requests), "completed": sum(r["done"] for r in requests),
+            "no_first_token": waiting, "ttft_p50_s": statistics.median(firsts),
+            "ttft_p95_s": firsts[min(len(firsts) - 1, round(0.95 * (len(firsts) - 1)))], "window_s": end - start,
+            "tokens": tokens, "tokens_per_s": tokens / (end - start)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded model)")
     parser.add_argument("--clients", default="1,16,64", help="comma-separated concurrent client counts")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds each measurement runs")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     counts = [int(count) for count in args.clients.split(",")]
@@ -110,14 +135,15 @@ def main() -> None:
     with served("transformers", args.model) as transformers_url, served("sampler", args.model) as sampler_url:
         urls = {"transformers": transformers_url, "sampler": sampler_url}
         for turn, clients in enumerate(counts):
-            asyncio.run(measure(urls["sampler"], 1, 8))  # warm-up: the first request pays one-time costs
-            asyncio.run(measure(urls["transformers"], 1, 8))
             for engine in ENGINES if turn % 2 == 0 else ENGINES[::-1]:
-                row = {"engine": engine, **asyncio.run(measure(urls[engine], clients, args.max_tokens))}
+                httpx.post(urls[engine] + "/chat/completions", timeout=300, json={  # warm-up: one short request
+                    "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}).raise_for_status()
+                row = {"engine": engine, **asyncio.run(measure(urls[engine], clients, args.max_tokens, args.duration))}
                 rows.append(row)
                 print(f"{engine:<13} {clients:>3} clients: first token p50 {row['ttft_p50_s']:6.2f} s, p95 "
-                      f"{row['ttft_p95_s']:6.2f} s; {row['tokens']:>5} tokens in {row['wall_s']:6.1f} s = "
-                      f"{row['tokens_per_s']:6.1f} tokens/s", flush=True)
+                      f"{row['ttft_p95_s']:6.2f} s; {row['tokens']:>5} tokens in {row['window_s']:5.1f} s = "
+                      f"{row['tokens_per_s']:6.1f} tokens/s; {row['completed']}/{row['requests']} requests "
+                      f"completed, {row['no_first_token']} without a first token", flush=True)
     print(f"\n{'clients':>7} {'sampler tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} "
           f"{'sampler TTFT p95':>17} {'transformers TTFT p95':>22}")
     for clients in counts:
@@ -128,7 +154,8 @@ def main() -> None:
               f"{theirs['ttft_p95_s']:>20.2f} s")
     print(cpu_line())
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_line(), "max_tokens": args.max_tokens, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"cpu": cpu_line(), "max_tokens": args.max_tokens,
+                                         "duration_s": args.duration, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

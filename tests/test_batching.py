@@ -105,20 +105,20 @@ def test_a_cancelled_row_stops_at_the_next_step(model_and_tokenizer):
     assert seen[-1] == ("end", "cancelled") and len(seen) <= 5
 
 
-def test_the_shared_prefix_prompt_pass_gives_the_plain_passs_decoding(model_and_tokenizer):
-    """Prompts that begin alike (the chat template and the DAPO instruction): the common start runs once; the
-    logits of the decode steps equal the plain pass's within float32 rounding, and the greedy tokens are the same."""
-    from dapo_suite.inference.decoding import common_prefix_length, make_stepper
+def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_and_tokenizer):
+    """Prompts that begin alike (the chat template and the DAPO instruction): their common beginning runs once, and
+    a later call finds it in the cache (here a single prompt, which has nothing to share within its own call). The
+    decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same."""
+    from dapo_suite.inference.decoding import PrefixCache, make_stepper
 
     model, tokenizer = model_and_tokenizer
     tokenizer.padding_side = "left"
-    texts = [render_chat(tokenizer, format_prompt(q)) for q in QUESTIONS]
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    assert common_prefix_length(encoded.input_ids, encoded.attention_mask) >= 40
 
-    def greedy(share: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def greedy(questions: list[str], cache: PrefixCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        texts = [render_chat(tokenizer, format_prompt(q)) for q in questions]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
-            stepper = make_stepper(model, encoded.input_ids, encoded.attention_mask, 16, share_prefix=share)
+            stepper = make_stepper(model, encoded.input_ids, encoded.attention_mask, 16, prefix_cache=cache)
             positions, tokens = encoded.attention_mask.sum(-1) - 1, encoded.input_ids[:, -1]
             out, logits = [], []
             for _ in range(16):
@@ -128,9 +128,13 @@ def test_the_shared_prefix_prompt_pass_gives_the_plain_passs_decoding(model_and_
                 logits.append(step)
         return torch.stack(out, 1), torch.stack(logits, 1)
 
-    plain, shared = greedy(False), greedy(True)
-    assert torch.equal(plain[0], shared[0])
-    torch.testing.assert_close(shared[1], plain[1], atol=1e-3, rtol=1e-4)
+    cache = PrefixCache()
+    for questions in (QUESTIONS, ["What is 7 + 8?"]):
+        plain, cached = greedy(questions, None), greedy(questions, cache)
+        assert torch.equal(plain[0], cached[0])
+        torch.testing.assert_close(cached[1], plain[1], atol=1e-3, rtol=1e-4)
+    assert cache.match([torch.tensor(tokenizer(render_chat(tokenizer, format_prompt("What is 1 + 1?")),
+                                               add_special_tokens=False).input_ids)])[0] >= 40
 
 
 def test_text_streams_in_whole_characters_and_stops_before_a_stop_string(model_and_tokenizer):

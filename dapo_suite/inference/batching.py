@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dapo_suite.inference.decoding import make_stepper
+from dapo_suite.inference.decoding import PrefixCache, make_stepper
 from dapo_suite.inference.sampling import next_tokens, row_uniforms
 
 # (kind, value): ("token", id) for every sampled token (the end-of-sequence token included), then one
@@ -62,12 +62,13 @@ class BatchDecoder:
     """Decodes submitted jobs on a thread of its own, as one batch. `submit` is thread-safe and returns at once."""
 
     def __init__(self, model, eos_ids: set[int], pad_id: int, dtype: torch.dtype | None = None, max_rows: int = 64,
-                 kv_cache_bytes: int = 4 << 30, join_every: int = 4) -> None:
+                 kv_cache_bytes: int = 4 << 30, join_every: int = 1) -> None:
         self.model, self.eos_ids, self.pad_id = model, eos_ids, pad_id
         self.dtype = dtype or model.dtype
         self.max_rows, self.join_every = max_rows, join_every
         self.token_bytes = kv_bytes_per_token(model, self.dtype)
         self.kv_cache_bytes = kv_cache_bytes
+        self.prefix_cache = PrefixCache()  # prompts in one template compute their common beginning once
         self._pending: collections.deque[GenerationJob] = collections.deque()
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="batch-decoder", daemon=True)
@@ -154,7 +155,7 @@ class BatchDecoder:
         """Decode `jobs` (a list this method extends and shrinks in place) until every row has ended."""
         ids, mask = self._left_padded(jobs)
         stepper = make_stepper(self.model, ids, mask, max(job.max_tokens for job in jobs), self.dtype,
-                               share_prefix=True)
+                               prefix_cache=self.prefix_cache)
         positions, step_input = mask.sum(-1) - 1, ids[:, -1]
         width = ids.shape[1] + max(job.max_tokens for job in jobs)
         since_join = 0

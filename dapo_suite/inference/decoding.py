@@ -192,46 +192,86 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
 SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
 
 
-def common_prefix_length(prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> int:
-    """How many leading tokens every (left-padded) prompt has in common."""
-    rows = [ids[mask.bool()] for ids, mask in zip(prefix_ids, prefix_mask, strict=True)]
-    shortest = min(row.numel() for row in rows)
+def _shared_length(sequences: list[torch.Tensor]) -> int:
+    """How many leading tokens all of `sequences` have in common."""
+    shortest = min(sequence.numel() for sequence in sequences)
     if shortest == 0:
         return 0
-    stacked = torch.stack([row[:shortest] for row in rows])
+    stacked = torch.stack([sequence[:shortest] for sequence in sequences])
     differs = (stacked != stacked[:1]).any(0).nonzero()
     return int(differs[0]) if differs.numel() else shortest
 
 
+class PrefixCache:
+    """Keys and values of recent prompts' prefixes (one row each, float per layer), so that prompts that begin
+    alike (an endpoint's requests in one template: a system prompt, the DAPO instruction) compute their common
+    beginning once, across calls. An entry serves any prompt that shares at least SHARED_PREFIX_MIN_TOKENS of its
+    first tokens: attention is causal, so the first k slots of a prefix's cache are the cache of its first k tokens.
+    The `capacity` most recently stored entries are kept."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self.entries: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+
+    def match(self, rows: list[torch.Tensor]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(k, per-layer (keys, values) of the entry) with k the most leading tokens an entry shares with every
+        row; (0, None) when none shares SHARED_PREFIX_MIN_TOKENS."""
+        best, found = 0, None
+        for tokens, layers in self.entries:
+            shared = _shared_length([tokens, *rows])
+            if shared > best:
+                best, found = shared, layers
+        return (best, found) if best >= SHARED_PREFIX_MIN_TOKENS else (0, None)
+
+    def store(self, tokens: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.entries = [entry for entry in self.entries if not torch.equal(entry[0], tokens)]
+        self.entries = [(tokens, layers), *self.entries][: self.capacity]
+
+
 @torch.no_grad()
-def shared_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype):
-    """`prefill` for prompts that begin alike (an endpoint's requests in one template: the DAPO instruction, a
-    system prompt): their common start runs once, then each prompt's remainder attends to it. Returns (cache, mask)
-    in the layout [common start | left-padded remainders], the mask marking the padding between the two; the
-    plain `prefill` layout when the common start is shorter than SHARED_PREFIX_MIN_TOKENS or there is one prompt.
-    16 DAPO-template prompts of ~95 tokens share ~85: about 6x fewer tokens through the model."""
-    common = common_prefix_length(prefix_ids, prefix_mask) if prefix_ids.shape[0] > 1 else 0
+def cached_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype,
+                   prefix_cache: PrefixCache):
+    """`prefill` for prompts that begin alike: their common beginning (found in `prefix_cache`, else common to the
+    prompts themselves) is computed once, then each prompt's remainder attends to it; the first prompt's cache is
+    stored for later calls. Returns (cache, mask) in the layout [common beginning | left-padded remainders], the
+    mask marking the padding between the two; the plain `prefill` layout when no beginning of
+    SHARED_PREFIX_MIN_TOKENS is shared. 16 DAPO-template prompts of ~95 tokens share ~85: ~6x fewer tokens
+    through the model, and a prompt that joins later computes only its ~10 own tokens."""
+    from transformers import DynamicCache
+
+    real = prefix_mask.bool()
+    rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
+    common, stored = prefix_cache.match(rows)
+    if stored is None and len(rows) > 1:
+        common = _shared_length(rows)
     if common < SHARED_PREFIX_MIN_TOKENS:
-        return prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
-    width = prefix_ids.shape[1]
-    start = width - prefix_mask.sum(-1)  # each row's first real slot
-    head = prefix_ids[:1, int(start[0]) : int(start[0]) + common]
-    rest_len = prefix_mask.sum(-1) - common
-    rest_width = int(rest_len.max())
-    rest_ids = torch.full((prefix_ids.shape[0], rest_width), 0, dtype=prefix_ids.dtype, device=prefix_ids.device)
-    rest_mask = torch.zeros_like(rest_ids)
-    for row, length in enumerate(rest_len.tolist()):
-        if length:
-            rest_ids[row, rest_width - length :] = prefix_ids[row, width - length :]
-            rest_mask[row, rest_width - length :] = 1
-    mask = torch.cat([prefix_mask.new_ones(prefix_ids.shape[0], common), rest_mask], dim=1)
-    with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
-        cache = model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(prefix_ids.shape[0])
-        if rest_width:
-            positions = common + (rest_mask.cumsum(-1) - 1).clamp(min=0)
-            cache = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                          use_cache=True, logits_to_keep=1).past_key_values
+        cache, mask = prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
+    else:
+        count = len(rows)
+        rest_len = [row.numel() - common for row in rows]
+        rest_width = max(rest_len)
+        rest_ids = prefix_ids.new_zeros(count, rest_width)
+        rest_mask = prefix_mask.new_zeros(count, rest_width)
+        for index, (row, length) in enumerate(zip(rows, rest_len, strict=True)):
+            if length:
+                rest_ids[index, rest_width - length :] = row[common:]
+                rest_mask[index, rest_width - length :] = 1
+        mask = torch.cat([prefix_mask.new_ones(count, common), rest_mask], dim=1)
+        with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
+            if stored is None:
+                cache = model(input_ids=rows[0][None, :common], use_cache=True, logits_to_keep=1).past_key_values
+                cache.batch_repeat_interleave(count)
+            else:
+                cache = DynamicCache()
+                for layer, (keys, values) in enumerate(stored):
+                    cache.update(keys[None, :, :common].expand(count, -1, -1, -1).contiguous(),
+                                 values[None, :, :common].expand(count, -1, -1, -1).contiguous(), layer)
+            if rest_width:
+                positions = common + (rest_mask.cumsum(-1) - 1).clamp(min=0)
+                cache = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              use_cache=True, logits_to_keep=1).past_key_values
+    first = mask[0].bool()
+    prefix_cache.store(rows[0], [(layer.keys[0][:, first], layer.values[0][:, first]) for layer in cache.layers])
     return cache, mask
 
 
@@ -254,7 +294,8 @@ class LeanStepper:
     """
 
     def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None, group_size: int = 1, share_prefix: bool = False) -> None:
+                 dtype: torch.dtype | None = None, group_size: int = 1,
+                 prefix_cache: PrefixCache | None = None) -> None:
         config, inner = model.config, model.model
         dtype = dtype or model.dtype
         self.heads = config.num_attention_heads
@@ -305,7 +346,7 @@ class LeanStepper:
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
         # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).
-        self.share_prefix = share_prefix and self.kernels is None
+        self.prefix_cache = prefix_cache if self.kernels is None else None
         prompts = input_ids.shape[0]
         prompt_kv, prompt_bias, prompt_start = self._prefix(model, input_ids, attention_mask)
         prompt_len = prompt_kv.shape[4]
@@ -334,7 +375,7 @@ class LeanStepper:
     def _prefix(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """(keys and values of each prompt's prefix (2, layers, prompts, H_kv, W, D), their attention bias
         (prompts, 1, 1, W), the first real slot of each) for left-padded prompts (prompts, P + 1); W = P, or with
-        `share_prefix` the width of `shared_prefill`'s layout."""
+        a `prefix_cache` the width of `cached_prefill`'s layout."""
         prefix_ids, prefix_mask = input_ids[:, :-1], attention_mask[:, :-1]
         if prefix_ids.shape[1] == 0:  # one-token prompts: nothing before the token the first step feeds
             prompt_kv = torch.zeros(2, len(self.layers), input_ids.shape[0], self.kv_heads, 0, self.head_dim,
@@ -342,8 +383,8 @@ class LeanStepper:
         elif self.kernels is not None:
             prompt_kv = self._packed_prefill(prefix_ids, prefix_mask)
         else:
-            if self.share_prefix:
-                cache, prefix_mask = shared_prefill(model, prefix_ids, prefix_mask, self.dtype)
+            if self.prefix_cache is not None:
+                cache, prefix_mask = cached_prefill(model, prefix_ids, prefix_mask, self.dtype, self.prefix_cache)
             else:
                 cache = prefill(model, prefix_ids, prefix_mask, self.dtype)
             prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], 1)
@@ -507,7 +548,7 @@ class LeanStepper:
 
 def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                  dtype: torch.dtype | None = None, decoder: str = "auto", group_size: int = 1,
-                 share_prefix: bool = False) -> Stepper:
+                 prefix_cache: PrefixCache | None = None) -> Stepper:
     """A stepper that has run the prompts (left-padded, each once) up to their last token, which its first step
     takes: the lean stepper where it implements the model exactly ("auto"), else, or with "hf", transformers' own
     (which samples in the model's dtype: `dtype` needs the lean stepper). It decodes `group_size` rows per prompt
@@ -515,7 +556,7 @@ def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     if decoder not in ("auto", "hf"):
         raise ValueError(f"decoder {decoder!r}: expected 'auto' or 'hf'")
     if decoder == "auto" and lean_supported(model):
-        return LeanStepper(model, input_ids, attention_mask, max_new_tokens, dtype, group_size, share_prefix)
+        return LeanStepper(model, input_ids, attention_mask, max_new_tokens, dtype, group_size, prefix_cache)
     cache = prefill(model, input_ids[:, :-1], attention_mask[:, :-1], dtype or model.dtype)
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
