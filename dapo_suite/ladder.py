@@ -112,25 +112,31 @@ def check_overrides(presets: list[str], overrides: dict[str, Any]) -> None:
                             f"(set by {', '.join(setters)})")
 
 
-def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any]) -> Path:
+def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any],
+               scale: str | None = None) -> Path:
     """Train every (preset, seed) into out/<rung>/seed-<s>, seed after seed (so a partial ladder already has
-    whole seeds), then write the table, tests and plots; return the table's path."""
+    whole seeds), then write the table, tests and plots; return the table's path. `scale`: a scale preset under
+    every rung (by default tiny-cpu applies only to the embedded model, not to a checkpoint trained from it)."""
     from dapo_suite.train.trainer import DAPOTrainer
 
     rungs = [rung_name(preset) for preset in presets]
     if len(set(rungs)) < len(rungs):
         raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
     check_overrides(presets, overrides)
-    plan = {"presets": presets, "seeds": seeds, "overrides": overrides}
+    plan = {"presets": presets, "seeds": seeds, "overrides": overrides, **({"scale": scale} if scale else {})}
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
-        earlier = json.loads(plan_path.read_text())["overrides"]
+        earlier_plan = json.loads(plan_path.read_text())
+        earlier = earlier_plan["overrides"]
+        if earlier_plan.get("scale") != scale:
+            raise UserError(f"{out} holds a ladder trained with --scale {earlier_plan.get('scale')}, this command "
+                            f"asks for {scale}: repeat the same --scale, or pick another --out")
         if earlier != plan["overrides"]:
             raise UserError(f"{out} holds a ladder trained with {earlier or 'no overrides'}, this command asks for "
                             f"{plan['overrides'] or 'none'}: repeat the same --max-steps/--model/--set, or "
                             "pick another --out")
     # Every config first, so a bad preset or value stops the ladder before hours of training.
-    configs = {(preset, seed): resolve_config([preset], {"seed": seed,
+    configs = {(preset, seed): resolve_config([scale, preset] if scale else [preset], {"seed": seed,
                                                          "out": str(run_path(out, rung_name(preset), seed))},
                                               overrides)
                for seed in seeds for preset in presets}
@@ -313,8 +319,10 @@ def ladder_markdown(results: dict[str, Any]) -> str:
     plan, acc = results["plan"], MEASURES["heldout_acc"]
     seeds = results["seeds"]
     settings = ", ".join(f"{k}={v}" for k, v in plan["overrides"].items()) or "no overrides"
+    scale = (f"scale preset {plan['scale']} under every rung" if plan.get("scale") else
+             "the preset's scale otherwise: tiny-cpu for the embedded model")
     lines = [f"Presets {', '.join(results['rungs'])}; seeds {', '.join(map(str, seeds))} (N = {len(seeds)}) shared by "
-             f"every rung; {settings} (the preset's scale otherwise: tiny-cpu for the embedded model).", "",
+             f"every rung; {settings} ({scale}).", "",
              f"Mean ± sample std (N-1) across seeds. Held-out acc: avg@n on the held-out split after training; "
              f"the other figures are each run's mean over its last {results['last_steps']} steps (train samples, "
              "before filtering for the zero-advantage share); a run whose last steps made no update has no entropy or "

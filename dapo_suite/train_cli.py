@@ -181,6 +181,9 @@ def export(run_dir: str, out: str | None) -> None:
               help="Runs per rung, with seeds 0..N-1 shared by every rung (default 3).")
 @click.option("--max-steps", type=int, help="Training steps per run (default: the tiny-cpu preset's).")
 @click.option("--model", help="Starting model for every run (default: the embedded SmolLM2-135M-Instruct).")
+@click.option("--scale", metavar="PRESET",
+              help="Scale preset under every rung, e.g. tiny-cpu (default: tiny-cpu for the embedded model only; "
+                   "give it with --model pointing at a checkpoint trained from the embedded model).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override a config field for every run, e.g. --set group_size=8 (not a field the presets set, "
                    "not the seed).")
@@ -188,7 +191,7 @@ def export(run_dir: str, out: str | None) -> None:
               help="Train nothing: rebuild the table, tests and plots from OUT's ladder_plan.json and the runs' "
                    "metrics.jsonl (--presets and --seeds, if given, pick a subset).")
 def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int | None, model: str | None,
-           assignments, report_only: bool) -> None:
+           scale: str | None, assignments, report_only: bool) -> None:
     """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by default.
 
     \b
@@ -230,7 +233,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
             overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             with output_lock(out):
-                table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides)
+                table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides,
+                                   scale)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint

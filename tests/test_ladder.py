@@ -117,6 +117,21 @@ def test_ladder_refuses_what_it_cannot_compare(tmp_path):
     assert result.returncode == 2 and "repeat the same" in result.stderr
 
 
+def test_a_scale_preset_under_every_rung_for_a_checkpoint_of_the_embedded_model(tmp_path):
+    """With --model pointing at a checkpoint, tiny-cpu is not applied by itself (the paper's 32B values are the
+    base); --scale tiny-cpu puts it under every rung, and a rerun must repeat it."""
+    from dapo_suite.train.config import resolve_config
+
+    checkpoint = {"model": str(tmp_path / "checkpoint-last"), "seed": 0}
+    assert resolve_config(["grpo"], checkpoint).lr == 1e-6
+    scaled = resolve_config(["tiny-cpu", "grpo"], checkpoint)
+    assert (scaled.lr, scaled.group_size, scaled.clip_high, scaled.presets) == (3e-5, 16, 0.2, ["tiny-cpu", "grpo"])
+    out = tmp_path / "ladder"
+    write_ladder(out)
+    result = dapo_suite("train", "ladder", "--out", str(out), "--scale", "tiny-cpu", "--max-steps", "2")
+    assert result.returncode == 2 and "repeat the same --scale" in result.stderr
+
+
 @pytest.mark.slow
 def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     out = tmp_path / "ladder"

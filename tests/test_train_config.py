@@ -128,3 +128,16 @@ def test_set_null_turns_off_what_a_preset_set_while_an_absent_flag_keeps_it():
     assert off.sampling_dtype is None and off.autocast_dtype is None and off.max_steps == 12
     kept = resolve_config(["dapo"], {"max_steps": None, "sampling_dtype": None, "out": "runs/x"})
     assert kept.sampling_dtype == "auto" and kept.autocast_dtype == "auto"
+
+
+def test_built_in_tasks_are_a_registry_of_disjoint_problem_sets():
+    from dapo_suite.train.tasks import BUILTIN_TASKS, builtin_task
+
+    sets = {name: {problem.problem for problem in make()} for name, make in BUILTIN_TASKS.items()}
+    assert not sets["arithmetic"] & sets["three-term-sums"]
+    train, heldout = builtin_task("three-term-sums", 50, seed=0)
+    assert len(heldout) == 50 and len(train) == len(sets["three-term-sums"]) - 50
+    assert all(int(p.answer) == sum(map(int, p.problem.removeprefix("What is ").rstrip("?").split(" + ")))
+               for p in train)
+    with pytest.raises(ValueError, match="the built-in tasks are arithmetic, three-term-sums"):
+        builtin_task("geometry", 10, seed=0)
