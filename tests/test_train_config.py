@@ -133,11 +133,11 @@ def test_set_null_turns_off_what_a_preset_set_while_an_absent_flag_keeps_it():
 def test_built_in_tasks_are_a_registry_of_disjoint_problem_sets():
     from dapo_suite.train.tasks import BUILTIN_TASKS, builtin_task
 
-    sets = {name: {problem.problem for problem in make()} for name, make in BUILTIN_TASKS.items()}
-    assert not sets["arithmetic"] & sets["three-term-sums"]
-    train, heldout = builtin_task("three-term-sums", 50, seed=0)
-    assert len(heldout) == 50 and len(train) == len(sets["three-term-sums"]) - 50
-    assert all(int(p.answer) == sum(map(int, p.problem.removeprefix("What is ").rstrip("?").split(" + ")))
-               for p in train)
-    with pytest.raises(ValueError, match="the built-in tasks are arithmetic, three-term-sums"):
+    sets = {name: {(problem.problem, problem.answer) for problem in make()} for name, make in BUILTIN_TASKS.items()}
+    assert not {text for text, _ in sets["arithmetic"]} & {text for text, _ in sets["arithmetic-in-words"]}
+    assert ("What is 3 plus 4?", "7") in sets["arithmetic-in-words"]
+    assert ("What is 9 multiplied by 5?", "45") in sets["arithmetic-in-words"]
+    train, heldout = builtin_task("arithmetic-in-words", 50, seed=0)
+    assert len(heldout) == 50 and len(train) == len(sets["arithmetic-in-words"]) - 50
+    with pytest.raises(ValueError, match="the built-in tasks are arithmetic, arithmetic-in-words"):
         builtin_task("geometry", 10, seed=0)

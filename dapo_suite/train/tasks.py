@@ -25,15 +25,21 @@ def arithmetic_problems() -> list[Problem]:
     return [Problem(id=f"{level}:{text}", problem=text, answer=str(value)) for text, value, level in problems]
 
 
-def three_term_sums() -> list[Problem]:
-    """Sums of three single-digit numbers (the first at most 5: 405 problems): about as hard for the 135M model as
-    the arithmetic curriculum and disjoint from it, so a run can learn the answer format here and be measured on
-    the curriculum's held-out split (the entropy comparison's warm start, docs/results/entropy/)."""
-    return [Problem(id=f"add3:{a}+{b}+{c}", problem=f"What is {a} + {b} + {c}?", answer=str(a + b + c))
-            for a in range(1, 6) for b in range(1, 10) for c in range(1, 10)]
+def arithmetic_in_words() -> list[Problem]:
+    """The curriculum's operations with the operator in words ("What is 3 plus 4?", "minus", "multiplied by"; 292
+    problems): the same skills, none of the same problem texts. A run can learn the answer format here and be
+    measured on the curriculum's held-out split (the entropy comparison's warm start, docs/results/entropy/)."""
+    words = {"+": "plus", "-": "minus", "times": "multiplied by"}
+    problems = []
+    for problem in arithmetic_problems():
+        text = problem.problem
+        for symbol, word in words.items():
+            text = text.replace(f" {symbol} ", f" {word} ")
+        problems.append(Problem(id=f"words:{text}", problem=text, answer=problem.answer))
+    return problems
 
 
-BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "three-term-sums": three_term_sums}
+BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "arithmetic-in-words": arithmetic_in_words}
 
 
 def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
