@@ -28,9 +28,9 @@ def _prompt_ids(tokenizer) -> list[list[int]]:
     return [tokenizer(render_chat(tokenizer, format_prompt(q)), add_special_tokens=False).input_ids for q in QUESTIONS]
 
 
-def _decode(model, tokenizer, specs: list[dict], pause_after_first: float = 0.0) -> list[tuple[list[int], str]]:
+def _decode(model, tokenizer, specs: list[dict], pause: float = 0.0) -> list[tuple[list[int], str]]:
     """Run jobs (GenerationJob keyword arguments) through a fresh BatchDecoder; (tokens, finish) of each. With
-    `pause_after_first`, the others are submitted that long after the first, so they join its running batch."""
+    `pause`, each job is submitted that long after the one before, so it joins the running batch."""
     import time
 
     from dapo_suite.inference.batching import BatchDecoder, GenerationJob
@@ -54,20 +54,21 @@ def _decode(model, tokenizer, specs: list[dict], pause_after_first: float = 0.0)
     for index, spec in enumerate(specs):
         jobs.append(GenerationJob(emit=emitter(index), **spec))
         decoder.submit(jobs[-1])
-        if index == 0 and pause_after_first:
-            time.sleep(pause_after_first)
+        time.sleep(pause)
     for _ in specs:
         assert finished.acquire(timeout=300), "a job never ended"
     return results
 
 
 def test_a_request_that_joins_a_running_batch_gets_the_tokens_it_gets_alone(model_and_tokenizer):
+    """The second job joins by rebuilding the cache buffer (with spare rows), the third is written into it in
+    place; each gets the tokens it gets alone."""
     model, tokenizer = model_and_tokenizer
     ids = _prompt_ids(tokenizer)
-    specs = [{"prompt_ids": ids[i], "max_tokens": 32, "temperature": 1.0, "top_p": 0.7, "seed": 11 + i}
+    specs = [{"prompt_ids": ids[i], "max_tokens": 48, "temperature": 1.0, "top_p": 0.7, "seed": 11 + i}
              for i in range(3)]
     alone = [_decode(model, tokenizer, [spec])[0] for spec in specs]
-    joined = _decode(model, tokenizer, specs, pause_after_first=1.0)
+    joined = _decode(model, tokenizer, specs, pause=1.0)
     assert joined == alone
     assert len({tuple(tokens) for tokens, _ in alone}) == 3
 

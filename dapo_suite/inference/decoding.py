@@ -367,6 +367,7 @@ class LeanStepper:
             self.length = 0  # own slots filled so far
             self.start = torch.zeros(prompts * group_size, dtype=torch.long, device=attention_mask.device)
         else:
+            self._kv_store = self.kv  # the buffer `add_rows` writes joining rows into (its spare rows, once rebuilt)
             self.kv[:, :, :, :, :prompt_len] = prompt_kv.repeat_interleave(group_size, dim=2)
             self.bias[:, :, :, :prompt_len] = prompt_bias.repeat_interleave(group_size, dim=0)
             self.length = prompt_len
@@ -399,25 +400,37 @@ class LeanStepper:
 
         Every row's filled slots end at the same slot (the running rows' prompts and tokens so far; the new
         prompts' prefixes), so the next `step` writes all of them at one slot; a row's RoPE positions are its own
-        (the caller's `positions`), so where its keys sit in the buffer changes nothing but the padding. The buffer
-        is rebuilt, wide enough for every row's remaining tokens. Only the new prompts run through the model:
-        restarting the batch would recompute every running row's prompt and tokens. Not with a shared prompt
-        cache (`group_size` > 1)."""
+        (the caller's `positions`), so where its keys sit in the buffer changes nothing but the padding. Only the
+        new prompts run through the model: restarting the batch would recompute every running row's prompt and
+        tokens. The new rows are written in place when the buffer has spare rows and slots and their prefixes fit
+        before the current slot; else the buffer is rebuilt with twice the rows and slots needed, so that the
+        following joins are written in place (a rebuild copies every running row's cache: at 64 rows of ~300
+        tokens, ~0.9 GB). Not with a shared prompt cache (`group_size` > 1)."""
         if self.shared:
             raise ValueError("add_rows needs the per-row cache layout (group_size 1)")
         new_kv, new_bias, new_start = self._prefix(model, input_ids, attention_mask)
         running, added, prefix_len = self.kv.shape[2], input_ids.shape[0], new_kv.shape[4]
-        end = max(self.length, prefix_len)  # where every row's filled slots end
-        slots = end + max(self.kv.shape[4] - self.length, max_new_tokens)
-        kv = self.kv.new_zeros(2, len(self.layers), running + added, self.kv_heads, slots, self.head_dim)
-        bias = self.bias.new_full((running + added, 1, 1, slots), float("-inf"))
+        store = self._kv_store
+        in_place = (prefix_len <= self.length and running + added <= store.shape[2]
+                    and self.length + max_new_tokens <= store.shape[4])
+        end = self.length if in_place else max(self.length, prefix_len)  # where every row's filled slots end
         shift = end - self.length
-        kv[:, :, :running, :, shift:end] = self.kv[:, :, :, :, : self.length]
-        bias[:running, :, :, shift:end] = self.bias[:, :, :, : self.length]
-        kv[:, :, running:, :, end - prefix_len : end] = new_kv
-        bias[running:, :, :, end - prefix_len : end] = new_bias
+        if not in_place:
+            slots = end + 2 * max(self.kv.shape[4] - self.length, max_new_tokens)
+            store = self.kv.new_empty(2, len(self.layers), 2 * (running + added), self.kv_heads, slots, self.head_dim)
+            store[:, :, :running, :, :shift] = 0.0  # padding is read (masked): it must hold finite values
+            store[:, :, :running, :, shift:end] = self.kv[:, :, :, :, : self.length]
+            bias = self.bias.new_full((running, 1, 1, slots), float("-inf"))
+            bias[:, :, :, shift:end] = self.bias[:, :, :, : self.length]
+            bias[:, :, :, end:] = 0.0
+            self.bias, self._kv_store = bias, store
+        joined = store[:, :, running : running + added]
+        joined[:, :, :, :, : end - prefix_len] = 0.0
+        joined[:, :, :, :, end - prefix_len : end] = new_kv
+        bias = self.bias.new_full((added, 1, 1, store.shape[4]), float("-inf"))
+        bias[:, :, :, end - prefix_len : end] = new_bias
         bias[:, :, :, end:] = 0.0  # the slots the coming steps fill
-        self.kv, self.bias, self.length = kv, bias, end
+        self.kv, self.bias, self.length = store[:, :, : running + added], torch.cat([self.bias, bias]), end
         self.start = torch.cat([self.start + shift, new_start + end - prefix_len])
 
     def _group_layout(self) -> None:
