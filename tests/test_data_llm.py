@@ -164,8 +164,9 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
         else:
             pytest.fail("serve api did not start")
         source = tmp_path / "eight.jsonl"
-        source.write_text("\n".join(json.dumps({"problem": f"What is ${a}/{a + 1} + 1/{a + 1}$?", "answer": "1"})
-                                    for a in range(2, 10)))
+        source.write_text("\n".join(json.dumps({  # fractions: each row needs a rewrite to an integer answer
+            "problem": f"What is $\\frac{{1}}{{{a}}}+\\frac{{1}}{{{a}}}$? Express your answer as a common fraction.",
+            "answer": f"\\frac{{2}}{{{a}}}"}) for a in range(3, 18, 2)))
         command = [str(Path(sys.executable).parent / "dapo-suite"), "data", "build", "--input", str(source),
                    "--out", str(tmp_path / "out"), "--rewriter", "llm", "--base-url", f"http://127.0.0.1:{port}/v1",
                    "--model", model, "--decontaminate", ""]
