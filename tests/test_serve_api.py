@@ -204,7 +204,9 @@ def test_concurrent_streams_are_decoded_together(api, request):
         assert alone == replies[questions.index(question)][2]
 
 
-def test_stop_strings_end_the_reply_before_them(api):
+def test_stop_strings_end_the_reply_before_them(api, request):
+    if request.node.callspec.params["api"] != "sampler":
+        pytest.skip("`transformers serve` keeps the stop string in the reply (docs/serve.md)")
     base_url, model, _ = api
     messages = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
     full = _client(base_url).chat.completions.create(model=model, messages=messages, max_tokens=60, temperature=0)
