@@ -184,7 +184,7 @@ class BatchDecoder:
                 joining = self._take(len(jobs), width, block=False)
                 if joining:
                     ids, mask = self._left_padded(joining)
-                    stepper.add_rows(self.model, ids, mask, max(job.max_tokens for job in joining))
+                    stepper.add_rows(self.model, ids, mask, max(job.max_tokens for job in joining), self.max_rows)
                     jobs.extend(joining)
                     positions = torch.cat([positions, mask.sum(-1) - 1])
                     step_input = torch.cat([step_input, ids[:, -1]])

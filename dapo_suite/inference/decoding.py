@@ -190,6 +190,7 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
 
 
 SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
+JOIN_HEADROOM_SLOTS = 128  # spare slots of a rebuilt cache: rows may join in place for this many steps
 
 
 def _shared_length(sequences: list[torch.Tensor]) -> int:
@@ -395,7 +396,8 @@ class LeanStepper:
         prompt_bias.masked_fill_(~prefix_mask[:, None, None, :].bool(), float("-inf"))
         return prompt_kv, prompt_bias, width - prefix_mask.long().sum(-1)
 
-    def add_rows(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> None:
+    def add_rows(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 capacity_rows: int | None = None) -> None:
         """Join new prompts (left-padded, one row each) to the running rows, after them: continuous batching.
 
         Every row's filled slots end at the same slot (the running rows' prompts and tokens so far; the new
@@ -403,9 +405,10 @@ class LeanStepper:
         (the caller's `positions`), so where its keys sit in the buffer changes nothing but the padding. Only the
         new prompts run through the model: restarting the batch would recompute every running row's prompt and
         tokens. The new rows are written in place when the buffer has spare rows and slots and their prefixes fit
-        before the current slot; else the buffer is rebuilt with twice the rows and slots needed, so that the
-        following joins are written in place (a rebuild copies every running row's cache: at 64 rows of ~300
-        tokens, ~0.9 GB). Not with a shared prompt cache (`group_size` > 1)."""
+        before the current slot; else the buffer is rebuilt with spare rows (up to `capacity_rows`, default twice
+        the rows) and JOIN_HEADROOM_SLOTS spare slots, so that the following joins are written in place (a rebuild
+        copies every running row's cache: at 64 rows of ~300 tokens, ~0.9 GB). Not with a shared prompt cache
+        (`group_size` > 1)."""
         if self.shared:
             raise ValueError("add_rows needs the per-row cache layout (group_size 1)")
         new_kv, new_bias, new_start = self._prefix(model, input_ids, attention_mask)
@@ -416,8 +419,9 @@ class LeanStepper:
         end = self.length if in_place else max(self.length, prefix_len)  # where every row's filled slots end
         shift = end - self.length
         if not in_place:
-            slots = end + 2 * max(self.kv.shape[4] - self.length, max_new_tokens)
-            store = self.kv.new_empty(2, len(self.layers), 2 * (running + added), self.kv_heads, slots, self.head_dim)
+            slots = end + max(self.kv.shape[4] - self.length, max_new_tokens) + JOIN_HEADROOM_SLOTS
+            rows = max(running + added, capacity_rows or 2 * (running + added))
+            store = self.kv.new_empty(2, len(self.layers), rows, self.kv_heads, slots, self.head_dim)
             store[:, :, :running, :, :shift] = 0.0  # padding is read (masked): it must hold finite values
             store[:, :, :running, :, shift:end] = self.kv[:, :, :, :, : self.length]
             bias = self.bias.new_full((running, 1, 1, slots), float("-inf"))
