@@ -47,6 +47,12 @@ def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
             temperature=0.0, max_tokens=12)
         pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
         assert len(pieces) >= 2 and "5" in "".join(pieces)
+        # eval's engine and the data pipeline call the child directly, without streaming
+        reply = client.chat.completions.create(model=endpoint.model_name, temperature=0.0, max_tokens=12,
+                                               messages=[{"role": "user", "content": "What is 2+3?"}])
+        assert reply.choices[0].message.content == "".join(pieces) and 2 <= reply.usage.completion_tokens <= 12
+        text = client.completions.create(model=endpoint.model_name, prompt="1, 2, 3,", max_tokens=5, temperature=0)
+        assert text.choices[0].finish_reason == "length" and text.choices[0].text.strip()
         process = endpoint.process
     assert process.poll() is not None, "the model server must be stopped when the block exits"
     assert _down(endpoint.base_url)

@@ -3,8 +3,8 @@ the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a chil
 
     python -m dapo_suite.inference.sampler_server --model runs/dapo/checkpoint-last --port 8001
 
-It answers streamed `/v1/chat/completions` and `/v1/completions` with one choice each (`n` and non-streamed
-responses are the front's work, serve/api.py), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
+It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with one choice each (`n` > 1 is the
+front's work, serve/api.py), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
 `top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; `/health` and `/v1/models`.
 """
 
@@ -144,41 +144,65 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
             return {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
                     "created": created, "model": name, "choices": [choice]}
 
-        async def stream() -> AsyncIterator[bytes]:
+        async def pieces() -> AsyncIterator[tuple[str, str]]:
+            """("text", piece) as the reply decodes, then ("finish", reason) or ("error", message)."""
             text = IncrementalText(tokenizer)
             try:
-                if chat:
-                    first = chunk("", None)
-                    first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-                    yield _sse(first)
                 while True:
                     kind, value = await events.get()
                     if kind == "error":
-                        yield _sse({"error": {"message": str(value), "type": "server_error", "param": None,
-                                              "code": None}})
+                        yield "error", str(value)
                         return
                     if kind == "end":
                         finish = "stop" if value == "cancelled" else str(value)
                         break
                     piece, stopped = stops.feed(text.push(int(value)))
                     if piece:
-                        yield _sse(chunk(piece, None))
+                        yield "text", piece
                     if stopped:
                         job.cancelled, finish = True, "stop"
                         break
                 if rest := stops.flush():
-                    yield _sse(chunk(rest, None))
-                yield _sse(chunk(None, finish))
-                if usage_wanted:
-                    yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": created, "model": name, "choices": [],
-                                "usage": {"prompt_tokens": len(ids), "completion_tokens": job.produced,
-                                          "total_tokens": len(ids) + job.produced}})
-                yield b"data: [DONE]\n\n"
+                    yield "text", rest
+                yield "finish", finish
             finally:
                 job.cancelled = True  # the client has gone or the reply is complete: free the row
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.produced,  # noqa: E731
+                         "total_tokens": len(ids) + job.produced}
+
+        async def stream() -> AsyncIterator[bytes]:
+            if chat:
+                first = chunk("", None)
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                yield _sse(first)
+            async for kind, value in pieces():
+                if kind == "error":
+                    yield _sse({"error": {"message": value, "type": "server_error", "param": None, "code": None}})
+                    return
+                yield _sse(chunk(value, None) if kind == "text" else chunk(None, value))
+            if usage_wanted:
+                yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": created, "model": name, "choices": [], "usage": usage()})
+            yield b"data: [DONE]\n\n"
+
+        if body.get("stream"):
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        parts, finish = [], "stop"
+        async for kind, value in pieces():
+            if kind == "error":
+                return JSONResponse({"error": {"message": value, "type": "server_error", "param": None,
+                                               "code": None}}, status_code=500)
+            if kind == "text":
+                parts.append(value)
+            else:
+                finish = value
+        content = "".join(parts)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish,
+                   "logprobs": None} if chat else
+                  {"index": 0, "text": content, "finish_reason": finish, "logprobs": None})
+        return JSONResponse({"id": reply_id, "object": "chat.completion" if chat else "text_completion",
+                             "created": created, "model": name, "choices": [choice], "usage": usage()})
 
     routes = [Route("/health", health), Route("/v1/models", models),
               Route("/v1/chat/completions", generate, methods=["POST"]),
