@@ -9,12 +9,12 @@ out=${1:-runs/entropy}
 seeds=${2:-5}
 start=$out/warm-start
 # 1. The warm start: the untrained model writes the `Answer:` line in ~5 % of samples, so at this scale most groups
-#    are all wrong and nothing is learned for many steps. 12 DAPO steps on the curriculum's operations written in
+#    are all wrong and nothing is learned for many steps. 7 DAPO steps on the curriculum's operations written in
 #    words ("What is 3 plus 4?": the same skills, none of the problem texts the comparison trains and is held out on)
 #    teach the format first. Both arms start from this checkpoint.
 if [ ! -e "$start/summary.json" ] || ! grep -q '"after"' "$start/summary.json"; then
   resume=$([ -e "$start/checkpoint-last" ] && echo --resume || true)
-  .venv/bin/dapo-suite train --preset tiny-cpu --set task=arithmetic-in-words --set seed=0 --max-steps 12 \
+  .venv/bin/dapo-suite train --preset tiny-cpu --set task=arithmetic-in-words --set seed=0 --max-steps 7 \
     --out "$start" $resume
 fi
 # 2. The comparison on the arithmetic curriculum, from the warm start: 4 prompts x 16 samples a step, mini-batches of
