@@ -11,9 +11,9 @@ lacks:
 - the child always streams: when the client disconnects, the front closes the child's stream, and the child
   stops generating (it cancels a generation whose stream is closed). A non-streaming client gets the streamed
   pieces joined into one response;
-- `n` > 1 (several choices for one prompt, which neither the sampler's server nor `transformers serve` gives)
-  fans out to n requests of one choice each (seed, when given, becomes seed + i for choice i), whose choices come
-  back as indices 0..n-1, in one response or interleaved in one stream;
+- `n` > 1 (several choices for one prompt, which `transformers serve` does not give) fans out, for that child, to
+  n requests of one choice each (seed, when given, becomes seed + i for choice i, as the sampler's server does
+  itself), whose choices come back as indices 0..n-1, in one response or interleaved in one stream;
 - with `transformers serve`, sampling as an OpenAI client expects: it copies `temperature` and `top_p` into the
   model's generation config but never turns `do_sample` on, so every request decoded greedily. The front sends the whole
   generation config with each request (`generation_config`, the model's own with `do_sample` = temperature > 0,
@@ -185,7 +185,7 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
         if generation_defaults is not None:
             forward = with_sampling(forward, generation_defaults)
         url = upstream + ("/chat/completions" if chat else "/completions")
-        requests = fan_out(forward)
+        requests = fan_out(forward) if generation_defaults is not None else [forward]  # others give n choices
         if body.get("stream"):
             stream = _relay(child, url, forward) if len(requests) == 1 else _interleave(child, url, requests)
             return StreamingResponse(stream, media_type="text/event-stream")
@@ -270,13 +270,16 @@ async def _interleave(child: Upstream, url: str, bodies: list[dict]) -> AsyncIte
 
 
 async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool) -> tuple[int, dict]:
-    """(status, one OpenAI response) holding the choices of several single-choice requests, as indices 0..n-1;
-    the first failed request's answer when one fails. Usage: the prompt once, the completions summed."""
+    """(status, one OpenAI response) holding the choices of one request, or of several single-choice requests
+    renumbered 0..n-1; the first failed request's answer when one fails. Usage: the prompt once, the completions
+    summed."""
     answers = await asyncio.gather(*(_join(child, url, body, chat) for body in bodies))
     for status, payload in answers:
         if status != 200:
             return status, payload
     payload = answers[0][1]
+    if len(answers) == 1:
+        return 200, payload
     payload["choices"] = [{**answer["choices"][0], "index": index} for index, (_, answer) in enumerate(answers)]
     usages = [answer.get("usage") for _, answer in answers]
     if all(usages):
@@ -287,8 +290,10 @@ async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool) -
 
 
 async def _join(child: Upstream, url: str, body: dict, chat: bool) -> tuple[int, dict]:
-    """(status, one OpenAI response) from the child's server-sent events."""
-    text, finish, usage, model = [], "stop", None, body.get("model")
+    """(status, one OpenAI response) from the child's server-sent events, a choice per index streamed."""
+    texts: dict[int, list[str]] = {}
+    finishes: dict[int, str] = {}
+    usage, model = None, body.get("model")
     async with child.stream(url, body) as upstream:
         if upstream.status_code != 200:
             return upstream.status_code, openai_error(await upstream.aread())
@@ -299,14 +304,17 @@ async def _join(child: Upstream, url: str, body: dict, chat: bool) -> tuple[int,
             usage = chunk.get("usage") or usage
             model = chunk.get("model", model)
             for choice in chunk.get("choices") or []:
-                text.append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
-                finish = choice.get("finish_reason") or finish
-    joined = "".join(text)
-    choice = ({"index": 0, "message": {"role": "assistant", "content": joined}, "finish_reason": finish} if chat
-              else {"index": 0, "text": joined, "finish_reason": finish, "logprobs": None})
+                index = choice.get("index", 0)
+                piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                texts.setdefault(index, []).append(piece or "")
+                finishes[index] = choice.get("finish_reason") or finishes.get(index, "stop")
+    choices = [{"index": index, "message": {"role": "assistant", "content": "".join(texts[index])},
+                "finish_reason": finishes[index]} if chat else
+               {"index": index, "text": "".join(texts[index]), "finish_reason": finishes[index], "logprobs": None}
+               for index in sorted(texts)]
     return 200, {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                  "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                 "model": model, "choices": [choice], "usage": usage}
+                 "model": model, "choices": choices, "usage": usage}
 
 
 def generation_defaults(model_path: str) -> dict:

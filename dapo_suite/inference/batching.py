@@ -74,9 +74,10 @@ class BatchDecoder:
         self._thread = threading.Thread(target=self._run, name="batch-decoder", daemon=True)
         self._thread.start()
 
-    def submit(self, job: GenerationJob) -> None:
+    def submit(self, *jobs: GenerationJob) -> None:
+        """Queue `jobs` together: they start in the same step (the choices of one request)."""
         with self._wake:
-            self._pending.append(job)
+            self._pending.extend(jobs)
             self._wake.notify()
 
     def warm_up(self, prompt_ids: list[int], timeout_s: float = 900.0) -> None:

@@ -3,8 +3,8 @@ the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a chil
 
     python -m dapo_suite.inference.sampler_server --model runs/dapo/checkpoint-last --port 8001
 
-It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with one choice each (`n` > 1 is the
-front's work, serve/api.py), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
+It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with `n` choices (choice i samples with
+seed + i), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
 `top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; `/health` and `/v1/models`.
 """
 
@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 DEFAULT_MAX_TOKENS = 1024
+MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 
 
 class IncrementalText:
@@ -99,8 +100,9 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
             return _error(400, "the request body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
-        if body.get("n") not in (None, 1):
-            return _error(400, "this server gives one choice per request (serve/api.py's front fans out n)", "n")
+        choices = 1 if body.get("n") is None else body["n"]
+        if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
+            return _error(400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
         try:
             if chat:
                 ids = tokenizer(render_chat(tokenizer, body["messages"]), add_special_tokens=False)["input_ids"]
@@ -124,63 +126,78 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             return _error(400, f"seed={seed!r}: must be an integer", "seed")
         stop = body.get("stop") or []
-        stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
+        stop_list = [stop] if isinstance(stop, str) else list(stop)
 
+        # The n choices are submitted together, so they start in one batch: a repeated request with a seed meets
+        # the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        job = GenerationJob(ids, max_tokens, float(temperature), float(top_p), seed,
-                            emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-        decoder.submit(job)
+        jobs = [GenerationJob(ids, max_tokens, float(temperature), float(top_p), None if seed is None else seed + index,
+                              emit=lambda event, index=index: loop.call_soon_threadsafe(events.put_nowait,
+                                                                                        (index, event)))
+                for index in range(choices)]
+        decoder.submit(*jobs)
         name = body.get("model") or model_name
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
         reply_id, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
 
-        def chunk(text: str | None, finish: str | None) -> dict:
+        def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> dict:
             if chat:
-                delta = {} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+                choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
             else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
             return {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
                     "created": created, "model": name, "choices": [choice]}
 
-        async def pieces() -> AsyncIterator[tuple[str, str]]:
-            """("text", piece) as the reply decodes, then ("finish", reason) or ("error", message)."""
-            text = IncrementalText(tokenizer)
+        async def pieces() -> AsyncIterator[tuple[int, str, str]]:
+            """(choice, "text", piece) as the choices decode, (choice, "finish", reason) as each ends, or
+            (choice, "error", message)."""
+            texts = [IncrementalText(tokenizer) for _ in jobs]
+            stops = [StopStrings(stop_list) for _ in jobs]
+            running = set(range(len(jobs)))
             try:
-                while True:
-                    kind, value = await events.get()
+                while running:
+                    index, (kind, value) = await events.get()
+                    if index not in running:
+                        continue  # a choice cut by a stop string: the rest of its events
                     if kind == "error":
-                        yield "error", str(value)
+                        yield index, "error", str(value)
                         return
+                    finish = None
                     if kind == "end":
                         finish = "stop" if value == "cancelled" else str(value)
-                        break
-                    piece, stopped = stops.feed(text.push(int(value)))
-                    if piece:
-                        yield "text", piece
-                    if stopped:
-                        job.cancelled, finish = True, "stop"
-                        break
-                if rest := stops.flush():
-                    yield "text", rest
-                yield "finish", finish
+                    else:
+                        piece, stopped = stops[index].feed(texts[index].push(int(value)))
+                        if piece:
+                            yield index, "text", piece
+                        if stopped:
+                            jobs[index].cancelled, finish = True, "stop"
+                    if finish is not None:
+                        running.discard(index)
+                        if rest := stops[index].flush():
+                            yield index, "text", rest
+                        yield index, "finish", finish
             finally:
-                job.cancelled = True  # the client has gone or the reply is complete: free the row
+                for job in jobs:
+                    job.cancelled = True  # the client has gone or the reply is complete: free the rows
 
-        usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.produced,  # noqa: E731
-                         "total_tokens": len(ids) + job.produced}
+        def usage() -> dict:
+            produced = sum(job.produced for job in jobs)
+            return {"prompt_tokens": len(ids), "completion_tokens": produced, "total_tokens": len(ids) + produced}
+
+        def error_body(message: str) -> dict:
+            return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
 
         async def stream() -> AsyncIterator[bytes]:
             if chat:
-                first = chunk("", None)
-                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-                yield _sse(first)
-            async for kind, value in pieces():
+                for index in range(len(jobs)):
+                    yield _sse(chunk(index, "", None, role=True))
+            async for index, kind, value in pieces():
                 if kind == "error":
-                    yield _sse({"error": {"message": value, "type": "server_error", "param": None, "code": None}})
+                    yield _sse(error_body(value))
                     return
-                yield _sse(chunk(value, None) if kind == "text" else chunk(None, value))
+                yield _sse(chunk(index, value, None) if kind == "text" else chunk(index, None, value))
             if usage_wanted:
                 yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
                             "created": created, "model": name, "choices": [], "usage": usage()})
@@ -188,21 +205,22 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
 
         if body.get("stream"):
             return StreamingResponse(stream(), media_type="text/event-stream")
-        parts, finish = [], "stop"
-        async for kind, value in pieces():
+        parts: list[list[str]] = [[] for _ in jobs]
+        finishes = ["stop"] * len(jobs)
+        async for index, kind, value in pieces():
             if kind == "error":
-                return JSONResponse({"error": {"message": value, "type": "server_error", "param": None,
-                                               "code": None}}, status_code=500)
+                return JSONResponse(error_body(value), status_code=500)
             if kind == "text":
-                parts.append(value)
+                parts[index].append(value)
             else:
-                finish = value
-        content = "".join(parts)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish,
-                   "logprobs": None} if chat else
-                  {"index": 0, "text": content, "finish_reason": finish, "logprobs": None})
+                finishes[index] = value
+        replies = [
+            {"index": index, "message": {"role": "assistant", "content": "".join(part)},
+             "finish_reason": finish, "logprobs": None} if chat else
+            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": None}
+            for index, (part, finish) in enumerate(zip(parts, finishes, strict=True))]
         return JSONResponse({"id": reply_id, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": name, "choices": [choice], "usage": usage()})
+                             "created": created, "model": name, "choices": replies, "usage": usage()})
 
     routes = [Route("/health", health), Route("/v1/models", models),
               Route("/v1/chat/completions", generate, methods=["POST"]),
