@@ -330,6 +330,28 @@ def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_sa
     assert "fused decode kernels unavailable" in warning and "g++ or clang" in warning and "ninja" in warning
 
 
+def test_a_build_lock_left_by_a_killed_build_is_removed_instead_of_waited_on(tmp_path):
+    """A process killed while it compiled the kernels leaves torch's build lock: later runs waited on it forever.
+    An old lock is removed with a warning; a fresh one (a build running now) is left alone."""
+    import os
+    import time
+    import warnings
+
+    from dapo_suite.inference.fused_step import STALE_LOCK_SECONDS, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    clear_stale_lock(lock)
+    assert lock.exists()
+    old = time.time() - STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clear_stale_lock(lock)
+    assert not lock.exists() and "stale build lock" in str(caught[0].message)
+    clear_stale_lock(lock)  # no lock: nothing happens
+
+
 def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torch_ops(embedded_model_dir, tmp_path,
                                                                                       monkeypatch):
     """On a CPU without avx512_bf16 the module builds without the attention and linear kernels (NATIVE_BF16 false):

@@ -44,6 +44,24 @@ def cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+STALE_LOCK_SECONDS = 900  # a build takes ~20-60 s; a lock this old was left by a build that was killed
+
+
+def clear_stale_lock(lock: Path) -> None:
+    """Remove torch's build lock when it is older than STALE_LOCK_SECONDS: a process killed while it compiled the
+    extension leaves the lock behind, and every later `cpp_extension.load` then waits on it forever."""
+    import time
+
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return  # no lock: nothing to do
+    if age > STALE_LOCK_SECONDS:
+        warnings.warn(f"removing a stale build lock ({lock}, {age / 60:.0f} minutes old: a build was killed)",
+                      stacklevel=3)
+        lock.unlink(missing_ok=True)
+
+
 @functools.cache
 def kernels():
     """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`, `pack_weight`,
@@ -55,8 +73,9 @@ def kernels():
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        return cpp_extension.load(name=f"dapo_decode_step_{cpu_tag()}", sources=[str(SOURCE)], extra_cflags=CFLAGS,
-                                  extra_ldflags=["-fopenmp"])
+        name = f"dapo_decode_step_{cpu_tag()}"
+        clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         first_line = (str(error).strip().splitlines() or [""])[0]
         warnings.warn(f"fused decode kernels unavailable ({type(error).__name__}: {first_line}); decoding with "
