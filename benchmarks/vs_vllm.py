@@ -114,6 +114,8 @@ def main() -> None:
             count, group = map(int, shape.split("x"))
             prompt_ids = prompts(tokenizer, count)
             best: dict[str, dict] = {}
+            run_sampler(model, tokenizer, prompt_ids, group, 4, dtype)  # warm-up: first-call costs are not measured
+            run_vllm(engine, prompt_ids, group, 4)
             for _ in range(args.repeats):
                 for side in ("dapo-suite", "vLLM"):
                     result = (run_sampler(model, tokenizer, prompt_ids, group, args.max_tokens, dtype)
