@@ -36,9 +36,9 @@ from typing import Any
 import httpx
 
 from dapo_suite.core.prompts import render_chat
+from dapo_suite.inference.sampler_server import MAX_CHOICES, error_response
 
 DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
-MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 
 
 @dataclass
@@ -53,13 +53,6 @@ def model_context(model_path: str) -> int:
 
     config = AutoConfig.from_pretrained(model_path)
     return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
-
-
-def _error(status: int, message: str, param: str | None = None):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": None}}, status_code=status)
 
 
 def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[dict | None, tuple | None]:
@@ -171,11 +164,11 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the request body is not JSON")
+            return error_response(400, "the request body is not JSON")
         forward, problem = await asyncio.to_thread(check_request, body, chat, count_chat if chat else count_text,
                                                    limits)
         if problem:
-            return _error(*problem)
+            return error_response(*problem)
         if forward.get("model") not in (None, model_name):
             return JSONResponse({"error": {"message": f"The model `{forward['model']}` does not exist: this server "
                                                       f"serves `{model_name}` (GET /v1/models)",

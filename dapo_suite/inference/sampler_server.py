@@ -64,7 +64,9 @@ class StopStrings:
         return held
 
 
-def _error(status: int, message: str, param: str | None = None):
+def error_response(status: int, message: str, param: str | None = None):
+    """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status; the
+    front (serve/api.py) answers with the same."""
     from starlette.responses import JSONResponse
 
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
@@ -97,12 +99,12 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the request body is not JSON")
+            return error_response(400, "the request body is not JSON")
         if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object")
+            return error_response(400, "the request body must be a JSON object")
         choices = 1 if body.get("n") is None else body["n"]
         if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
-            return _error(400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
+            return error_response(400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
         try:
             if chat:
                 ids = tokenizer(render_chat(tokenizer, body["messages"]), add_special_tokens=False)["input_ids"]
@@ -111,20 +113,20 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
                 ids = tokenizer(prompt if isinstance(prompt, str) else "".join(prompt))["input_ids"]
         except (KeyError, TypeError, ValueError) as error:
             field = "messages" if chat else "prompt"
-            return _error(400, f"{field} could not be read ({error})", field)
+            return error_response(400, f"{field} could not be read ({error})", field)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
         temperature = 1.0 if body.get("temperature") is None else body["temperature"]
         top_p = 1.0 if body.get("top_p") is None else body["top_p"]
         if not isinstance(max_tokens, int) or max_tokens < 1 or len(ids) + max_tokens > context:
-            return _error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens!r} exceed the context of "
+            return error_response(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens!r} exceed the context of "
                                f"{context} tokens", "max_tokens")
         if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
-            return _error(400, f"temperature={temperature!r}: must be a number from 0 to 2", "temperature")
+            return error_response(400, f"temperature={temperature!r}: must be a number from 0 to 2", "temperature")
         if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            return _error(400, f"top_p={top_p!r}: must be a number in (0, 1]", "top_p")
+            return error_response(400, f"top_p={top_p!r}: must be a number in (0, 1]", "top_p")
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            return _error(400, f"seed={seed!r}: must be an integer", "seed")
+            return error_response(400, f"seed={seed!r}: must be an integer", "seed")
         stop = body.get("stop") or []
         stop_list = [stop] if isinstance(stop, str) else list(stop)
 
