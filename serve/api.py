@@ -36,7 +36,8 @@ from typing import Any
 import httpx
 
 from dapo_suite.core.prompts import render_chat
-from dapo_suite.inference.sampler_server import MAX_CHOICES, error_response
+from dapo_suite.inference.openai_fields import RequestFieldError, sampling_fields
+from dapo_suite.inference.sampler_server import error_response
 
 DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
 
@@ -66,11 +67,10 @@ def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < limits.context:
         return None, (400, f"{key}={max_tokens!r}: must be an integer from 1 to {limits.context - 1} (the model's "
                            f"context is {limits.context} tokens)", key)
-    choices = body.get("n", 1)
-    if choices is None:
-        choices = 1
-    if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
-        return None, (400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
+    try:
+        fields = sampling_fields(body)
+    except RequestFieldError as error:
+        return None, (400, str(error), error.param)
     field = "messages" if chat else "prompt"
     if field not in body:
         return None, (400, f"the request has no {field}", field)
@@ -83,14 +83,7 @@ def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[
         return None, (400, f"the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
                            f"(context {limits.context} - {key} {max_tokens}). Shorten the prompt or lower {key}.",
                       field)
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
-                                  not low <= value <= high):
-            return None, (400, f"{name}={value!r}: must be a number from {low:g} to {high:g}", name)
-    if body.get("seed") is not None and (isinstance(body["seed"], bool) or not isinstance(body["seed"], int)):
-        return None, (400, f"seed={body['seed']!r}: must be an integer", "seed")
-    return {**body, "max_tokens": max_tokens, "n": choices, "stream": True,
+    return {**body, "max_tokens": max_tokens, "n": fields.n, "stream": True,
             "stream_options": {"include_usage": True}}, None
 
 

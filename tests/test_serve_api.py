@@ -164,6 +164,17 @@ def test_sampling_follows_temperature_and_seed_as_an_openai_client_expects(api):
     assert texts(n=8, temperature=1.5, seed=1) == hot
     greedy = texts(n=3, temperature=0, seed=5)
     assert len(set(greedy)) == 1 and texts(temperature=0, seed=9) == greedy[:1]
+    # top_p 0 keeps only the most likely token (OpenAI's bounds are [0, 1]; both engines take it)
+    assert texts(n=2, temperature=1.5, top_p=0, seed=3) == greedy[:1] * 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", 2.5), ("top_p", 1.5), ("top_p", -0.1), ("seed", "x"),
+                                              ("temperature", True)])
+def test_a_sampling_field_out_of_openais_range_gets_400_naming_it(api, field, value):
+    base_url, model, _ = api
+    answer = httpx.post(f"{base_url}/chat/completions", timeout=10, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == field
 
 
 def test_concurrent_streams_are_decoded_together(api, request):

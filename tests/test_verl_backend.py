@@ -97,7 +97,9 @@ def test_paper_32b_dry_run_matches_the_reference_table_key_by_key(data, tmp_path
         assert OmegaConf.select(cfg, key) == expected, key
     # the legacy keys verl 0.9 no longer reads are not used
     assert not any(o.startswith(("reward_model.overlong", "+reward_model.overlong")) for o in plan["overrides"])
-    assert any("max_num_gen_batches=10 is ignored" in w for w in plan["warnings"])
+    # the recipe's bound on dynamic sampling, enforced by the project's replay buffer (verl's V1 ignores it)
+    assert cfg.trainer.v1.sampler.custom_sampler.name == "CappedDAPOReplayBuffer"
+    assert cfg.trainer.v1.sampler.sampler_kwargs.max_filtered_groups == 10 * 1536
     # the written YAML is the composed config
     written = OmegaConf.load(tmp_path / "run" / "verl_config.yaml")
     for key, expected in PAPER_32B.items():

@@ -79,7 +79,7 @@ def test_export_merges_a_verl_fsdp_checkpoint_into_a_loadable_hf_dir(tmp_path, e
         torch.testing.assert_close(merged[name].float(), tensor.to(torch.bfloat16).float())
     assert "in BF16" in result.output and "writes bfloat16" in result.output
     record = json.loads((target / "dapo_suite_export.json").read_text())
-    assert set(record["dtypes"]) == {"BF16"} and record["source"] == str(actor)
+    assert set(record["dtypes"]) == {"BF16"} and record["source"] == str(actor) and record["step"] == 1
 
 
 def test_export_without_checkpoint_says_what_is_missing(tmp_path):

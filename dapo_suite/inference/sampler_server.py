@@ -17,8 +17,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from dapo_suite.inference.openai_fields import RequestFieldError, sampling_fields
+
 DEFAULT_MAX_TOKENS = 1024
-MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 
 
 class IncrementalText:
@@ -102,9 +103,10 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
             return error_response(400, "the request body is not JSON")
         if not isinstance(body, dict):
             return error_response(400, "the request body must be a JSON object")
-        choices = 1 if body.get("n") is None else body["n"]
-        if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
-            return error_response(400, f"n={choices!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
+        try:
+            fields = sampling_fields(body)
+        except RequestFieldError as error:
+            return error_response(400, str(error), error.param)
         try:
             if chat:
                 ids = tokenizer(render_chat(tokenizer, body["messages"]), add_special_tokens=False)["input_ids"]
@@ -115,18 +117,9 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
             field = "messages" if chat else "prompt"
             return error_response(400, f"{field} could not be read ({error})", field)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-        temperature = 1.0 if body.get("temperature") is None else body["temperature"]
-        top_p = 1.0 if body.get("top_p") is None else body["top_p"]
         if not isinstance(max_tokens, int) or max_tokens < 1 or len(ids) + max_tokens > context:
             return error_response(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens!r} exceed the context of "
                                f"{context} tokens", "max_tokens")
-        if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
-            return error_response(400, f"temperature={temperature!r}: must be a number from 0 to 2", "temperature")
-        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            return error_response(400, f"top_p={top_p!r}: must be a number in (0, 1]", "top_p")
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            return error_response(400, f"seed={seed!r}: must be an integer", "seed")
         stop = body.get("stop") or []
         stop_list = [stop] if isinstance(stop, str) else list(stop)
 
@@ -134,10 +127,11 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
         # the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        jobs = [GenerationJob(ids, max_tokens, float(temperature), float(top_p), None if seed is None else seed + index,
+        seed = fields.seed
+        jobs = [GenerationJob(ids, max_tokens, fields.temperature, fields.top_p, None if seed is None else seed + index,
                               emit=lambda event, index=index: loop.call_soon_threadsafe(events.put_nowait,
                                                                                         (index, event)))
-                for index in range(choices)]
+                for index in range(fields.n)]
         decoder.submit(*jobs)
         name = body.get("model") or model_name
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.problems import Problem, read_rows
+from dapo_suite.train.config import TrainConfig
 
 
 def arithmetic_problems() -> list[Problem]:
@@ -51,6 +52,21 @@ def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem]
     if not 0 < heldout_size < len(problems):
         raise ValueError(f"heldout_size must be between 1 and {len(problems) - 1} for the {name} task")
     return split_heldout(problems, heldout_size, seed)
+
+
+def train_and_heldout(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
+    """What a run trains and is held out on: --train-file (held out: --val-file, else a seeded split of it) or the
+    built-in task (held out: its seeded split, or --val-file)."""
+    if config.train_file:
+        train = load_problems(config.train_file)
+        heldout = load_problems(config.val_file) if config.val_file else []
+        if not heldout:
+            train, heldout = split_heldout(train, min(config.heldout_size, len(train) // 5), config.seed)
+        return train, heldout
+    train, heldout = builtin_task(config.task, config.heldout_size, config.seed)
+    if config.val_file:
+        heldout = load_problems(config.val_file)
+    return train, heldout
 
 
 def split_heldout(problems: list[Problem], heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

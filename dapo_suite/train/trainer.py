@@ -55,7 +55,7 @@ from dapo_suite.train.evaluate import heldout_accuracy
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
 from dapo_suite.train.rollout_correction import rollout_correction
 from dapo_suite.train.run_log import MetricsLogger
-from dapo_suite.train.tasks import builtin_task, load_problems, split_heldout
+from dapo_suite.train.tasks import train_and_heldout
 
 log = logging.getLogger("dapo_suite.train")
 
@@ -153,17 +153,7 @@ class DAPOTrainer:
     # ---- data --------------------------------------------------------------------------------------------
 
     def _load_data(self) -> tuple[list[Problem], list[Problem]]:
-        config = self.config
-        if config.train_file:
-            train = load_problems(config.train_file)
-            heldout = load_problems(config.val_file) if config.val_file else []
-            if not heldout:
-                train, heldout = split_heldout(train, min(config.heldout_size, len(train) // 5), config.seed)
-            return train, heldout
-        train, heldout = builtin_task(config.task, config.heldout_size, config.seed)
-        if config.val_file:
-            heldout = load_problems(config.val_file)
-        return train, heldout
+        return train_and_heldout(self.config)
 
     def prompt_text(self, problem: Problem) -> str:
         return render_chat(self.tokenizer, chat_messages(problem.problem))

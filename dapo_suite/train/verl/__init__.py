@@ -21,7 +21,7 @@ from dapo_suite.train.verl.keys import (
     build_overrides,
     overlong_filter_loss_name,
 )
-from dapo_suite.train.verl.launch import command, dry_run, launch
+from dapo_suite.train.verl.launch import command, dry_run, launch, stop_reason
 from dapo_suite.train.verl.validate import compose, validate
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "launch",
     "overlong_filter_loss_name",
     "prepare",
+    "stop_reason",
     "validate",
     "write_aime24_parquet",
 ]

@@ -53,8 +53,10 @@ def export_dtypes(target_dir: Path) -> dict[str, int]:
 def record_export(actor_dir: Path, target_dir: Path) -> str:
     """Write EXPORT_RECORD (source checkpoint, merger, dtypes written) and return the sentence that says it."""
     dtypes = export_dtypes(target_dir)
+    step_dir = Path(actor_dir).parent.name  # global_step_N
+    step = int(step_dir.rsplit("_", 1)[1]) if step_dir.startswith("global_step_") else None
     (Path(target_dir) / EXPORT_RECORD).write_text(json.dumps(
-        {"source": str(actor_dir), "merger": "verl.model_merger (fsdp)", "dtypes": dtypes}, indent=1))
+        {"source": str(actor_dir), "step": step, "merger": "verl.model_merger (fsdp)", "dtypes": dtypes}, indent=1))
     written = ", ".join(f"{count} tensors in {dtype}" for dtype, count in sorted(dtypes.items()))
     return (f"exported {written}: verl's model merger writes bfloat16 (the FSDP shards keep the trainer's float32 "
             f"master weights; load them with verl to keep that precision)")

@@ -144,7 +144,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 # Fields verl has no knob for (or that only the embedded trainer uses), with the reason; a test checks that every
 # TrainConfig field is either in VERL_KEYS or here.
 NOT_MAPPED = {
-    "task": "built-in task of the embedded trainer; verl needs --train-file",
+    "task": "without --train-file, data.prepare writes the task's train and held-out splits as parquet",
     "heldout_size": "embedded trainer only",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
@@ -153,7 +153,8 @@ NOT_MAPPED = {
     "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
     "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
     "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
-    "autocast_dtype": "embedded trainer only; verl's FSDP actor always computes in mixed precision (bf16)",
+    "autocast_dtype": "--device cpu: fsdp_config.mixed_precision.param_dtype (cpu_overrides); on GPUs verl's bf16 "
+                      "mixed precision, as in the paper's run",
     "device": "verl uses the GPUs Ray gives it",
     "presets": "record only",
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
@@ -189,7 +190,7 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     ("data.filter_overlong_prompts", True),
     ("trainer.val_before_train", True),
     ("trainer.resume_mode", "auto"),
-    ("trainer.logger", ["console", "tensorboard"]),
+    ("trainer.logger", ["console", "tensorboard", "file"]),
 )
 
 
@@ -204,6 +205,7 @@ class Hardware:
     offload: bool | None = None  # FSDP param + optimizer offload to host memory (recipe: on)
     gpu_memory_utilization: float = 0.8  # vLLM's share of GPU memory (recipe: 0.80)
     ray_address: str | None = None  # submit to this cluster with `ray job submit` instead of a local Ray
+    device: str = "cuda"  # "cpu": verl's trainer on this machine's CPU (cpu_overrides, cpu_environment)
 
     @property
     def gpus(self) -> int:
@@ -247,12 +249,112 @@ def hardware_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any
     ]
 
 
+REPLAY_BUFFER = "pkg://dapo_suite.train.verl.replay"
+STOP_FILE = "stopped.json"  # RUN_DIR/stopped.json: why the run stopped early (launch reads it)
+SAMPLER = "trainer.v1.sampler"
+
+
+def replay_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
+    """Dynamic sampling with the user's bound: verl's V1 replay buffer refills filtered groups without one, so the
+    project's subclass (`replay.CappedDAPOReplayBuffer`) stops the run past max_num_gen_batches x gen_batch_size
+    filtered groups in a step. 0 keeps verl's own buffer (no limit)."""
+    if not config.dynamic_sampling or config.max_num_gen_batches <= 0:
+        return []
+    options = {"metric": config.filter_metric, "train_batch_size": config.train_batch_size,
+               "max_filtered_groups": config.max_num_gen_batches * config.gen_batch_size,
+               "stop_file": str(Path(config.out).resolve() / STOP_FILE)}
+    return [(f"{SAMPLER}.custom_sampler.path", REPLAY_BUFFER),
+            (f"{SAMPLER}.custom_sampler.name", "CappedDAPOReplayBuffer"),
+            *((f"+{SAMPLER}.sampler_kwargs.{name}", value) for name, value in options.items())]
+
+
+# What verl's trainer needs to run on a CPU (docs/train-at-scale.md, "verl on a CPU"); each value says why.
+CPU_PLATFORM_MODULE = "dapo_suite.train.verl.cpu_platform"
+CPU_RAY_CPUS = 16  # logical: TransferQueue's controller and storage actors ask one CPU each, the workers more
+CPU_KV_CACHE_GIB = 2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
+
+
+def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
+    """The keys of a CPU run: gloo workers on logical Ray "GPU" slots, FSDP2, sdpa, vLLM-CPU without sleep mode,
+    and the config's compute precision (on GPUs verl's bf16 mixed precision stays, as in the paper's run)."""
+    from dapo_suite.inference.models import resolve_precision
+
+    compute = "fp32" if resolve_precision(config.autocast_dtype, "cpu") is None else "bf16"
+    mixed = f"+{ACTOR}.fsdp_config.mixed_precision"
+    return [
+        # the embedded trainer's precision on the same machine: float32 unless bf16 autocast is on (and native)
+        (f"{mixed}.param_dtype", compute),
+        (f"{mixed}.reduce_dtype", "fp32"),
+        (f"{mixed}.buffer_dtype", "fp32"),
+        ("trainer.device", "cpu"),
+        # verl places each worker on a Ray "GPU"; logical GPUs are slots, nothing touches CUDA
+        ("+ray_kwargs.ray_init.num_gpus", hw.gpus),
+        ("ray_kwargs.ray_init.num_cpus", CPU_RAY_CPUS),
+        ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),
+        # FSDP1 is given an integer device id, FSDP2 a device mesh on "cpu"
+        (f"{ACTOR}.strategy", "fsdp2"),
+        (f"{ACTOR}.fsdp_config.strategy", "fsdp2"),
+        ("actor_rollout_ref.ref.fsdp_config.strategy", "fsdp2"),
+        (f"{ACTOR}.fsdp_config.param_offload", False),
+        (f"{ACTOR}.fsdp_config.optimizer_offload", False),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload", False),
+        # flash-attn and its padding-free path are CUDA kernels
+        ("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa"),
+        ("actor_rollout_ref.model.use_remove_padding", False),
+        (f"{ACTOR}.ulysses_sequence_parallel_size", 1),
+        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1),
+        (f"{ROLLOUT}.tensor_model_parallel_size", 1),
+        # vLLM-CPU has no sleep mode (it frees GPU memory between rollout and update) and no CUDA graphs
+        (f"+{ROLLOUT}.enable_sleep_mode", False),
+        (f"{ROLLOUT}.free_cache_engine", False),
+        (f"{ROLLOUT}.enforce_eager", True),
+        # one of each helper process: each is a Python with torch loaded (~1 GB), and two cores run them all
+        (f"{ROLLOUT}.agent.num_workers", 1),
+        ("reward.num_workers", 1),
+        ("data.dataloader_num_workers", 0),
+        (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
+    ]
+
+
+def cpu_environment() -> dict[str, str]:
+    """Environment of the driver and of every Ray worker of a CPU run."""
+    return {
+        # verl imports this module in every process and takes its platform by name
+        "VERL_USE_EXTERNAL_MODULES": CPU_PLATFORM_MODULE,
+        "VERL_PLATFORM": "cpu",
+        # verl registers its FSDP engine for cuda and npu only; this is verl's own override of that lookup
+        "VERL_ENGINE_DEVICE": "cuda",
+        "VLLM_CPU_KVCACHE_SPACE": str(CPU_KV_CACHE_GIB),
+    }
+
+
+VERL_METRICS_FILE = "verl_metrics.jsonl"  # verl's "file" logger: {"step": N, "data": {metric: value}} per step
+
+
 def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
+    """Everything a run writes goes under RUN_DIR: checkpoints, validation generations, and verl's metric loggers
+    (which default to folders of the current directory; they read their paths from the environment)."""
     run_dir = Path(config.out).resolve()
+    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [("trainer.default_local_dir", str(run_dir / "checkpoints")),
             ("trainer.experiment_name", run_dir.name),
             ("trainer.rollout_data_dir", None),
-            ("trainer.validation_data_dir", str(run_dir / "validation"))]
+            ("trainer.validation_data_dir", str(run_dir / "validation")),
+            (f"{env}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
+            (f"{env}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE))]
+
+
+def model_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
+    """The model's own pad token id: verl replaces the model config's `pad_token_id` with the tokenizer's, and where
+    the two differ (the embedded model: config 2, tokenizer 1) the embedding row that gets no gradient differs too,
+    so verl would not train the same model the embedded trainer trains."""
+    import json
+
+    config_file = Path(_model_path(config.model)) / "config.json"
+    if not config_file.is_file():
+        return []
+    pad = json.loads(config_file.read_text()).get("pad_token_id")
+    return [("+actor_rollout_ref.model.override_config.pad_token_id", pad)] if isinstance(pad, int) else []
 
 
 def _model_path(model: str) -> str:
@@ -287,6 +389,11 @@ def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | 
         value = row.convert(getattr(config, row.field), config)
         pairs += [(key, value) for key in row.keys]
     pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, hw) + run_dir_overrides(config)
+    pairs += replay_overrides(config) + model_overrides(config)
+    if hw.device == "cpu":
+        pairs += cpu_overrides(config, hw)
+        pairs += [(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}", value)
+                  for name, value in cpu_environment().items()]
     overrides = {key: f"{key}={hydra_value(value)}" for key, value in pairs}
     for raw in passthrough:
         if "=" not in raw:

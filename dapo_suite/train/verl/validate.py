@@ -2,9 +2,8 @@
 
 `validate` composes the list with verl's packaged Hydra config (unknown keys fail there), checks value types
 against verl's defaults, runs verl's own `validate_config`, and checks the resource arithmetic (data-parallel
-divisibility, TP/SP vs GPUs, token budget per GPU) and that model and data exist. It also warns about the verl
-0.9.1 trap the override list cannot fix: the default V1 trainer (`trainer.use_v1=True`) filters groups in its
-replay buffer and ignores `max_num_gen_batches` (it keeps sampling until the batch is full).
+divisibility, TP/SP vs GPUs, token budget per GPU) and that model and data exist. It warns when dynamic sampling
+has no bound (max_num_gen_batches=0: verl's V1 replay buffer then refills forever when every group is filtered).
 """
 
 from __future__ import annotations
@@ -166,10 +165,10 @@ def missing_verl_columns(path: Path, flag: str) -> list[str]:
 
 def warnings_for(config: TrainConfig, cfg) -> list[str]:
     notes = []
-    if config.dynamic_sampling and cfg.trainer.use_v1 and config.max_num_gen_batches > 0:
-        notes.append(f"max_num_gen_batches={config.max_num_gen_batches} is ignored by verl 0.9.1's default V1 "
-                     "trainer (trainer.use_v1=True): its replay buffer refills filtered groups until the batch is "
-                     "full, with no cap (bound concurrency with algorithm.filter_groups.max_inflight_gen_batches)")
+    if config.dynamic_sampling and cfg.trainer.use_v1 and config.max_num_gen_batches <= 0:
+        notes.append("max_num_gen_batches=0: verl's V1 replay buffer refills filtered groups with no limit, so a run "
+                     "whose groups are all right or all wrong never makes a step (set max_num_gen_batches=N to stop "
+                     "such a run after N generation batches)")
     if HUB_ID.match(str(config.model)) and not Path(config.model).exists():
         notes.append(f"model {config.model!r} is a hub id: every node downloads it (set HF_HOME on shared storage)")
     return notes

