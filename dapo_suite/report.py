@@ -46,8 +46,8 @@ def training_dir(run_dir: Path) -> Path | None:
     return None
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}"
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
 
 
 def _with_interval(mean: float, interval: tuple[float, float]) -> str:
@@ -121,7 +121,8 @@ def data_section(run_dir: Path, train_config: dict) -> list[str]:
 
 def training_section(train_dir: Path, run_dir: Path) -> list[str]:
     config = yaml.safe_load((train_dir / "config.yaml").read_text())
-    steps = [r for r in read_metrics(train_dir) if "reward/acc" in r]
+    # a training step logs its reward (held-out records do not); verl's log has no train-sample accuracy
+    steps = [r for r in read_metrics(train_dir) if "reward/mean" in r]
     png = plot_run(train_dir)
     lines = ["## Training", "",
              f"Presets {', '.join(config.get('presets') or [])}; model `{config['model']}`; {len(steps)} of "
@@ -134,7 +135,7 @@ def training_section(train_dir: Path, run_dir: Path) -> list[str]:
         first, last = steps[0], steps[-1]
         seconds = sum(r.get("perf/step_seconds", 0.0) for r in steps)
         lines += ["| | first step | last step |", "|---|---|---|",
-                  f"| train-sample accuracy (%) | {_pct(first['reward/acc'])} | {_pct(last['reward/acc'])} |",
+                  f"| train-sample accuracy (%) | {_pct(first.get('reward/acc'))} | {_pct(last.get('reward/acc'))} |",
                   f"| entropy (nats/token) | {first.get('actor/entropy', float('nan')):.3f} | "
                   f"{last.get('actor/entropy', float('nan')):.3f} |",
                   f"| mean response length (tokens) | {first['response_len/mean']:.1f} | {last['response_len/mean']:.1f} |",
