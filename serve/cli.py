@@ -88,8 +88,11 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
               help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].")
 @click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
               help="Seconds the model server may take to become healthy.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
+                   "else float32; float32 gives the same greedy text on every CPU.")
 def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens: int | None,
-        startup_timeout_s: float) -> None:
+        startup_timeout_s: float, dtype: str) -> None:
     """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
 
     \b
@@ -108,7 +111,7 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     stop_on_sigterm()
     port = port or free_port(host)
     try:
-        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s) as endpoint:
+        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype) as endpoint:
             def ready() -> None:
                 click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: http://{host}:{port}/v1\n"
                            f"  model:    {endpoint.model_name}\nCtrl-C stops it.")

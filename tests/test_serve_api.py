@@ -31,8 +31,10 @@ def api(request, tmp_path_factory):
            "HF_HUB_OFFLINE": "1"}
     env.pop("XDG_CACHE_HOME", None)
     port = free_port()
+    # float32: greedy replies (a counting reply long enough to outlast a client, the stop-string reply) are the same
+    # on every CPU; bf16 (auto on AVX-512 BF16) writes other text
     cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), "--engine",
-                            request.param], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            request.param, "--dtype", "float32"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in cli.stdout:
         lines.append(line)

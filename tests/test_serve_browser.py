@@ -26,7 +26,7 @@ def app_url():
     pytest.importorskip("playwright.sync_api")
     # Greedy decoding makes the reply (and so the screenshot) the same on every run.
     config = ServeConfig(port=free_port(), temperature=0.0, max_tokens=64)
-    with start_endpoint(None, startup_timeout_s=300) as endpoint:
+    with start_endpoint(None, startup_timeout_s=300, dtype="float32") as endpoint:
         demo = build_app(config, endpoint)
         demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
         demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))

