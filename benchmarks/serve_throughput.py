@@ -53,10 +53,11 @@ def cpu_line() -> str:
 
 
 @contextlib.contextmanager
-def served(engine: str, model: str | None) -> Iterator[str]:
-    """`dapo-suite serve api --engine ENGINE` as users start it; yields its base URL."""
+def served(engine: str, model: str | None, dtype: str = "auto") -> Iterator[str]:
+    """`dapo-suite serve api --engine ENGINE --dtype DTYPE` as users start it; yields its base URL."""
     port = free_port()
-    command = [str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--engine", engine, "--port", str(port)]
+    command = [str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--engine", engine, "--port", str(port),
+               "--dtype", dtype]
     if model:
         command += ["--model", model]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -127,12 +128,16 @@ def main() -> None:
     parser.add_argument("--clients", default="1,16,64", help="comma-separated concurrent client counts")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds each measurement runs")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="both servers' precision (auto: as users start them; the sampler takes bf16 where the CPU "
+                             "has it natively, transformers serve the weights' dtype)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     counts = [int(count) for count in args.clients.split(",")]
-    print(cpu_line())
+    print(cpu_line(), f"--dtype {args.dtype}")
     rows = []
-    with served("transformers", args.model) as transformers_url, served("sampler", args.model) as sampler_url:
+    with (served("transformers", args.model, args.dtype) as transformers_url,
+          served("sampler", args.model, args.dtype) as sampler_url):
         urls = {"transformers": transformers_url, "sampler": sampler_url}
         for turn, clients in enumerate(counts):
             for engine in ENGINES if turn % 2 == 0 else ENGINES[::-1]:
@@ -154,7 +159,7 @@ def main() -> None:
               f"{theirs['ttft_p95_s']:>20.2f} s")
     print(cpu_line())
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_line(), "max_tokens": args.max_tokens,
+        args.json.write_text(json.dumps({"cpu": cpu_line(), "dtype": args.dtype, "max_tokens": args.max_tokens,
                                          "duration_s": args.duration, "rows": rows}, indent=1))
 
 

@@ -45,7 +45,9 @@ def ray_head():
     port, dashboard = _free_port(), _free_port()
     # the cluster's `python` is this environment's (it has verl); the head runs away from the checkout, whose
     # folder would otherwise be the job's working directory and put the checkout's dapo_suite first
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+    # HOME of its own: a ~/.ray/auth_token left by an earlier local Ray (verl's CPU runs start one) makes the head
+    # require a token that `ray job submit` does not send
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(temp),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     started = subprocess.run([RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                               f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", "--num-cpus=1",
@@ -53,14 +55,15 @@ def ray_head():
                              capture_output=True, text=True, timeout=180, env=env, cwd=temp)
     assert started.returncode == 0, started.stderr[-2000:]
     try:
-        yield f"http://127.0.0.1:{dashboard}"
+        yield f"http://127.0.0.1:{dashboard}", env
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
         shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_a_job_submitted_from_another_folder_runs_the_shipped_package(ray_head, tmp_path):
+    address, ray_env = ray_head
     clone = tmp_path / "elsewhere"
     shutil.copytree(Path(__file__).resolve().parents[1] / "dapo_suite", clone / "dapo_suite",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -71,9 +74,9 @@ def test_a_job_submitted_from_another_folder_runs_the_shipped_package(ray_head, 
                                "print(json.dumps(job_runtime_env()))"],
         cwd=clone, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(clone)}).stdout)
     assert runtime_env == {"py_modules": [str(clone / "dapo_suite")]}
-    submit = subprocess.run([RAY, "job", "submit", "--address", ray_head, "--runtime-env-json",
-                             json.dumps(runtime_env), "--", "python", "-c", JOB],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    submit = subprocess.run([RAY, "job", "submit", "--address", address, "--runtime-env-json",
+                            json.dumps(runtime_env), "--", "python", "-c", JOB],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ray_env)
     assert submit.returncode == 0, (submit.stdout + submit.stderr)[-3000:]
     line = next(line for line in submit.stdout.splitlines() if line.startswith("JOB "))
     _, shipped_file, acc = line.split()
