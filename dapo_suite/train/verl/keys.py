@@ -34,6 +34,7 @@ MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
+WORKER_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"  # environment variables Ray gives every worker of the job
 
 
 class VerlConfigError(ValueError):
@@ -88,7 +89,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # job, local or submitted. It is not a config field because verl 0.9.1 passes a registered loss only the actor
     # config (`ActorConfig`), which holds no response length and rejects undeclared keys; its one free-form dict,
     # `global_batch_info`, is spread into `agg_loss` as keywords. Ray wants env values as strings.
-    VerlKey("max_response_length", (f"+ray_kwargs.ray_init.runtime_env.env_vars.{MAX_RESPONSE_LENGTH_ENV}",),
+    VerlKey("max_response_length", (f"{WORKER_ENV}.{MAX_RESPONSE_LENGTH_ENV}",),
             lambda v, c: str(v)),
     VerlKey("temperature", (f"{ROLLOUT}.temperature",)),
     VerlKey("top_p", (f"{ROLLOUT}.top_p",)),
@@ -335,13 +336,12 @@ def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
     """Everything a run writes goes under RUN_DIR: checkpoints, validation generations, and verl's metric loggers
     (which default to folders of the current directory; they read their paths from the environment)."""
     run_dir = Path(config.out).resolve()
-    env = "+ray_kwargs.ray_init.runtime_env.env_vars"
     return [("trainer.default_local_dir", str(run_dir / "checkpoints")),
             ("trainer.experiment_name", run_dir.name),
             ("trainer.rollout_data_dir", None),
             ("trainer.validation_data_dir", str(run_dir / "validation")),
-            (f"{env}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
-            (f"{env}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE))]
+            (f"{WORKER_ENV}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
+            (f"{WORKER_ENV}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE))]
 
 
 def model_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
@@ -392,7 +392,7 @@ def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | 
     pairs += replay_overrides(config) + model_overrides(config)
     if hw.device == "cpu":
         pairs += cpu_overrides(config, hw)
-        pairs += [(f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}", value)
+        pairs += [(f"{WORKER_ENV}.{name}", value)
                   for name, value in cpu_environment().items()]
     overrides = {key: f"{key}={hydra_value(value)}" for key, value in pairs}
     for raw in passthrough:

@@ -103,8 +103,9 @@ def launch(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str
     import subprocess
 
     plan = dry_run(config, hw, passthrough)
-    if missing_python(plan["argv"]):
-        raise VerlConfigError(missing_python(plan["argv"]))
+    missing = missing_python(plan["argv"])
+    if missing:
+        raise VerlConfigError(missing)
     run_dir = plan["run_dir"]
     (run_dir / STOP_FILE).unlink(missing_ok=True)  # a reason left by an earlier attempt
     keep_earlier_attempt(run_dir)

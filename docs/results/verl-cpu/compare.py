@@ -1,9 +1,10 @@
 """The verl run against the embedded run, step by step: reward, entropy, length, step time, held-out accuracy.
 Usage: python docs/results/verl-cpu/compare.py VERL_RUN EMBEDDED_RUN   (prints a markdown table)"""
 
-import json
 import sys
 from pathlib import Path
+
+from dapo_suite.train.run_log import read_metrics
 
 COLUMNS = [("reward/mean", "reward", "{:+.3f}"), ("actor/entropy", "entropy", "{:.3f}"),
            ("response_len/mean", "length", "{:.1f}"), ("actor/grad_norm", "grad norm", "{:.3f}"),
@@ -11,9 +12,8 @@ COLUMNS = [("reward/mean", "reward", "{:+.3f}"), ("actor/entropy", "entropy", "{
 
 
 def steps(run: Path) -> dict[int, dict]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     merged: dict[int, dict] = {}
-    for record in records:
+    for record in read_metrics(run):
         merged.setdefault(int(record["step"]), {}).update(record)
     return merged
 
