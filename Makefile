@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo gsm8k test test-slow test-scale lint bench clean-venv vllm-env verl-cpu-env
+.PHONY: demo gsm8k test test-slow test-scale test-avx2 lint bench clean-venv vllm-env verl-cpu-env
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) bash scripts/bootstrap.sh $(VENV)
@@ -24,12 +24,21 @@ gsm8k: $(STAMP)
 # a user's machine sets DAPO_SUITE_DATA or keeps it in ~/.cache/dapo-suite/data (tests that need it skip without it).
 test test-slow: export DAPO_SUITE_DATA ?= $(wildcard $(abspath ../shared/data))
 
-# The default suite (under 15 minutes), then the slow end-to-end tests (a few minutes more).
+# The default suite (under 15 minutes), the sampler's tests on its AVX2-only build, then the slow end-to-end tests
+# (a few minutes more).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "not slow" -q
+	$(MAKE) --no-print-directory test-avx2
 	$(BIN)/python -m pytest -m slow -q
+
+# The sampler's kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512: most laptops and many cloud CPUs) and its
+# tests run on that build, whatever this CPU has beyond it (skipped on a CPU without AVX2).
+test-avx2: $(STAMP)
+	@if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then \
+	  DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "not slow" -q tests/test_sampler.py; \
+	else echo "test-avx2: skipped, this CPU has no AVX2"; fi
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q

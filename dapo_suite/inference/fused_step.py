@@ -1,4 +1,4 @@
-"""The decode step's fused CPU kernels (`csrc/decode_step.cpp`), built on first use.
+"""The decode step's fused CPU kernels (`csrc/decode_step.cpp`), built on first use, in bfloat16 and float32.
 
 Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer (RoPE,
 cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
@@ -8,12 +8,15 @@ over each row's valid cache positions, skipping left padding; also the packed pr
 projections are the module's own `linear` over weights packed once (`pack_weight`, blocks of 48 outputs in bf16
 pair order): 1.3-1.7x oneDNN's linear at 1-64 rows, 1.04x at a prompt pass's 2048 (benchmarks/projections.py).
 `decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and `linear`
-use its pair dot products; built without it, the module keeps the norms and the sampler); float32 keeps
-torch's ops (its samples equal transformers', tests/test_sampler.py). `sample_next` draws the next tokens (temperature, top-p) for `sampling.sample_tokens` in
-every dtype on a CPU.
+use its pair dot products; built without it, bf16 decodes with torch's ops) and for float32 on every CPU: the
+float32 kernels are written with GCC/Clang vector types, which the compiler maps to the CPU's widest vectors
+(`FLOAT32_VECTORS`: avx512, avx2, avx, neon or sse), and `linear`'s tile is sized to its register file. Their
+float32 samples are transformers' for a seed (tests/test_sampler.py). `sample_next` draws the next tokens
+(temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
-(~20 s, once per machine and source version), for the CPU it runs on (-march=native). Where it cannot be built,
+(~30 s, once per machine and source version), for the CPU it runs on (-march=native; $DAPO_SUITE_KERNEL_ARCH
+names another target, e.g. `x86-64-v3` for an AVX2-only build on a newer CPU). Where it cannot be built,
 `kernels()` warns with the cause and returns None, and the stepper decodes with torch's ops (slower, same
 samples up to rounding).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -32,6 +36,13 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 # compile step only, so the linker does not set flush-to-zero for the whole process. -march=native: the kernel
 # is built where it runs.
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]
+ARCH_VARIABLE = "DAPO_SUITE_KERNEL_ARCH"
+
+
+def build_flags() -> tuple[str, list[str]]:
+    """(the -march target, the compile flags): -march=native, or the target $DAPO_SUITE_KERNEL_ARCH names."""
+    arch = os.environ.get(ARCH_VARIABLE, "").strip() or "native"
+    return arch, [f"-march={arch}" if flag.startswith("-march=") else flag for flag in CFLAGS]
 
 
 def cpu_tag() -> str:
@@ -65,7 +76,7 @@ def clear_stale_lock(lock: Path) -> None:
 @functools.cache
 def kernels():
     """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`, `pack_weight`,
-    `sample_next`; `NATIVE_BF16`), or None where it cannot be built."""
+    `sample_next`; `NATIVE_BF16`, `FLOAT32_VECTORS`), or None where it cannot be built."""
     try:
         from torch.utils import cpp_extension
 
@@ -73,12 +84,14 @@ def kernels():
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        name = f"dapo_decode_step_{cpu_tag()}"
+        arch, flags = build_flags()
+        name = f"dapo_decode_step_{cpu_tag()}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
         clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"])
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         first_line = (str(error).strip().splitlines() or [""])[0]
-        warnings.warn(f"fused decode kernels unavailable ({type(error).__name__}: {first_line}); decoding with "
-                      "torch's ops, ~2x slower in bfloat16. A C++ compiler (g++ or clang) and `pip install ninja` "
+        target = "" if build_flags()[0] == "native" else f" for ${ARCH_VARIABLE}={build_flags()[0]}"
+        warnings.warn(f"fused decode kernels unavailable{target} ({type(error).__name__}: {first_line}); decoding with "
+                      "torch's ops, ~2x slower. A C++ compiler (g++ or clang) and `pip install ninja` "
                       "enable them.", stacklevel=2)
         return None

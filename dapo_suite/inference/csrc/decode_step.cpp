@@ -1,21 +1,25 @@
-// Fused pieces of one bfloat16 decode step of a Llama-style block, for dapo_suite.decoding.LeanStepper on a CPU.
+// Fused pieces of one decode step of a Llama-style block, for dapo_suite.decoding.LeanStepper on a CPU, in bfloat16
+// (CPUs with avx512_bf16) and in float32 (every CPU: GCC/Clang vector types, compiled for the CPU it runs on).
 //
 // Between its four projections, a decode step runs ~20 small tensor ops per layer (RoPE, cache writes, attention,
 // residual adds, RMSNorm, casts, SiLU x up). Each costs a dispatch and a pass over memory: ~5 us at 1 row,
 // ~20 us at 64 rows on two threads. These kernels do the same arithmetic, reading each input once, in float32,
-// and rounding to bfloat16 once where the result is stored; `run_layers` runs them with the projections for
-// every layer in one call, and `sample_next` draws the next tokens:
+// and (in bf16) rounding to bfloat16 once where the result is stored; `run_layers` runs them with the projections
+// for every layer in one call, and `sample_next` draws the next tokens:
 //   attend          RoPE of q and k, the step's k and v written into the cache, grouped-query attention over the
 //                   row's valid cache positions only (left padding is skipped, not masked)
-//   add_rms_norm    h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps))
-//   silu_mul        y = bf16(silu(g) * u) for [g, u] = x
-//   linear          x W^T + b for any number of rows, W packed once in blocks of 48 outputs (`pack_weight`),
-//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows)
+//   add_rms_norm    h += x;  y = w * h / sqrt(mean(h^2) + eps), stored in the sampling dtype
+//   silu_mul        y = silu(g) * u for [g, u] = x
+//   linear          x W^T + b for any number of rows, W packed once in blocks of outputs (`pack_weight`): bf16,
+//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows);
+//                   float32, an outer product of float32 vectors (FMA), tiles sized to the CPU's vector registers
 // Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
 // against the float32 reference.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -24,23 +28,78 @@
 
 using at::BFloat16;
 
-// The attention kernels and `linear` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
-// and later). Built elsewhere, the module keeps the norms and the sampler, and NATIVE_BF16 is false: the stepper
-// then decodes with torch's ops (the default sampling dtype there is float32 anyway, dapo_suite.models.native_bf16).
-#if defined(__AVX512BF16__)
-constexpr bool NATIVE_BF16 = true;
-
 namespace {
 
 // Rotary position embedding (Su et al. 2021, arXiv 2104.09864), "rotate half" layout:
 //   y[i] = x[i] cos[i] - x[i + D/2] sin[i],  y[i + D/2] = x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2].
-inline void rotate(const BFloat16* x, const float* cos, const float* sin, int64_t dim, float* out) {
+template <typename T>
+inline void rotate(const T* x, const float* cos, const float* sin, int64_t dim, float* out) {
   const int64_t half = dim / 2;
   for (int64_t i = 0; i < half; ++i) {
     out[i] = float(x[i]) * cos[i] - float(x[i + half]) * sin[i];
     out[i + half] = float(x[i + half]) * cos[i + half] + float(x[i]) * sin[i + half];
   }
 }
+
+}  // namespace
+
+// The tensors of one `attend` call, as pointers and sizes (see `attend`).
+template <typename T>
+struct Queries {
+  const T* qkv;
+  const float *cos, *sin;
+  const int64_t *rows, *slots;
+  T *cache_k, *cache_v;
+  const int64_t* cache_start;
+  const T *prompt_k, *prompt_v;
+  const int64_t *prompt_start, *row_prompt;
+  T* out;
+  int64_t count, heads, kv_heads, cache_slots, prompts, prompt_len;
+  float scale;
+};
+
+// Query n's key and value for head h, rotated and stored at its cache row and slot.
+template <int64_t DIM, typename T>
+void store_key_value(const Queries<T>& qs, int64_t n, int64_t h) {
+  const T* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
+  float k[DIM];
+  rotate(row + (qs.heads + h) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, k);
+  const int64_t at = ((qs.rows[n] * qs.kv_heads + h) * qs.cache_slots + qs.slots[n]) * DIM;
+  const T* v = row + (qs.heads + qs.kv_heads + h) * DIM;
+  for (int64_t d = 0; d < DIM; ++d) {
+    qs.cache_k[at + d] = T(k[d]);
+    qs.cache_v[at + d] = v[d];
+  }
+}
+
+// Every query's key and value written first (a prompt's queries, in a prefill, attend to each other's), then each
+// (query, key/value head) pair through `head(n, h)`; `make_head(span)` gives each thread its own, with scratch for
+// `span` scores per query head.
+template <int64_t DIM, typename T, typename MakeHead>
+void attend_all(const Queries<T>& qs, MakeHead make_head) {
+  const int64_t pairs = qs.count * qs.kv_heads;
+  at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) store_key_value<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads);
+  });
+  const int64_t span = qs.prompt_len + *std::max_element(qs.slots, qs.slots + qs.count) + 1;
+  // Pairs are handed out one at a time (their lengths differ: left padding, and a prompt's later tokens see more
+  // keys), not in fixed halves, where one thread would wait on the other.
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pairs);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    auto head = make_head(span);
+    for (int64_t i = next++; i < pairs; i = next++) head(i / qs.kv_heads, i % qs.kv_heads);
+  });
+}
+
+// The attention kernels and `linear` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
+// and later). Built elsewhere, the module keeps the float32 kernels, the norms and the sampler, and NATIVE_BF16 is
+// false: the stepper then decodes bf16 with torch's ops (the default sampling dtype there is float32 anyway,
+// dapo_suite.models.native_bf16).
+#if defined(__AVX512BF16__)
+constexpr bool NATIVE_BF16 = true;
+
+namespace {
 
 // The totals of sixteen float32 vectors as one vector (lane j: the sum of a[j]'s lanes), by a transposed tree:
 // four rounds that each pair vectors and add matching halves, ~3 instructions per vector instead of a full
@@ -126,40 +185,12 @@ void accumulate_span(const BFloat16* weights, int64_t fold, const BFloat16* valu
 
 }  // namespace
 
-// The tensors of one `attend` call, as pointers and sizes (see `attend`).
-struct Queries {
-  const BFloat16* qkv;
-  const float *cos, *sin;
-  const int64_t *rows, *slots;
-  BFloat16 *cache_k, *cache_v;
-  const int64_t* cache_start;
-  const BFloat16 *prompt_k, *prompt_v;
-  const int64_t *prompt_start, *row_prompt;
-  BFloat16* out;
-  int64_t count, heads, kv_heads, cache_slots, prompts, prompt_len;
-  float scale;
-};
-
-// Query n's key and value for head h, rotated and stored at its cache row and slot.
-template <int64_t DIM>
-void store_key_value(const Queries& qs, int64_t n, int64_t h) {
-  const BFloat16* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
-  float k[DIM];
-  rotate(row + (qs.heads + h) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, k);
-  const int64_t at = ((qs.rows[n] * qs.kv_heads + h) * qs.cache_slots + qs.slots[n]) * DIM;
-  const BFloat16* v = row + (qs.heads + qs.kv_heads + h) * DIM;
-  for (int64_t d = 0; d < DIM; ++d) {
-    qs.cache_k[at + d] = BFloat16(k[d]);
-    qs.cache_v[at + d] = v[d];
-  }
-}
-
 // Query n's `fold` query heads of key/value head h attend to its row's valid positions: the shared prompt's
 // [prompt_start, T) when there is one, then the row's own [cache_start, slot]. The query is rounded to bf16 after
 // RoPE and the softmax weights before the weighted sum, as the trainer's bf16 attention (autocast SDPA) does;
 // scores, the softmax and the sums are float32, and the sums are divided by the softmax's total at the end.
 template <int64_t DIM>
-void attend_head(const Queries& qs, int64_t n, int64_t h, float* q, BFloat16* q_bf16, float* scores,
+void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BFloat16* q_bf16, float* scores,
                  BFloat16* weights, int64_t span) {
   constexpr int64_t chunks = DIM / 32;
   const int64_t fold = qs.heads / qs.kv_heads, b = qs.rows[n], slot = qs.slots[n];
@@ -216,114 +247,258 @@ void attend_head(const Queries& qs, int64_t n, int64_t h, float* q, BFloat16* q_
   }
 }
 
-template <int64_t DIM>
-void attend_all(const Queries& qs) {
-  const int64_t pairs = qs.count * qs.kv_heads, fold = qs.heads / qs.kv_heads;
-  // every key and value first: a prompt's queries (prefill) attend to each other's
-  at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) store_key_value<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads);
-  });
-  const int64_t span = qs.prompt_len + *std::max_element(qs.slots, qs.slots + qs.count) + 1;
-  // Pairs are handed out one at a time (their lengths differ: left padding, and a prompt's later tokens see more
-  // keys), not in fixed halves, where one thread would wait on the other.
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pairs);
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    std::vector<float> q(fold * DIM), scores(fold * span);
-    std::vector<BFloat16> q_bf16(fold * DIM), weights(fold * span);
-    for (int64_t i = next++; i < pairs; i = next++)
-      attend_head<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads, q.data(), q_bf16.data(), scores.data(),
-                       weights.data(), span);
-  });
-}
-
 #else
 constexpr bool NATIVE_BF16 = false;
 #endif
 
+// ---- float32, on every CPU -------------------------------------------------------------------------------------
+// GCC/Clang vector types of the widest float32 vectors the build's target has (-march=native: the CPU it runs
+// on), which the compiler maps to AVX-512, AVX2 (+FMA) or 128-bit SSE/NEON instructions. `linear`'s tile is sized
+// to the register file: ROWS x V accumulators, V weight vectors and a broadcast (AVX-512 and NEON have 32
+// registers: 8 x 3; AVX2 has 16: 6 x 2, the shape of BLAS's AVX2 kernels).
+#if defined(__AVX512F__)
+constexpr int64_t F32_LANES = 16, F32_VECTORS = 3, F32_TILE_ROWS = 8;
+constexpr const char* F32_VECTOR_ISA = "avx512";
+#elif defined(__AVX__)
+constexpr int64_t F32_LANES = 8, F32_VECTORS = 2, F32_TILE_ROWS = 6;
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr const char* F32_VECTOR_ISA = "avx2";
+#else
+constexpr const char* F32_VECTOR_ISA = "avx";
+#endif
+#elif defined(__ARM_NEON)
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 3, F32_TILE_ROWS = 8;
+constexpr const char* F32_VECTOR_ISA = "neon";
+#else
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 2, F32_TILE_ROWS = 6;
+constexpr const char* F32_VECTOR_ISA = "sse";
+#endif
+constexpr int64_t F32_BLOCK = F32_LANES * F32_VECTORS;  // the outputs of one packed block
+typedef float Floats __attribute__((vector_size(F32_LANES * sizeof(float))));
+// the same vector at any float's address (unaligned loads and stores)
+typedef float UnalignedFloats __attribute__((vector_size(F32_LANES * sizeof(float)), aligned(alignof(float))));
+
+namespace {
+
+// Query n's `fold` query heads of key/value head h attend to its row's valid positions (the shared prompt's
+// [prompt_start, T) when there is one, then the row's own [cache_start, slot]), all in float32: scores, e^(s -
+// max) kept unnormalised, the weighted sum of the values, divided by the softmax's total at the end. Each key and
+// value is read once for the fold's query heads (decode attention is bound by reading the cache).
+template <int64_t DIM>
+void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, float* scores, float* sums,
+                     int64_t span) {
+  const int64_t fold = qs.heads / qs.kv_heads, b = qs.rows[n], slot = qs.slots[n];
+  const float* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
+  for (int64_t f = 0; f < fold; ++f)
+    rotate(row + (h * fold + f) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, q + f * DIM);
+  struct Positions { const float *keys, *values; int64_t begin, end; } parts[2];
+  int64_t count = 0;
+  if (qs.prompts) {
+    const int64_t p = qs.row_prompt[b], base = (p * qs.kv_heads + h) * qs.prompt_len * DIM;
+    parts[count++] = {qs.prompt_k + base, qs.prompt_v + base, qs.prompt_start[p], qs.prompt_len};
+  }
+  const int64_t cache = (b * qs.kv_heads + h) * qs.cache_slots * DIM;
+  parts[count++] = {qs.cache_k + cache, qs.cache_v + cache, qs.cache_start[b], slot + 1};
+  int64_t seen = 0;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t t = parts[i].begin; t < parts[i].end; ++t, ++seen) {
+      const float* k = parts[i].keys + t * DIM;
+      // the keys 8 positions ahead, this position's values (read next, by the weighted sum): ~10 % faster from memory
+      for (int64_t line = 0; line < DIM; line += 64 / sizeof(float)) {
+        __builtin_prefetch(k + 8 * DIM + line);
+        __builtin_prefetch(parts[i].values + t * DIM + line);
+      }
+      for (int64_t f = 0; f < fold; ++f) {
+        float dot = 0.f;
+        for (int64_t d = 0; d < DIM; ++d) dot += q[f * DIM + d] * k[d];  // vectorised (-ffast-math)
+        scores[f * span + seen] = dot * qs.scale;
+      }
+    }
+  float totals[16];  // fold <= 16 (checked by `attend`)
+  for (int64_t f = 0; f < fold; ++f) {
+    float* row_scores = scores + f * span;
+    const float top = *std::max_element(row_scores, row_scores + seen);
+    float total = 0.f;
+    for (int64_t t = 0; t < seen; ++t) {  // vectorised (libmvec's exp, -ffast-math)
+      row_scores[t] = std::exp(row_scores[t] - top);
+      total += row_scores[t];
+    }
+    totals[f] = total;
+  }
+  std::fill(sums, sums + fold * DIM, 0.f);
+  seen = 0;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t t = parts[i].begin; t < parts[i].end; ++t, ++seen) {
+      const float* v = parts[i].values + t * DIM;
+      for (int64_t f = 0; f < fold; ++f) {
+        const float weight = scores[f * span + seen];
+        for (int64_t d = 0; d < DIM; ++d) sums[f * DIM + d] += weight * v[d];
+      }
+    }
+  float* out = qs.out + (n * qs.heads + h * fold) * DIM;
+  for (int64_t f = 0; f < fold; ++f)
+    for (int64_t d = 0; d < DIM; ++d) out[f * DIM + d] = sums[f * DIM + d] / totals[f];
+}
+
+// ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES)); y points
+// at the block's first output of row 0 (stride `out`). Per input: V weight loads, ROWS broadcasts, ROWS x V fused
+// multiply-adds (an outer product; no horizontal sums). `next`: the block to prefetch meanwhile, or null.
+template <int ROWS, int V>
+void linear_tile_f32(const float* x, int64_t in, const float* block, const float* next, const float* bias, float* y,
+                     int64_t out) {
+  Floats acc[ROWS][V] = {};
+  for (int64_t i = 0; i < in; ++i) {
+    const float* w = block + i * V * F32_LANES;
+    if (next)
+      for (int64_t at = 0; at < V * F32_LANES; at += 64 / sizeof(float)) __builtin_prefetch(next + i * V * F32_LANES + at);
+    Floats ws[V];
+    for (int v = 0; v < V; ++v) ws[v] = *reinterpret_cast<const UnalignedFloats*>(w + v * F32_LANES);
+    for (int r = 0; r < ROWS; ++r) {
+      const float xs = x[r * in + i];
+      for (int v = 0; v < V; ++v) acc[r][v] += ws[v] * xs;
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    Floats b = {};
+    if (bias) b = *reinterpret_cast<const UnalignedFloats*>(bias + v * F32_LANES);
+    for (int r = 0; r < ROWS; ++r) *reinterpret_cast<UnalignedFloats*>(y + r * out + v * F32_LANES) = acc[r][v] + b;
+  }
+}
+
+// Every tile of x through one block of V vectors of outputs, the block kept in cache between tiles.
+template <int V, int... ROWS>
+void linear_block_f32(const float* x, int64_t rows, int64_t in, const float* block, const float* next,
+                      const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile = void (*)(const float*, int64_t, const float*, const float*, const float*, float*, int64_t);
+  static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V>...};  // tiles[r - 1]: r rows
+  for (int64_t r = 0; r < rows; r += F32_TILE_ROWS, next = nullptr)
+    tiles[std::min(F32_TILE_ROWS, rows - r) - 1](x + r * in, in, block, next, bias, y + r * out, out);
+}
+
+}  // namespace
+
 // Grouped-query softmax attention (Vaswani et al. 2017, arXiv 1706.03762) of N queries, with RoPE and the cache
 // write: out = softmax(scale RoPE(q) K^T) V over each query's valid positions.
-//   qkv (N, (H + 2 H_kv) D) bf16, the queries' projections; cos, sin (N, D) float32 at their positions;
+//   qkv (N, (H + 2 H_kv) D), the queries' projections, bf16 or float32 (the cache's dtype); cos, sin (N, D)
+//   float32 at their positions;
 //   rows, slots (N,): each query's cache row and slot. Its rotated k and v are written there, and it attends to
 //   its row's [cache_start[row], slot] (left padding is skipped, not masked). A decode step has one query per
 //   row; a prompt pass has one per prompt token, which see each other's keys (they are all written first).
-//   cache_k, cache_v (R, H_kv, S, D) bf16.
-//   prompt_k, prompt_v (P, H_kv, T, D) bf16 and prompt_start (P,): a prompt cache shared by the rows of a group
+//   cache_k, cache_v (R, H_kv, S, D).
+//   prompt_k, prompt_v (P, H_kv, T, D) and prompt_start (P,): a prompt cache shared by the rows of a group
 //   (row r reads prompt row_prompt[r], positions [prompt_start, T), before its own); empty when rows hold their
 //   prompts.
-// Returns (N, H D) bf16, heads in q's order.
+// Returns (N, H D) in qkv's dtype, heads in q's order. bf16 needs avx512_bf16 (NATIVE_BF16).
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor rows, torch::Tensor slots,
                      torch::Tensor cache_k, torch::Tensor cache_v, torch::Tensor cache_start, torch::Tensor prompt_k,
                      torch::Tensor prompt_v, torch::Tensor prompt_start, torch::Tensor row_prompt, int64_t heads,
                      double scale) {
-  TORCH_CHECK(qkv.scalar_type() == at::kBFloat16 && qkv.is_contiguous(), "qkv: contiguous bfloat16");
+  const auto dtype = qkv.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && qkv.is_contiguous(),
+              "qkv: contiguous bfloat16 or float32");
+  TORCH_CHECK(cache_k.scalar_type() == dtype && cache_v.scalar_type() == dtype, "cache: qkv's dtype");
   TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache: contiguous");
   TORCH_CHECK(rows.numel() == qkv.size(0) && slots.numel() == qkv.size(0), "rows, slots: one per query");
   const int64_t dim = cache_k.size(3), prompts = prompt_k.numel() ? prompt_k.size(0) : 0;
+  TORCH_CHECK(dim == 64 || dim == 128, "attend: head dim ", dim, " (compiled for 64 and 128)");
   TORCH_CHECK(heads % cache_k.size(1) == 0 && heads / cache_k.size(1) <= 16, "attend: at most 16 query heads per "
               "key/value head");
   auto out = torch::empty({qkv.size(0), heads * dim}, qkv.options());
   if (qkv.size(0) == 0) return out;
+  const int64_t fold = heads / cache_k.size(1);
+  auto run = [&](auto element, auto make_head) {
+    using T = decltype(element);
+    Queries<T> qs{qkv.data_ptr<T>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows.data_ptr<int64_t>(),
+                  slots.data_ptr<int64_t>(), cache_k.data_ptr<T>(), cache_v.data_ptr<T>(),
+                  cache_start.data_ptr<int64_t>(), prompts ? prompt_k.data_ptr<T>() : nullptr,
+                  prompts ? prompt_v.data_ptr<T>() : nullptr, prompts ? prompt_start.data_ptr<int64_t>() : nullptr,
+                  prompts ? row_prompt.data_ptr<int64_t>() : nullptr, out.data_ptr<T>(), qkv.size(0), heads,
+                  cache_k.size(1), cache_k.size(2), prompts, prompts ? prompt_k.size(2) : 0, float(scale)};
+    if (dim == 64) attend_all<64>(qs, make_head(qs, std::integral_constant<int64_t, 64>()));
+    else attend_all<128>(qs, make_head(qs, std::integral_constant<int64_t, 128>()));
+  };
+  if (dtype == at::kFloat) {
+    run(float(), [fold](const Queries<float>& qs, auto dim_constant) {
+      constexpr int64_t DIM = decltype(dim_constant)::value;
+      return [&qs, fold](int64_t span) {
+        return [&qs, fold, span, q = std::vector<float>(fold * DIM), scores = std::vector<float>(fold * span),
+                sums = std::vector<float>(fold * DIM)](int64_t n, int64_t h) mutable {
+          attend_head_f32<DIM>(qs, n, h, q.data(), scores.data(), sums.data(), span);
+        };
+      };
+    });
+    return out;
+  }
 #if defined(__AVX512BF16__)
-  Queries qs{qkv.data_ptr<BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows.data_ptr<int64_t>(),
-             slots.data_ptr<int64_t>(), cache_k.data_ptr<BFloat16>(), cache_v.data_ptr<BFloat16>(),
-             cache_start.data_ptr<int64_t>(), prompts ? prompt_k.data_ptr<BFloat16>() : nullptr,
-             prompts ? prompt_v.data_ptr<BFloat16>() : nullptr, prompts ? prompt_start.data_ptr<int64_t>() : nullptr,
-             prompts ? row_prompt.data_ptr<int64_t>() : nullptr, out.data_ptr<BFloat16>(), qkv.size(0), heads,
-             cache_k.size(1), cache_k.size(2), prompts, prompts ? prompt_k.size(2) : 0, float(scale)};
-  if (dim == 64) attend_all<64>(qs);
-  else if (dim == 128) attend_all<128>(qs);
-  else TORCH_CHECK(false, "attend: head dim ", dim, " (compiled for 64 and 128)");
+  run(BFloat16(), [fold](const Queries<BFloat16>& qs, auto dim_constant) {
+    constexpr int64_t DIM = decltype(dim_constant)::value;
+    return [&qs, fold](int64_t span) {
+      return [&qs, span, q = std::vector<float>(fold * DIM), scores = std::vector<float>(fold * span),
+              q_bf16 = std::vector<BFloat16>(fold * DIM),
+              weights = std::vector<BFloat16>(fold * span)](int64_t n, int64_t h) mutable {
+        attend_head<DIM>(qs, n, h, q.data(), q_bf16.data(), scores.data(), weights.data(), span);
+      };
+    };
+  });
 #else
-  TORCH_CHECK(false, "attend: built without avx512_bf16 (NATIVE_BF16 is false)");
+  TORCH_CHECK(false, "attend in bfloat16: built without avx512_bf16 (NATIVE_BF16 is false)");
 #endif
   return out;
 }
 
 // RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) of the residual stream after adding x (when given):
-//   h += x;  y = bf16(w * h / sqrt(mean(h^2) + eps)).   hidden (B, C) float32, updated in place.
+//   h += x;  y = w * h / sqrt(mean(h^2) + eps), stored as `dtype` (bf16: rounded once).   hidden (B, C) float32,
+//   updated in place; x (B, C) in `dtype`.
 torch::Tensor add_rms_norm(torch::Tensor hidden, c10::optional<torch::Tensor> delta, torch::Tensor weight,
-                           double eps) {
+                           double eps, at::ScalarType dtype) {
   TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == at::kFloat, "hidden: contiguous float32");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "add_rms_norm: dtype bfloat16 or float32");
+  TORCH_CHECK(!delta || (delta->scalar_type() == dtype && delta->is_contiguous()), "delta: contiguous, of dtype");
   const int64_t rows = hidden.size(0), width = hidden.size(1);
-  auto out = torch::empty({rows, width}, hidden.options().dtype(at::kBFloat16));
-  float* h_p = hidden.data_ptr<float>();
-  const BFloat16* x_p = delta ? delta->data_ptr<BFloat16>() : nullptr;
-  const float* w_p = weight.data_ptr<float>();
-  BFloat16* out_p = out.data_ptr<BFloat16>();
-  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      float* h = h_p + b * width;
-      if (x_p) {
-        const BFloat16* x = x_p + b * width;
-        for (int64_t i = 0; i < width; ++i) h[i] += float(x[i]);
+  auto out = torch::empty({rows, width}, hidden.options().dtype(dtype));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "add_rms_norm", [&] {
+    float* h_p = hidden.data_ptr<float>();
+    const scalar_t* x_p = delta ? delta->data_ptr<scalar_t>() : nullptr;
+    const float* w_p = weight.data_ptr<float>();
+    scalar_t* out_p = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+      for (int64_t b = first; b < last; ++b) {
+        float* h = h_p + b * width;
+        if (x_p) {
+          const scalar_t* x = x_p + b * width;
+          for (int64_t i = 0; i < width; ++i) h[i] += float(x[i]);
+        }
+        float squares = 0.f;
+        for (int64_t i = 0; i < width; ++i) squares += h[i] * h[i];
+        const float inverse = 1.f / std::sqrt(squares / width + float(eps));
+        scalar_t* y = out_p + b * width;
+        for (int64_t i = 0; i < width; ++i) y[i] = scalar_t(w_p[i] * (h[i] * inverse));
       }
-      float squares = 0.f;
-      for (int64_t i = 0; i < width; ++i) squares += h[i] * h[i];
-      const float inverse = 1.f / std::sqrt(squares / width + float(eps));
-      BFloat16* y = out_p + b * width;
-      for (int64_t i = 0; i < width; ++i) y[i] = BFloat16(w_p[i] * (h[i] * inverse));
-    }
+    });
   });
   return out;
 }
 
-// The gated MLP's activation (Shazeer 2020, arXiv 2002.05202): y = bf16(silu(g) * u), [g, u] = x (B, 2I) bf16.
+// The gated MLP's activation (Shazeer 2020, arXiv 2002.05202): y = silu(g) * u, [g, u] = x (B, 2I), bf16 or
+// float32 (computed in float32, stored in x's dtype).
 torch::Tensor silu_mul(torch::Tensor x) {
-  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == at::kBFloat16, "x: contiguous bfloat16");
+  TORCH_CHECK(x.is_contiguous() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              "x: contiguous bfloat16 or float32");
   const int64_t rows = x.size(0), width = x.size(1) / 2;
   auto out = torch::empty({rows, width}, x.options());
-  const BFloat16* x_p = x.data_ptr<BFloat16>();
-  BFloat16* out_p = out.data_ptr<BFloat16>();
-  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const BFloat16 *g = x_p + b * 2 * width, *u = g + width;
-      BFloat16* y = out_p + b * width;
-      for (int64_t i = 0; i < width; ++i) {
-        const float gate = float(g[i]);
-        y[i] = BFloat16(gate / (1.f + std::exp(-gate)) * float(u[i]));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_mul", [&] {
+    const scalar_t* x_p = x.data_ptr<scalar_t>();
+    scalar_t* out_p = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+      for (int64_t b = first; b < last; ++b) {
+        const scalar_t *g = x_p + b * 2 * width, *u = g + width;
+        scalar_t* y = out_p + b * width;
+        for (int64_t i = 0; i < width; ++i) {
+          const float gate = float(g[i]);
+          y[i] = scalar_t(gate / (1.f + std::exp(-gate)) * float(u[i]));
+        }
       }
-    }
+    });
   });
   return out;
 }
@@ -424,6 +599,16 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // (the prompt pass).
 constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
+// On a CPU with AMX (Sapphire Rapids and later), oneDNN's bf16 matmul runs on the tile unit and beats the pair dot
+// products here from about a dozen rows (one thread, a 3072 x 576 weight: even at 8 rows, 1.8x at 16, 4.7x at 64;
+// 2.1x slower at 1 row): `linear` hands those row counts to at::linear on the weight in its own layout, when the
+// caller keeps it (`plain`). 0: no AMX in this build, never.
+#if defined(__AMX_BF16__)
+constexpr int64_t ONEDNN_MIN_ROWS = 12;
+#else
+constexpr int64_t ONEDNN_MIN_ROWS = 0;
+#endif
+
 #if defined(__AVX512BF16__)
 // ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
 // block's first output of row 0 (stride `out`). `next`: the block to prefetch meanwhile, or null.
@@ -475,50 +660,84 @@ void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* p
 }
 #endif
 
-// W (O, I) bf16 -> the same shape in `linear`'s blocks of 48 outputs, each (I/2, 48, 2) (the last one N % 48
-// wide); empty where `linear` cannot take it: O % 16, I % 2, or no avx512_bf16.
+// W (O, I) -> the same shape in `linear`'s blocks: bf16, blocks of 48 outputs, each (I/2, 48, 2) (the last one
+// N % 48 wide); float32, blocks of F32_BLOCK outputs, each (I, F32_BLOCK) (the last one narrower). Empty where
+// `linear` cannot take it: bf16 with O % 16, I % 2 or no avx512_bf16; float32 with O % F32_LANES.
 torch::Tensor pack_weight(torch::Tensor weight) {
-  const int64_t out = weight.size(0), in = weight.size(1), full = out / PAIR_BLOCK * PAIR_BLOCK;
+  const int64_t out = weight.size(0), in = weight.size(1);
+  // W's rows in blocks of `block` (elements of `units`, a view of W): block j as its transpose (in, block)
+  auto blocked = [out](const at::Tensor& units, int64_t block) {
+    const int64_t full = out / block * block;
+    std::vector<at::Tensor> parts;
+    if (full) parts.push_back(units.slice(0, 0, full).view({full / block, block, -1}).transpose(1, 2).flatten());
+    if (out > full) parts.push_back(units.slice(0, full).t().flatten());
+    return torch::cat(parts);
+  };
+  if (weight.scalar_type() == at::kFloat && out % F32_LANES == 0)
+    return blocked(weight.contiguous(), F32_BLOCK).view({out, in});
 #if defined(__AVX512BF16__)
-  if (weight.scalar_type() == at::kBFloat16 && out % 16 == 0 && in % 2 == 0) {
+  if (weight.scalar_type() == at::kBFloat16 && out % 16 == 0 && in % 2 == 0)
     // each pair of inputs as one 32-bit element: packing is a transpose of 48 x (I/2) blocks (a 4-byte copy,
     // 3.7x faster than moving bf16 pairs as two elements)
-    const at::Tensor pairs = weight.contiguous().view(at::kInt);  // (O, I/2)
-    std::vector<at::Tensor> parts;
-    if (full) parts.push_back(pairs.slice(0, 0, full).view({full / PAIR_BLOCK, PAIR_BLOCK, in / 2}).transpose(1, 2)
-                                  .flatten());
-    if (out > full) parts.push_back(pairs.slice(0, full).t().flatten());
-    return torch::cat(parts).view(at::kBFloat16).view({out, in});
-  }
+    return blocked(weight.contiguous().view(at::kInt), PAIR_BLOCK).view(at::kBFloat16).view({out, in});
 #endif
   return weight.new_empty({0});
 }
 
-// x (N, I) bf16; packed (O, I) from pack_weight; bias (O,) bf16 or empty. Returns x W^T + b, (N, O) bf16.
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16, "x: contiguous bfloat16 (N, I)");
-  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1), "packed: (O, I) from pack_weight, I = x.size(1)");
+// x (N, I) bf16 or float32; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty; plain: the
+// weight as given to pack_weight, or empty (bf16 on an AMX CPU: see ONEDNN_MIN_ROWS). Returns x W^T + b, (N, O) in
+// x's dtype. Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
+// prefetched during the first tile.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor plain) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kFloat),
+              "x: contiguous bfloat16 or float32 (N, I)");
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
+              "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == out && bias.scalar_type() == dtype), "bias: (O,) or empty");
+  if (ONEDNN_MIN_ROWS && rows >= ONEDNN_MIN_ROWS && dtype == at::kBFloat16 && plain.numel())
+    return at::linear(x, plain, bias.numel() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
   auto y = torch::empty({rows, out}, x.options());
+  if (rows == 0) return y;
+  // blocks of `block` outputs through `run_block(first output, width, next block or null)`
+  auto each_block = [out, in](int64_t block, auto run_block) {
+    at::parallel_for(0, (out + block - 1) / block, 1, [&](int64_t first, int64_t last) {
+      for (int64_t j = first; j < last; ++j) {
+        const int64_t begin = j * block, width = std::min(block, out - begin);
+        run_block(begin, width, j + 1 < last ? (begin + width) * in : -1);
+      }
+    });
+  };
+  if (dtype == at::kFloat) {
+    const float *w_p = packed.data_ptr<float>(), *x_p = x.data_ptr<float>();
+    const float* b_p = bias.numel() ? bias.data_ptr<float>() : nullptr;
+    float* y_p = y.data_ptr<float>();
+    constexpr auto tile_rows = std::make_integer_sequence<int, F32_TILE_ROWS>();
+    each_block(F32_BLOCK, [&](int64_t begin, int64_t width, int64_t next) {
+      const float *block = w_p + begin * in, *ahead = next >= 0 ? w_p + next : nullptr;
+      const float* b = b_p ? b_p + begin : nullptr;
+      const int64_t vectors = width / F32_LANES;  // the last block may be narrower
+      if (vectors == F32_VECTORS)
+        linear_block_f32<F32_VECTORS>(x_p, rows, in, block, ahead, b, y_p + begin, out, tile_rows);
+      else if (vectors == 2) linear_block_f32<2>(x_p, rows, in, block, ahead, b, y_p + begin, out, tile_rows);
+      else linear_block_f32<1>(x_p, rows, in, block, ahead, b, y_p + begin, out, tile_rows);
+    });
+    return y;
+  }
 #if defined(__AVX512BF16__)
-  TORCH_CHECK(bias.numel() == 0 || bias.numel() == out, "bias: (O,) or empty");
   const BFloat16 *w_p = packed.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
   const BFloat16* b_p = bias.numel() ? bias.data_ptr<BFloat16>() : nullptr;
   BFloat16* y_p = y.data_ptr<BFloat16>();
-  const int64_t blocks = (out + PAIR_BLOCK - 1) / PAIR_BLOCK;
-  if (rows) at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t j = first; j < last; ++j) {
-      const int64_t begin = j * PAIR_BLOCK, width = std::min(PAIR_BLOCK, out - begin);
-      const BFloat16* pairs = w_p + begin * in;
-      const BFloat16* next = j + 1 < last ? pairs + width * in : nullptr;
-      const BFloat16* b = b_p ? b_p + begin : nullptr;
-      if (width == 48) linear_block<3>(x_p, rows, in, pairs, next, b, y_p + begin, out);
-      else if (width == 32) linear_block<2>(x_p, rows, in, pairs, next, b, y_p + begin, out);
-      else linear_block<1>(x_p, rows, in, pairs, next, b, y_p + begin, out);
-    }
+  each_block(PAIR_BLOCK, [&](int64_t begin, int64_t width, int64_t next) {
+    const BFloat16 *pairs = w_p + begin * in, *ahead = next >= 0 ? w_p + next : nullptr;
+    const BFloat16* b = b_p ? b_p + begin : nullptr;
+    if (width == 48) linear_block<3>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
+    else if (width == 32) linear_block<2>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
+    else linear_block<1>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
   });
 #else
-  TORCH_CHECK(false, "linear needs avx512_bf16 (pack_weight returns an empty weight without it)");
+  TORCH_CHECK(false, "linear in bfloat16 needs avx512_bf16 (pack_weight returns an empty weight without it)");
 #endif
   return y;
 }
@@ -528,22 +747,25 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) 
 //   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
 //   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after}, each W from pack_weight; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv,
-// T, D) or empty. Returns x after the last layer's norm, (N, C) bf16.
+// W_down, norm_after, then the four W as given to pack_weight (or empty: `linear`'s `plain`)}, each W from
+// pack_weight; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv,
+// T, D) or empty; every tensor but hidden and the norms in the cache's dtype (bf16 or float32). Returns x after
+// the last layer's norm, (N, C) in that dtype.
 at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, at::Tensor cos,
                       at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache, at::Tensor cache_start,
                       at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt, int64_t heads,
                       double scale, double eps) {
   const bool shared = prompt_kv.numel() > 0;
   const at::Tensor empty = cache.new_empty({0});
-  at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps);
+  const auto dtype = cache.scalar_type();
+  at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps, dtype);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];
     const at::Tensor attended = attend(
-        linear(x, w[1], w[2]), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
+        linear(x, w[1], w[2], w[8]), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
         shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
-    x = add_rms_norm(hidden, linear(attended, w[3], empty), w[4], eps);
-    x = add_rms_norm(hidden, linear(silu_mul(linear(x, w[5], empty)), w[6], empty), w[7], eps);
+    x = add_rms_norm(hidden, linear(attended, w[3], empty, w[9]), w[4], eps, dtype);
+    x = add_rms_norm(hidden, linear(silu_mul(linear(x, w[5], empty, w[10])), w[6], empty, w[11]), w[7], eps, dtype);
   }
   return x;
 }
@@ -557,4 +779,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("pack_weight", &pack_weight);
   module.def("linear", &linear);
   module.attr("NATIVE_BF16") = NATIVE_BF16;
+  module.attr("FLOAT32_VECTORS") = F32_VECTOR_ISA;  // the float32 kernels' instruction set: avx512, avx2, ...
+  module.attr("FLOAT32_LANES") = F32_LANES;  // floats per vector
+  module.attr("FLOAT32_BLOCK") = F32_BLOCK;  // outputs per packed block of `linear`
+  module.attr("ONEDNN_MIN_ROWS") = ONEDNN_MIN_ROWS;  // bf16 rows from which `linear` uses oneDNN (0: never)
 }
