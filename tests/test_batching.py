@@ -106,12 +106,16 @@ def test_a_cancelled_row_stops_at_the_next_step(model_and_tokenizer):
     assert seen[-1] == ("end", "cancelled") and len(seen) <= 5
 
 
-def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_and_tokenizer):
+def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_and_tokenizer, monkeypatch):
     """Prompts that begin alike (the chat template and the DAPO instruction): their common beginning runs once, and
     a later call finds it in the cache (here a single prompt, which has nothing to share within its own call). The
-    decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same."""
+    decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same. The
+    cache serves the stepper on torch's ops (no C++ compiler, a GPU); the fused kernels' packed prompt pass is
+    their own, so this test takes the kernels away."""
+    import dapo_suite.inference.decoding as decoding
     from dapo_suite.inference.decoding import PrefixCache, make_stepper
 
+    monkeypatch.setattr(decoding, "kernels", lambda: None)
     model, tokenizer = model_and_tokenizer
     tokenizer.padding_side = "left"
 

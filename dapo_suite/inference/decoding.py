@@ -214,7 +214,8 @@ class PrefixCache:
     alike (an endpoint's requests in one template: a system prompt, the DAPO instruction) compute their common
     beginning once, across calls. An entry serves any prompt that shares at least SHARED_PREFIX_MIN_TOKENS of its
     first tokens: attention is causal, so the first k slots of a prefix's cache are the cache of its first k tokens.
-    The `capacity` most recently stored entries are kept."""
+    The `capacity` most recently stored entries are kept. It serves the stepper on torch's ops; with the fused
+    kernels (float32 on any CPU, bf16 with avx512_bf16) the packed prompt pass runs instead."""
 
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
