@@ -152,7 +152,9 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
     """`data build --rewriter llm` with its default concurrency (8), timeout and max_tokens (1024) against
     `dapo-suite serve api` on the embedded model: with requests served one at a time, 8 of 15 failed by timeout;
     batched, every request is answered (the 135M model's rewrites are mostly rejected: what matters is that no
-    request fails and every row is accounted for)."""
+    request fails and every row is accounted for). One row already has an integer answer and needs no rewrite, so
+    the build does not stop on "every row rejected for the same reason" when the model's rewrites all fail alike
+    (they do or not with the CPU's sampling numerics)."""
     port = _free_port()
     api = subprocess.Popen([str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--port", str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -166,7 +168,8 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
         source = tmp_path / "eight.jsonl"
         source.write_text("\n".join(json.dumps({  # fractions: each row needs a rewrite to an integer answer
             "problem": f"What is $\\frac{{1}}{{{a}}}+\\frac{{1}}{{{a}}}$? Express your answer as a common fraction.",
-            "answer": f"\\frac{{2}}{{{a}}}"}) for a in range(3, 18, 2)))
+            "answer": f"\\frac{{2}}{{{a}}}"}) for a in range(3, 18, 2)) + "\n" + json.dumps({
+                "problem": "What is $2 + 3$?", "answer": "5"}))
         command = [str(Path(sys.executable).parent / "dapo-suite"), "data", "build", "--input", str(source),
                    "--out", str(tmp_path / "out"), "--rewriter", "llm", "--base-url", f"http://127.0.0.1:{port}/v1",
                    "--model", model, "--decontaminate", ""]
@@ -175,7 +178,7 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
         stats = json.loads((tmp_path / "out" / "stats.json").read_text())
         assert stats["llm"]["requests"] >= 8 and stats["llm"]["failed"] == 0, stats["llm"]
         rejected = (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()
-        assert stats["exported_rows"] + len(rejected) == 8
+        assert stats["exported_rows"] >= 1 and stats["exported_rows"] + len(rejected) == 9
     finally:
         os.killpg(api.pid, signal.SIGTERM)
         api.wait(timeout=30)
