@@ -56,18 +56,14 @@ class SamplerSide:
         self.model.eval()
 
     def describe(self) -> str:
+        import torch
+
         from dapo_suite.inference.fused_step import build_flags, kernels
 
         fused = kernels()
         built = (f"kernels -march={build_flags()[0]}: float32 {fused.FLOAT32_VECTORS}, bf16 "
                  f"{'avx512_bf16' if fused.NATIVE_BF16 else 'torch ops'}") if fused else "no kernels (torch ops)"
-        return f"dapo-suite sampler, torch {self.torch_version()}, {built}"
-
-    @staticmethod
-    def torch_version() -> str:
-        import torch
-
-        return torch.__version__
+        return f"dapo-suite sampler, torch {torch.__version__}, {built}"
 
     def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
         import torch

@@ -70,8 +70,9 @@ class Projection:
     the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
     1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, oneDNN's
     tile matmul wins from ~12 rows, so there the weight is also kept as given and `linear` hands it those rows
-    (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16, inputs % 2; float32: outputs % the vector
-    width), and any other dtype or device, uses `F.linear`."""
+    (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack
+    (bf16: outputs % 16, inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses
+    `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
