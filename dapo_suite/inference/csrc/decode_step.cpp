@@ -41,6 +41,18 @@ inline void rotate(const T* x, const float* cos, const float* sin, int64_t dim, 
   }
 }
 
+// The softmax's numerators in place, e^(s - max s) over scores[0, count), kept unnormalised; returns their total
+// (the weighted sums are divided by it at the end).
+inline float exp_minus_max(float* scores, int64_t count) {
+  const float top = *std::max_element(scores, scores + count);
+  float total = 0.f;
+  for (int64_t t = 0; t < count; ++t) {  // vectorised (libmvec's exp, -ffast-math)
+    scores[t] = std::exp(scores[t] - top);
+    total += scores[t];
+  }
+  return total;
+}
+
 }  // namespace
 
 // The tensors of one `attend` call, as pointers and sizes (see `attend`).
@@ -213,13 +225,7 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
   float totals[16];  // fold <= 16 (checked by `attend`)
   for (int64_t f = 0; f < fold; ++f) {  // e^(s - max), kept unnormalised, rounded to bf16
     float* row_scores = scores + f * span;
-    const float top = *std::max_element(row_scores, row_scores + count);
-    float total = 0.f;
-    for (int64_t t = 0; t < count; ++t) {  // vectorised (libmvec's exp, -ffast-math)
-      row_scores[t] = std::exp(row_scores[t] - top);
-      total += row_scores[t];
-    }
-    totals[f] = total;
+    totals[f] = exp_minus_max(row_scores, count);
     int64_t t = 0;
     for (; t + 16 <= count; t += 16)
       _mm256_storeu_si256((__m256i*)(weights + f * span + t),
@@ -315,16 +321,7 @@ void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, f
       }
     }
   float totals[16];  // fold <= 16 (checked by `attend`)
-  for (int64_t f = 0; f < fold; ++f) {
-    float* row_scores = scores + f * span;
-    const float top = *std::max_element(row_scores, row_scores + seen);
-    float total = 0.f;
-    for (int64_t t = 0; t < seen; ++t) {  // vectorised (libmvec's exp, -ffast-math)
-      row_scores[t] = std::exp(row_scores[t] - top);
-      total += row_scores[t];
-    }
-    totals[f] = total;
-  }
+  for (int64_t f = 0; f < fold; ++f) totals[f] = exp_minus_max(scores + f * span, seen);
   std::fill(sums, sums + fold * DIM, 0.f);
   seen = 0;
   for (int64_t i = 0; i < count; ++i)
