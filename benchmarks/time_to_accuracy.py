@@ -1,0 +1,370 @@
+"""Time to accuracy: dapo-suite's `dapo` preset against TRL's GRPOTrainer configured for DAPO, end to end.
+
+What a user who would otherwise train with TRL gets: held-out accuracy over training wall time (sampling, reward and
+updates; evaluation excluded), on the built-in arithmetic task with the embedded SmolLM2-135M-Instruct. Runs in the
+environment with TRL (it breaks verl's model building: pyproject.toml, the `bench` extra):
+
+    bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'
+    .venv-bench/bin/python benchmarks/time_to_accuracy.py                   # 3 seeds each, 1 thread, pinned
+    .venv-bench/bin/python benchmarks/time_to_accuracy.py --seeds 1 --steps 4 --budget-minutes 3 --out /tmp/tta
+    .venv-bench/bin/python benchmarks/time_to_accuracy.py --summary-only     # tables and plot from --results
+
+Both sides take their settings from one resolved `dapo` config at `tiny-cpu` scale: the same model, training and
+held-out problems (the task's split for the seed), G = 16 responses of at most 64 tokens, 4 prompts trained per
+rollout batch in 2 optimiser updates of 2 prompts (micro-batches of 16), lr 3e-5 after the same warm-up, weight
+decay 0.1, grad clip 1.0, T 1.0, top_p 1.0, eps 0.2 / 0.28, dual-clip c = 10, the project's correctness score
+(+1 right, -1 otherwise) as the reward, bf16 where the CPU has it natively (ours `autocast_dtype`/`sampling_dtype`
+auto, TRL `bf16=True`), float32 weights and AdamW state. Ours adds the soft overlong penalty (eq. 13) as the preset
+does; TRL gets the correctness score alone (`--trl-reward dapo` adds TRL's own `get_soft_overlong_punishment`:
+without dynamic sampling, the penalty is the only signal in groups that are all wrong, and the one seed run so
+learned to answer short and wrong: docs/results/time-to-accuracy/README.md).
+
+- ours: `dapo-suite train --preset dapo` as a user runs it (dynamic sampling: up to 2 generation batches of 8
+  prompts to find 4 with mixed outcomes; truncated responses filtered). Training time = the sum of its steps'
+  `perf/step_seconds` (sampling, reward, update; evaluation and checkpoints excluded).
+- TRL: `GRPOTrainer(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=10, mask_truncated_completions=True,
+  beta=0)`, per_device_train_batch_size 16, gradient_accumulation_steps 2, steps_per_generation 4 (one generation
+  batch of 4 prompts x 16 = 2 optimiser updates, as ours), its own `generate` sampling, no gradient checkpointing.
+  No dynamic sampling (TRL has none): groups that are all right or all wrong train with zero advantage. Training
+  time = wall time from the first step on, minus the evaluations.
+
+Held-out accuracy: both sides measured by the same code (`heldout_accuracy`: the project's sampler on the model's
+current weights, avg@2 over the 100 held-out problems, T 1.0, top_p 0.7, seeded by the run's seed) before training
+and every `--eval-every` rollout batches; the two sides' step-0 figures must agree (same weights, same seed). Each
+run is a process of its own with `--threads` threads; sides alternate by seed. A side's run that is interrupted is
+started again (ours resumes from its last checkpoint). TRL runs until it reaches `--target` or spends
+`--budget-minutes` of training time; ours runs `--steps` rollout batches.
+
+Prints the CPU's flags and load with each run, then per seed the training time to first reach `--target`
+held-out accuracy, the accuracy each side has when the faster one's run ends, and the ratio of mean times
+(target: ours >= 3x sooner). Writes curves.jsonl (every evaluation of every run), summary.json, summary.txt and
+time_to_accuracy.png into `--results`; `--summary-only` rebuilds those from curves.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from serve_throughput import cpu_line  # noqa: E402
+
+SIDES = ("ours", "trl")
+LABELS = {"ours": "dapo-suite (dapo preset)", "trl": "TRL GRPOTrainer (loss_type=dapo)"}
+
+
+def shared_config(seed: int, out: str, eval_every: int):
+    """The one `dapo` config both sides read their settings from (tiny-cpu scale, the embedded model)."""
+    from dapo_suite.train.config import resolve_config
+
+    return resolve_config(["dapo"], {"seed": seed, "out": out, "eval_every": eval_every, "device": "cpu"})
+
+
+# ---- the runs --------------------------------------------------------------------------------------------------
+
+
+def run_ours(args, seed: int, run_dir: Path) -> None:
+    """`dapo-suite train --preset dapo` in a process of its own; resumes a run an earlier call left unfinished."""
+    resume = ["--resume"] if any(run_dir.glob("checkpoint-*")) else []
+    command = [str(Path(sys.executable).parent / "dapo-suite"), "train", "--preset", "dapo", "--out", str(run_dir),
+               "--max-steps", str(args.steps), "--set", f"seed={seed}", "--set", f"eval_every={args.eval_every}",
+               "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *resume]
+    subprocess.run(command, check=True, env=thread_env(args.threads))
+
+
+def run_trl(args, seed: int, run_dir: Path) -> None:
+    """This file with `--side trl` in a process of its own; an unfinished TRL run starts over."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [sys.executable, __file__, "--side", "trl", "--seed", str(seed), "--run-dir", str(run_dir),
+               "--eval-every", str(args.eval_every), "--target", str(args.target),
+               "--budget-minutes", str(args.budget_minutes), "--threads", str(args.threads),
+               "--trl-reward", args.trl_reward]
+    subprocess.run(command, check=True, env=thread_env(args.threads))
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def ours_curve(run_dir: Path) -> list[dict]:
+    """(rollout batches, training seconds, held-out accuracy) at each evaluation, from the run's metrics.jsonl.
+    A resumed run logs the steps after its checkpoint again: the last record of a step counts."""
+    step_seconds: dict[int, float] = {}
+    evaluations: dict[int, dict] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "perf/step_seconds" in record:
+            step_seconds[record["step"]] = record["perf/step_seconds"]
+        if "val/acc" in record:
+            evaluations[record["step"]] = record
+    curve = []
+    for step, record in sorted(evaluations.items()):
+        seconds = sum(value for index, value in step_seconds.items() if index <= step)
+        curve.append({"batches": step, "seconds": seconds, "acc": record["val/acc"],
+                      "acc_stderr": record["val/acc_stderr"]})
+    return curve
+
+
+def train_trl(args) -> None:
+    """The TRL side (runs in the child process): GRPOTrainer on the shared config, evaluated by a callback."""
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.rewards import get_soft_overlong_punishment
+
+    from dapo_suite.core.prompts import chat_messages, render_chat
+    from dapo_suite.core.reward import compute_score
+    from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision
+    from dapo_suite.train.evaluate import heldout_accuracy
+    from dapo_suite.train.rollout import hf_engine
+    from dapo_suite.train.tasks import train_and_heldout
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = shared_config(args.seed, str(run_dir), args.eval_every)
+    precision = resolve_precision(config.autocast_dtype)
+    config_for_eval = replace(config, sampling_dtype=resolve_precision(config.sampling_dtype))
+    train, heldout = train_and_heldout(config)
+    model, tokenizer = load_model_and_tokenizer(None, dtype="float32", device="cpu")
+    text = [render_chat(tokenizer, chat_messages(problem.problem)) for problem in train]
+    dataset = Dataset.from_dict({"prompt": text, "answer": [problem.answer for problem in train]})
+    heldout_prompts = [render_chat(tokenizer, chat_messages(problem.problem)) for problem in heldout]
+    engine = hf_engine(config_for_eval, model, tokenizer)
+
+    def correctness(completions, answer, **kwargs) -> list[float]:
+        """The project's correctness score (+1 right, -1 otherwise), as `DAPOTrainer.score` gives it."""
+        return [compute_score("dapo-suite", completion, truth)["score"]
+                for completion, truth in zip(completions, answer, strict=True)]
+
+    reward_funcs = [correctness]
+    if args.trl_reward == "dapo":  # + eq. 13 as TRL ships it, summed with the correctness score
+        reward_funcs.append(get_soft_overlong_punishment(config.max_response_length, config.overlong_buffer_len))
+
+    responses = config.train_batch_size * config.group_size
+    updates = config.updates_per_step
+    trl_config = GRPOConfig(
+        output_dir=str(run_dir / "trl"), report_to="none", use_cpu=True, bf16=precision == "bfloat16",
+        gradient_checkpointing=False, seed=args.seed, data_seed=args.seed,
+        loss_type="dapo", epsilon=config.clip_low, epsilon_high=config.clip_high, delta=config.clip_c,
+        mask_truncated_completions=config.overlong_filter, beta=0.0, num_iterations=config.ppo_epochs,
+        temperature=config.temperature, top_p=config.top_p, num_generations=config.group_size,
+        max_completion_length=config.max_response_length,
+        per_device_train_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=responses // updates // config.micro_batch_size,
+        steps_per_generation=responses // config.micro_batch_size,
+        learning_rate=config.lr, warmup_steps=config.warmup_steps * updates, lr_scheduler_type="constant_with_warmup",
+        weight_decay=config.weight_decay, max_grad_norm=config.grad_clip,
+        max_steps=100_000, logging_steps=updates * args.eval_every, save_strategy="no", disable_tqdm=True)
+
+    curve_path = run_dir / "curve.jsonl"
+
+    class HeldoutClock(TrainerCallback):
+        """Held-out accuracy every `eval_every` generation batches, on a clock that stops while it measures."""
+
+        def __init__(self) -> None:
+            self.start = 0.0
+            self.evaluating = 0.0
+
+        def measure(self, batches: int, seconds: float) -> float:
+            began = time.monotonic()
+            result = heldout_accuracy(engine, heldout_prompts, [p.answer for p in heldout], n=config.val_n,
+                                      max_new_tokens=config.eval_max_tokens, temperature=config.val_temperature,
+                                      top_p=config.val_top_p, seed=config.seed)
+            with curve_path.open("a") as file:
+                file.write(json.dumps({"batches": batches, "seconds": seconds, "acc": result["acc"],
+                                       "acc_stderr": result["acc_stderr"]}) + "\n")
+            print(f"[trl seed {args.seed}] {batches} batches, {seconds / 60:.1f} min: held-out {result['acc']:.1%}",
+                  flush=True)
+            self.evaluating += time.monotonic() - began
+            return result["acc"]
+
+        def on_train_begin(self, args_, state, control, **kwargs):
+            self.measure(0, 0.0)
+            self.start, self.evaluating = time.monotonic(), 0.0
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            if state.global_step % (updates * args.eval_every):
+                return
+            seconds = time.monotonic() - self.start - self.evaluating
+            acc = self.measure(state.global_step // updates, seconds)
+            if acc >= args.target or seconds >= args.budget_minutes * 60:
+                control.should_training_stop = True
+
+    print(f"[trl seed {args.seed}] torch {torch.__version__}, transformers {transformers.__version__}, trl "
+          f"{trl.__version__}, {torch.get_num_threads()} threads, {'bf16 autocast' if trl_config.bf16 else 'float32'}",
+          flush=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=trl_config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[HeldoutClock()])
+    trainer.train()
+    (run_dir / "done").write_text("")
+
+
+# ---- the summary -----------------------------------------------------------------------------------------------
+
+
+def time_to(curve: list[dict], target: float) -> float | None:
+    """Training seconds at the first evaluation at or above `target`; None if none is."""
+    return next((point["seconds"] for point in curve if point["acc"] >= target), None)
+
+
+def accuracy_at(curve: list[dict], seconds: float) -> float:
+    """Held-out accuracy of the last evaluation at or before `seconds` of training."""
+    return [point["acc"] for point in curve if point["seconds"] <= seconds][-1]
+
+
+def summarize(curves: dict[str, dict[int, list[dict]]], target: float) -> dict:
+    seeds = sorted(set(curves["ours"]) & set(curves["trl"]))
+    rows = []
+    for seed in seeds:
+        ours, theirs = curves["ours"][seed], curves["trl"][seed]
+        common = min(ours[-1]["seconds"], theirs[-1]["seconds"])
+        rows.append({"seed": seed, "start_acc": {"ours": ours[0]["acc"], "trl": theirs[0]["acc"]},
+                     "time_to_target": {"ours": time_to(ours, target), "trl": time_to(theirs, target)},
+                     "end_seconds": {"ours": ours[-1]["seconds"], "trl": theirs[-1]["seconds"]},
+                     "common_seconds": common,
+                     "acc_at_common": {"ours": accuracy_at(ours, common), "trl": accuracy_at(theirs, common)}})
+    summary: dict = {"target": target, "seeds": rows}
+    if rows:
+        reached = {side: [row["time_to_target"][side] for row in rows] for side in SIDES}
+        if all(value is not None for value in reached["ours"]):
+            ours_mean = statistics.mean(reached["ours"])
+            summary["ours_mean_seconds"] = ours_mean
+            if all(value is not None for value in reached["trl"]):
+                summary["trl_mean_seconds"] = statistics.mean(reached["trl"])
+                summary["ratio"] = summary["trl_mean_seconds"] / ours_mean
+            else:  # TRL's time is at least its budget where it did not reach the target
+                bound = statistics.mean(value if value is not None else row["end_seconds"]["trl"]
+                                        for value, row in zip(reached["trl"], rows, strict=True))
+                summary["ratio_at_least"] = bound / ours_mean
+    return summary
+
+
+def summary_text(summary: dict) -> str:
+    target = summary["target"]
+    minutes = lambda value: "not reached" if value is None else f"{value / 60:.1f} min"  # noqa: E731
+    lines = [f"time to {target:.0%} held-out accuracy (training time, evaluation excluded)",
+             f"{'seed':>4}  {'start ours/TRL':>15}  {'ours':>12}  {'TRL':>12}  {'at the same time: ours / TRL':>34}"]
+    for row in summary["seeds"]:
+        start, reach, same = row["start_acc"], row["time_to_target"], row["acc_at_common"]
+        lines.append(f"{row['seed']:>4}  {start['ours']:>6.1%} / {start['trl']:>6.1%}  {minutes(reach['ours']):>12}  "
+                     f"{minutes(reach['trl']):>12}  {same['ours']:>8.1%} / {same['trl']:>6.1%} at "
+                     f"{row['common_seconds'] / 60:.1f} min")
+    if "ratio" in summary:
+        lines.append(f"mean time to {target:.0%}: ours {summary['ours_mean_seconds'] / 60:.1f} min, TRL "
+                     f"{summary['trl_mean_seconds'] / 60:.1f} min: ours {summary['ratio']:.2f}x sooner (target >= 3x: "
+                     f"{'PASS' if summary['ratio'] >= 3 else 'FAIL'})")
+    elif "ratio_at_least" in summary:
+        lines.append(f"TRL did not reach {target:.0%} in every seed within its budget: ours >= "
+                     f"{summary['ratio_at_least']:.2f}x sooner (a lower bound; target >= 3x: "
+                     f"{'PASS' if summary['ratio_at_least'] >= 3 else 'not shown'})")
+    return "\n".join(lines)
+
+
+def plot(curves: dict[str, dict[int, list[dict]]], target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for side, color in zip(SIDES, ("tab:blue", "tab:orange"), strict=True):
+        for index, (_, curve) in enumerate(sorted(curves[side].items())):
+            axes.plot([p["seconds"] / 60 for p in curve], [p["acc"] for p in curve], color=color, marker="o",
+                      markersize=3, alpha=0.8, label=LABELS[side] if index == 0 else None)
+    axes.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+    axes.set_xlabel("training time, minutes (evaluation excluded)")
+    axes.set_ylabel("held-out accuracy (avg@2)")
+    axes.set_title("SmolLM2-135M on the arithmetic task, one line per seed")
+    axes.legend(loc="lower right", fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_results(results: Path, target: float) -> str:
+    records = [json.loads(line) for line in (results / "curves.jsonl").read_text().splitlines()]
+    curves: dict[str, dict[int, list[dict]]] = {side: {} for side in SIDES}
+    for record in records:
+        curves[record["side"]].setdefault(record["seed"], []).append(record)
+    summary = summarize(curves, target)
+    text = summary_text(summary)
+    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (results / "summary.txt").write_text(text + "\n")
+    plot(curves, target, results / "time_to_accuracy.png")
+    return text
+
+
+def record_curve(results: Path, side: str, seed: int, curve: list[dict]) -> None:
+    """Replace the side's and seed's points in curves.jsonl with `curve`."""
+    path = results / "curves.jsonl"
+    kept = [line for line in (path.read_text().splitlines() if path.is_file() else [])
+            if (json.loads(line)["side"], json.loads(line)["seed"]) != (side, seed)]
+    added = [json.dumps({"side": side, "seed": seed, **point}) for point in curve]
+    path.write_text("\n".join(kept + added) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for each side")
+    parser.add_argument("--steps", type=int, default=20, help="ours: rollout batches (DAPO steps) per run")
+    parser.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N rollout batches")
+    parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy whose time is compared")
+    parser.add_argument("--budget-minutes", type=float, default=45.0,
+                        help="TRL: training minutes after which a run that has not reached --target stops")
+    parser.add_argument("--trl-reward", choices=["correctness", "dapo"], default="correctness",
+                        help="TRL's reward: the correctness score alone (the comparison), or with TRL's "
+                             "get_soft_overlong_punishment added (dapo: tried, see the results README)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (pin with taskset)")
+    parser.add_argument("--out", default="runs/time-to-accuracy", help="run directories (checkpoints: not kept)")
+    parser.add_argument("--results", default="docs/results/time-to-accuracy",
+                        help="curves.jsonl, summary.json/txt and the plot")
+    parser.add_argument("--summary-only", action="store_true", help="rebuild the summary and plot from --results")
+    parser.add_argument("--side", choices=["trl"], help=argparse.SUPPRESS)  # the child process
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side == "trl":
+        train_trl(args)
+        return
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    if not args.summary_only:
+        for seed in range(args.seeds):
+            for side in SIDES:
+                run_dir = Path(args.out) / side / f"seed-{seed}"
+                if not finished(side, run_dir):
+                    print(f"[time-to-accuracy] {side} seed {seed}: {cpu_line()}", flush=True)
+                    (run_ours if side == "ours" else run_trl)(args, seed, run_dir)
+                curve = (ours_curve(run_dir) if side == "ours"
+                         else [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()])
+                record_curve(results, side, seed, curve)
+                for checkpoint in run_dir.glob("checkpoint-*"):  # GBs each; the curve is what is kept
+                    checkpoint.unlink() if checkpoint.is_symlink() else shutil.rmtree(checkpoint)
+        print(f"[time-to-accuracy] done: {cpu_line()}")
+    print(write_results(results, args.target))
+
+
+def finished(side: str, run_dir: Path) -> bool:
+    if side == "trl":
+        return (run_dir / "done").is_file()
+    summary = run_dir / "summary.json"
+    return summary.is_file() and "after" in json.loads(summary.read_text())
+
+
+if __name__ == "__main__":
+    main()

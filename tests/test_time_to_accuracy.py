@@ -1,0 +1,68 @@
+"""benchmarks/time_to_accuracy.py's summary: time to the target, the ratio (or its lower bound when TRL never gets
+there), and the rebuild of the committed figures from the committed curves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "time_to_accuracy.py"
+COMMITTED = ROOT / "docs" / "results" / "time-to-accuracy"
+
+
+def summarize(results: Path, *flags: str) -> dict:
+    run = subprocess.run([sys.executable, str(SCRIPT), "--summary-only", "--results", str(results), *flags],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (results / "time_to_accuracy.png").stat().st_size > 0
+    return json.loads((results / "summary.json").read_text())
+
+
+def write_curves(results: Path, curves: dict[tuple[str, int], list[tuple[float, float]]]) -> None:
+    results.mkdir()
+    lines = [json.dumps({"side": side, "seed": seed, "batches": 2 * index, "seconds": seconds, "acc": acc,
+                         "acc_stderr": 0.05})
+             for (side, seed), points in curves.items() for index, (seconds, acc) in enumerate(points)]
+    (results / "curves.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_ratio_of_mean_times_to_the_first_evaluation_at_the_target(tmp_path):
+    write_curves(tmp_path / "r", {
+        ("ours", 0): [(0, 0.0), (60, 0.3), (120, 0.6), (180, 0.4)],  # first at 50 %: 120 s (not the later dip)
+        ("trl", 0): [(0, 0.0), (300, 0.2), (600, 0.5)],
+        ("ours", 1): [(0, 0.0), (240, 0.7)],
+        ("trl", 1): [(0, 0.0), (900, 0.8)]})
+    summary = summarize(tmp_path / "r")
+    assert [row["time_to_target"] for row in summary["seeds"]] == [{"ours": 120, "trl": 600},
+                                                                   {"ours": 240, "trl": 900}]
+    assert summary["ratio"] == pytest.approx((600 + 900) / 2 / ((120 + 240) / 2))
+    # accuracy at the end of the shorter run: ours at 180 s (0.4) against TRL's last point at or before it (0.0)
+    assert summary["seeds"][0]["acc_at_common"] == {"ours": 0.4, "trl": 0.0}
+    assert "PASS" in (tmp_path / "r" / "summary.txt").read_text()
+
+
+def test_trl_that_never_reaches_the_target_gives_a_lower_bound(tmp_path):
+    write_curves(tmp_path / "r", {
+        ("ours", 0): [(0, 0.0), (100, 0.5)],
+        ("trl", 0): [(0, 0.0), (1000, 0.2), (2000, 0.3)]})
+    summary = summarize(tmp_path / "r", "--target", "0.5")
+    assert summary["seeds"][0]["time_to_target"] == {"ours": 100, "trl": None}
+    assert "ratio" not in summary and summary["ratio_at_least"] == pytest.approx(20.0)
+    assert "lower bound" in (tmp_path / "r" / "summary.txt").read_text()
+
+
+def test_committed_summary_is_what_the_committed_curves_give(tmp_path):
+    if not (COMMITTED / "curves.jsonl").is_file():
+        pytest.skip("no committed time-to-accuracy curves")
+    results = tmp_path / "r"
+    results.mkdir()
+    shutil.copy(COMMITTED / "curves.jsonl", results)
+    committed = json.loads((COMMITTED / "summary.json").read_text())
+    assert summarize(results, "--target", str(committed["target"])) == committed
+    assert (results / "summary.txt").read_text() == (COMMITTED / "summary.txt").read_text()
