@@ -58,14 +58,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serve_throughput import cpu_line  # noqa: E402
 
+from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
+
 SIDES = ("ours", "trl")
 LABELS = {"ours": "dapo-suite (dapo preset)", "trl": "TRL GRPOTrainer (loss_type=dapo)"}
 
 
-def shared_config(seed: int, out: str, eval_every: int):
+def shared_config(seed: int, out: str, eval_every: int) -> TrainConfig:
     """The one `dapo` config both sides read their settings from (tiny-cpu scale, the embedded model)."""
-    from dapo_suite.train.config import resolve_config
-
     return resolve_config(["dapo"], {"seed": seed, "out": out, "eval_every": eval_every, "device": "cpu"})
 
 

@@ -167,7 +167,7 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     assert json.loads((out / "ladder.json").read_text())["missing"] == []
 
 
-@pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0"])
+@pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0", "entropy"])
 def test_the_committed_ladder_tables_rebuild_from_the_committed_metrics(folder: str, tmp_path: Path) -> None:
     """docs/results/<folder>/ladder.md is what `--report-only` makes of the plan and metrics committed beside it."""
     import shutil
