@@ -281,8 +281,9 @@ def plot(curves: dict[str, dict[int, list[dict]]], target: float, path: Path) ->
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4))
+    seeds = sorted(set(curves["ours"]) & set(curves["trl"]))  # the seeds the summary compares
     for side, color in zip(SIDES, ("tab:blue", "tab:orange"), strict=True):
-        for index, (_, curve) in enumerate(sorted(curves[side].items())):
+        for index, curve in enumerate(curves[side][seed] for seed in seeds):
             axes.plot([p["seconds"] / 60 for p in curve], [p["acc"] for p in curve], color=color, marker="o",
                       markersize=3, alpha=0.8, label=LABELS[side] if index == 0 else None)
     axes.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:.0%}")
