@@ -313,10 +313,10 @@ def write_results(results: Path, target: float) -> str:
 def record_curve(results: Path, side: str, seed: int, curve: list[dict]) -> None:
     """Replace the side's and seed's points in curves.jsonl with `curve`."""
     path = results / "curves.jsonl"
-    kept = [line for line in (path.read_text().splitlines() if path.is_file() else [])
-            if (json.loads(line)["side"], json.loads(line)["seed"]) != (side, seed)]
-    added = [json.dumps({"side": side, "seed": seed, **point}) for point in curve]
-    path.write_text("\n".join(kept + added) + "\n")
+    records = [json.loads(line) for line in (path.read_text().splitlines() if path.is_file() else [])]
+    kept = [record for record in records if (record["side"], record["seed"]) != (side, seed)]
+    added = [{"side": side, "seed": seed, **point} for point in curve]
+    path.write_text("".join(json.dumps(record) + "\n" for record in kept + added))
 
 
 def main() -> None:
