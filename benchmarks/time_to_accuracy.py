@@ -290,7 +290,7 @@ def plot(curves: dict[str, dict[int, list[dict]]], target: float, path: Path) ->
     axes.set_xlabel("training time, minutes (evaluation excluded)")
     axes.set_ylabel("held-out accuracy (avg@2)")
     axes.set_title("SmolLM2-135M on the arithmetic task, one line per seed")
-    axes.legend(loc="lower right", fontsize=8)
+    axes.legend(loc="upper right", fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
