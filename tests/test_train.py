@@ -167,6 +167,15 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     assert train_steps == [1, 2, 3, 4]  # every step once: the killed step was redone, nothing lost before it
     state = torch.load(out / "checkpoint-last" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 4 and state["sampler_cursor"] == 8  # 4 steps x 2 prompts, none skipped or repeated
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+
+    # A finished run extended with a larger --max-steps: its held-out "after" must be measured again, at step 5.
+    extended = run_train(out, "--max-steps", "5", "--resume")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 5
+    evaluated = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+                 if "val/acc" in line]
+    assert evaluated == [0, 4, 5]
 
 
 def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):

@@ -422,7 +422,8 @@ class DAPOTrainer:
             bar.set_postfix(acc=f"{metrics['reward/acc']:.2f}", kept=metrics["sampling/groups_kept"],
                             loss="no update" if math.isnan(loss) else f"{loss:+.3f}")
         bar.close()
-        if self.heldout and "after" not in summary:
+        # A finished run resumed with a larger --max-steps trained on: its old "after" is of an earlier step.
+        if self.heldout and ("after" not in summary or summary.get("steps") != self.step_index):
             summary["after"] = self.evaluate()
             summary["steps"] = self.step_index
             summary_path.write_text(json.dumps(summary, indent=2))

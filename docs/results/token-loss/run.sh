@@ -12,7 +12,7 @@ seeds=${2:-1}
 .venv/bin/dapo-suite data build --input gsm8k --input arithmetic --max-solution-steps 2 --out runs/data/gsm8k
 # 2. The warm start: the default run's first 7 steps on the arithmetic task teach the `Answer:` line (the untrained
 #    model is right on 0 of 256 GSM8K samples: docs/results/gsm8k/README.md). Both arms start from it.
-.venv/bin/dapo-suite train --resume --max-steps 7 --out "$out/warm-start"
+.venv/bin/dapo-suite train --resume --max-steps 12 --out "$out/warm-start"
 # 3. The comparison at gsm8k-cpu scale (responses of 80-120 tokens that grow with training, up to 256): 4 prompts
 #    x 8 samples a step, mini-batches of one prompt and 2 epochs (8 optimiser updates per rollout batch, as the
 #    entropy comparison), 30 steps.
