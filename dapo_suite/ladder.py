@@ -12,9 +12,10 @@ OUT holds:
 
 Every rung uses the same seeds 0..N-1, so rung B and rung A are compared seed by seed (a paired design: the
 seed fixes the held-out split, the prompt order and the sampling stream). A run that finished is skipped on a
-rerun and one that was interrupted resumes from its checkpoint. The held-out accuracy before training depends only
-on the starting model, the split, the seed and the evaluation settings, so it is measured by the first run of
-each such setting and copied to the others.
+rerun and one that was interrupted resumes from its checkpoint. Several processes (workers) may run the ladder on
+one OUT at once: a run is trained under its folder's lock, so each worker takes the runs no other one holds. The
+held-out accuracy before training depends only on the starting model, the split, the seed and the evaluation
+settings, so it is measured by the first run of each such setting and copied to the others.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import click
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.core.lock import FolderBusy, output_lock
 from dapo_suite.core.stats import mean_and_std, paired_t_test, sign_flip_test
 from dapo_suite.train.config import TrainConfig, load_preset, resolve_config
 from dapo_suite.train.run_log import read_metrics
@@ -41,6 +43,7 @@ RESULTS_FILE = "ladder.json"
 CSV_FILE = "ladder.csv"
 PLOT_FILE = "ladder_dynamics.png"
 DEFAULT_SEEDS = 3
+SHARED_FILE_WAIT = 120.0  # seconds a worker waits for another to finish writing the plan or the table
 LAST_STEPS = 3  # step figures are means over a run's last steps: one step of 4 prompts is noisy
 # What the held-out evaluation depends on; runs that agree on all of these share the measurement before training.
 HELDOUT_FIELDS = ("model", "task", "train_file", "val_file", "heldout_size", "seed", "val_n", "val_temperature",
@@ -115,52 +118,71 @@ def check_overrides(presets: list[str], overrides: dict[str, Any]) -> None:
 def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any],
                scale: str | None = None) -> Path:
     """Train every (preset, seed) into out/<rung>/seed-<s>, seed after seed (so a partial ladder already has
-    whole seeds), then write the table, tests and plots; return the table's path. `scale`: a scale preset under
+    whole seeds), leaving the runs another worker holds to it, then write the table, tests and plots (of the runs
+    finished so far); return the table's path. `scale`: a scale preset under
     every rung (by default tiny-cpu applies only to the embedded model, not to a checkpoint trained from it)."""
-    from dapo_suite.train.trainer import DAPOTrainer
-
     rungs = [rung_name(preset) for preset in presets]
     if len(set(rungs)) < len(rungs):
         raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
     check_overrides(presets, overrides)
-    plan = {"presets": presets, "seeds": seeds, "overrides": overrides, **({"scale": scale} if scale else {})}
-    plan_path = out / PLAN_FILE
-    if plan_path.is_file():
-        earlier_plan = json.loads(plan_path.read_text())
-        earlier = earlier_plan["overrides"]
-        if earlier_plan.get("scale") != scale:
-            raise UserError(f"{out} holds a ladder trained with --scale {earlier_plan.get('scale')}, this command "
-                            f"asks for {scale}: repeat the same --scale, or pick another --out")
-        if earlier != plan["overrides"]:
-            raise UserError(f"{out} holds a ladder trained with {earlier or 'no overrides'}, this command asks for "
-                            f"{plan['overrides'] or 'none'}: repeat the same --max-steps/--model/--set, or "
-                            "pick another --out")
     # Every config first, so a bad preset or value stops the ladder before hours of training.
     configs = {(preset, seed): resolve_config([scale, preset] if scale else [preset], {"seed": seed,
                                                          "out": str(run_path(out, rung_name(preset), seed))},
                                               overrides)
                for seed in seeds for preset in presets}
-    out.mkdir(parents=True, exist_ok=True)
-    plan_path.write_text(json.dumps(plan, indent=2) + "\n")
+    with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
+        write_plan(out, {"presets": presets, "seeds": seeds, "overrides": overrides,
+                         **({"scale": scale} if scale else {})})
     befores: dict[tuple, dict] = {}
     for index, ((preset, seed), config) in enumerate(configs.items(), 1):
         run_dir, label = Path(config.out), f"[{index}/{len(configs)}] {rung_name(preset)} seed {seed}"
-        summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        key = heldout_key(config)
-        if "before" in summary:
-            befores.setdefault(key, summary["before"])
-        if "after" in summary:
-            click.echo(f"{label}: finished earlier, skipped")
+        try:
+            with output_lock(run_dir):  # several workers on one OUT: each run goes to the first that claims it
+                summary = train_run(config, label, befores)
+        except FolderBusy as busy:
+            click.echo(f"{label}: another worker is training it ({busy.holder}), left to it")
             continue
-        if key in befores and "before" not in summary:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            summary_path.write_text(json.dumps({"before": befores[key]}, indent=2))
-        click.echo(f"{label}: {config.max_steps} steps -> {run_dir}")
-        summary = DAPOTrainer(config, resume=(run_dir / "metrics.jsonl").is_file()).fit()
         if "before" in summary:
-            befores.setdefault(key, summary["before"])
-    return write_ladder_outputs(out)
+            befores.setdefault(heldout_key(config), summary["before"])
+    with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
+        return write_ladder_outputs(out)
+
+
+def write_plan(out: Path, plan: dict[str, Any]) -> None:
+    """Write OUT's plan; a plan already there must have the same overrides and scale (the runs would not be
+    comparable otherwise), and its presets and seeds are kept: this command's are added to them, so a worker
+    given a subset of the rungs, or a rerun with more seeds, extends the ladder."""
+    plan_path = out / PLAN_FILE
+    if plan_path.is_file():
+        earlier = json.loads(plan_path.read_text())
+        if earlier.get("scale") != plan.get("scale"):
+            raise UserError(f"{out} holds a ladder trained with --scale {earlier.get('scale')}, this command "
+                            f"asks for {plan.get('scale')}: repeat the same --scale, or pick another --out")
+        if earlier["overrides"] != plan["overrides"]:
+            raise UserError(f"{out} holds a ladder trained with {earlier['overrides'] or 'no overrides'}, this "
+                            f"command asks for {plan['overrides'] or 'none'}: repeat the same "
+                            "--max-steps/--model/--set, or pick another --out")
+        plan = {**plan, "presets": list(dict.fromkeys([*earlier["presets"], *plan["presets"]])),
+                "seeds": sorted({*earlier["seeds"], *plan["seeds"]})}
+    plan_path.write_text(json.dumps(plan, indent=2) + "\n")
+
+
+def train_run(config: TrainConfig, label: str, befores: dict[tuple, dict]) -> dict:
+    """Train one (rung, seed) unless it finished earlier (then its summary as it is); a run that another of the
+    same held-out setting measured before training gets that measurement instead of repeating it."""
+    from dapo_suite.train.trainer import DAPOTrainer
+
+    run_dir = Path(config.out)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    key = heldout_key(config)
+    if "after" in summary:
+        click.echo(f"{label}: finished earlier, skipped")
+        return summary
+    if key in befores and "before" not in summary:
+        summary_path.write_text(json.dumps({"before": befores[key]}, indent=2))
+    click.echo(f"{label}: {config.max_steps} steps -> {run_dir}")
+    return DAPOTrainer(config, resume=(run_dir / "metrics.jsonl").is_file()).fit()
 
 
 def heldout_key(config: TrainConfig) -> tuple:

@@ -250,6 +250,10 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       dapo-suite train ladder --out runs/ladder --report-only     # the table again, from the metrics on disk
       dapo-suite report runs/ladder                               # report.md/.html with the table and plots
     A rerun (after a kill, or with more seeds) skips finished runs and resumes an interrupted one from its checkpoint.
+    Workers: the same command started N times on one OUT (one per core, or per machine on a shared file system)
+    splits the runs: each takes the next run no other worker holds, and the last to finish writes the full table.
+      OMP_NUM_THREADS=1 taskset -c 0 dapo-suite train ladder --seeds 4 --out runs/ladder &
+      OMP_NUM_THREADS=1 taskset -c 1 dapo-suite train ladder --seeds 4 --out runs/ladder &
     """
     from dapo_suite.ladder import DEFAULT_SEEDS, run_ladder, write_ladder_outputs
     from dapo_suite.train.config import parse_override
@@ -265,9 +269,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                          if value is not None}
             overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-            with output_lock(out):
-                table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides,
-                                   scale)
+            table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides,
+                               scale)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint

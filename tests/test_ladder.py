@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,28 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     after = json.loads((run_dir / "summary.json").read_text())["after"]
     assert after.pop("seconds") > 0 and after == {k: v for k, v in summaries["dapo", 1]["after"].items() if k != "seconds"}
     assert json.loads((out / "ladder.json").read_text())["missing"] == []
+
+
+@pytest.mark.slow
+def test_workers_on_one_ladder_split_its_runs(tmp_path):
+    """A run another worker holds is left to it, the table lists it as not finished, and the plan keeps every
+    worker's rungs: a second worker given only the missing rung completes the ladder."""
+    from dapo_suite.core.lock import output_lock
+
+    out = tmp_path / "ladder"
+    args = ["train", "ladder", "--out", str(out), "--seeds", "1", "--max-steps", "1", *TOY_FLAGS]
+    with output_lock(run_path(out, "grpo", 0)):  # this test process is the worker that trains grpo
+        first = dapo_suite(*args, "--presets", "grpo,dapo")
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert f"[1/2] grpo seed 0: another worker is training it (pid {os.getpid()} on " in first.stdout
+    assert not (run_path(out, "grpo", 0) / "metrics.jsonl").exists()
+    assert json.loads((out / "ladder.json").read_text())["missing"] == ["grpo seed 0"]
+    second = dapo_suite(*args, "--presets", "grpo")
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "[1/1] grpo seed 0: 1 steps" in second.stdout
+    results = json.loads((out / "ladder.json").read_text())
+    assert results["missing"] == [] and [row["rung"] for row in results["rows"]] == ["grpo", "dapo"]
+    assert json.loads((out / PLAN_FILE).read_text())["presets"] == ["grpo", "dapo"]
 
 
 @pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0", "entropy"])

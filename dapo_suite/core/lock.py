@@ -27,7 +27,11 @@ LOCK_FILE = ".dapo-suite.lock"
 
 
 class FolderBusy(UserError):
-    """Another live process writes to the folder."""
+    """Another live process writes to the folder; `holder` says which."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def _holder(text: str) -> dict:
@@ -38,23 +42,30 @@ def _holder(text: str) -> dict:
 
 
 @contextmanager
-def output_lock(folder: str | Path, flag: str = "--out", warn=None) -> Iterator[Path]:
+def output_lock(folder: str | Path, flag: str = "--out", warn=None, wait_seconds: float = 0.0) -> Iterator[Path]:
     """Hold the lock on `folder` (created if missing) for the block; `warn(message)` hears a stale lock's takeover
-    (default: stderr). Raises FolderBusy, naming the other process, when a live process holds it."""
+    (default: stderr). Raises FolderBusy, naming the other process, when a live process holds it (for longer than
+    `wait_seconds`: a wait suits locks that are held for moments, such as a shared file's rewrite)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     handle = open(path, "a+")  # noqa: SIM115 (held open for the block: closing releases the lock)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            other = _holder(handle.read())
-            who = (f"pid {other.get('pid', '?')} on {other.get('host', '?')}, started {other.get('started', '?')}: "
-                   f"`{other.get('command', '?')}`") if other else "another process"
-            raise FolderBusy(f"{flag} {folder}: another dapo-suite process is writing there ({who}). Wait for it "
-                             f"to finish, stop it, or pick another {flag}.") from None
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                handle.seek(0)
+                other = _holder(handle.read())
+                who = (f"pid {other.get('pid', '?')} on {other.get('host', '?')}, started "
+                       f"{other.get('started', '?')}: `{other.get('command', '?')}`") if other else "another process"
+                raise FolderBusy(f"{flag} {folder}: another dapo-suite process is writing there ({who}). Wait for "
+                                 f"it to finish, stop it, or pick another {flag}.", who) from None
         handle.seek(0)
         previous = _holder(handle.read())
         if previous:
