@@ -169,13 +169,19 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     assert state["step"] == 4 and state["sampler_cursor"] == 8  # 4 steps x 2 prompts, none skipped or repeated
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
 
-    # A finished run extended with a larger --max-steps: its held-out "after" must be measured again, at step 5.
-    extended = run_train(out, "--max-steps", "5", "--resume")
+
+@pytest.mark.slow
+def test_a_finished_run_extended_with_more_steps_is_evaluated_again_at_its_new_end(tmp_path):
+    # Its summary's held-out "after" must be the new last step's, not the one measured when it first finished.
+    out = tmp_path / "run"
+    assert run_train(out, "--max-steps", "1").returncode == 0
+    extended = run_train(out, "--max-steps", "2", "--resume")
     assert extended.returncode == 0, extended.stderr[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == 5
-    evaluated = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    evaluated = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                  if "val/acc" in line]
-    assert evaluated == [0, 4, 5]
+    assert summary["steps"] == 2 and [r["step"] for r in evaluated] == [0, 1, 2]
+    assert summary["after"]["acc"] == evaluated[-1]["val/acc"]
 
 
 def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
