@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-PYTHONPATH=/work/main VERL_USE_EXTERNAL_MODULES=dapo_suite.train.verl.cpu_platform VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda VLLM_CPU_KVCACHE_SPACE=2 \
-  /work/main/.venv-verl-cpu/bin/python \
+PYTHONPATH=. VERL_USE_EXTERNAL_MODULES=dapo_suite.train.verl.cpu_platform VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda VLLM_CPU_KVCACHE_SPACE=2 \
+  .venv-verl-cpu/bin/python \
   -m \
   verl.trainer.main_ppo \
   actor_rollout_ref.model.path=/root/.cache/dapo-suite/smollm2-135m-instruct \
-  data.train_files=/work/main/runs/verl-cpu-compare/verl/data/train.parquet \
-  data.val_files=/work/main/runs/verl-cpu-compare/verl/data/heldout.parquet \
+  data.train_files=runs/verl-cpu-compare/verl/data/train.parquet \
+  data.val_files=runs/verl-cpu-compare/verl/data/heldout.parquet \
   data.seed=0 \
   data.train_batch_size=4 \
   data.gen_batch_size=8 \
@@ -99,18 +99,18 @@ PYTHONPATH=/work/main VERL_USE_EXTERNAL_MODULES=dapo_suite.train.verl.cpu_platfo
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu=320 \
   actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=320 \
   actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=320 \
-  trainer.default_local_dir=/work/main/runs/verl-cpu-compare/verl/checkpoints \
+  trainer.default_local_dir=runs/verl-cpu-compare/verl/checkpoints \
   trainer.experiment_name=verl \
   trainer.rollout_data_dir=null \
-  trainer.validation_data_dir=/work/main/runs/verl-cpu-compare/verl/validation \
-  +ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR=/work/main/runs/verl-cpu-compare/verl/tensorboard \
-  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/work/main/runs/verl-cpu-compare/verl/verl_metrics.jsonl \
+  trainer.validation_data_dir=runs/verl-cpu-compare/verl/validation \
+  +ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR=runs/verl-cpu-compare/verl/tensorboard \
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=runs/verl-cpu-compare/verl/verl_metrics.jsonl \
   trainer.v1.sampler.custom_sampler.path=pkg://dapo_suite.train.verl.replay \
   trainer.v1.sampler.custom_sampler.name=CappedDAPOReplayBuffer \
   +trainer.v1.sampler.sampler_kwargs.metric=acc \
   +trainer.v1.sampler.sampler_kwargs.train_batch_size=4 \
   +trainer.v1.sampler.sampler_kwargs.max_filtered_groups=240 \
-  +trainer.v1.sampler.sampler_kwargs.stop_file=/work/main/runs/verl-cpu-compare/verl/stopped.json \
+  +trainer.v1.sampler.sampler_kwargs.stop_file=runs/verl-cpu-compare/verl/stopped.json \
   +actor_rollout_ref.model.override_config.pad_token_id=2 \
   +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \
   +actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=fp32 \
@@ -134,4 +134,4 @@ PYTHONPATH=/work/main VERL_USE_EXTERNAL_MODULES=dapo_suite.train.verl.cpu_platfo
   +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu \
   +ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda \
   '+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='"'"'2'"'"'' \
-  hydra.run.dir=/work/main/runs/verl-cpu-compare/verl/hydra
+  hydra.run.dir=runs/verl-cpu-compare/verl/hydra
