@@ -247,13 +247,15 @@ def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int]
     plan = json.loads(plan_path.read_text())
     rungs = [rung_name(preset) for preset in presets or plan["presets"]]
     seeds = list(seeds or plan["seeds"])
-    runs, missing = {}, []
+    runs, in_progress, missing = {}, {}, []
     for rung in rungs:
         for seed in seeds:
             run_dir = run_path(out, rung, seed)
             run = read_run(run_dir, rung, seed) if (run_dir / "metrics.jsonl").is_file() else None
             if run is None or run.after is None:
                 missing.append(f"{rung} seed {seed}")
+                if run is not None and run.steps:  # plotted, not tabled: a ladder can be watched as it trains
+                    in_progress[rung, seed] = run
             else:
                 runs[rung, seed] = run
     # "before" was measured by one run per seed and copied to the others' summary.json, not their metrics.
@@ -284,7 +286,10 @@ def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int]
                                        "sign_flip": sign_flip_test(values_a, values_b)} if pairs else None
         tests.append(entry)
     return {"plan": plan, "rungs": rungs, "seeds": seeds, "last_steps": LAST_STEPS, "rows": rows, "tests": tests,
-            "missing": missing, "runs": runs}
+            "missing": missing,
+            "in_progress": [f"{rung} seed {seed} at step {run.steps[-1]['step']}" for (rung, seed), run
+                            in in_progress.items()],
+            "runs": runs, "in_progress_runs": in_progress}
 
 
 # ---- writing ---------------------------------------------------------------------------------------------
@@ -293,7 +298,7 @@ def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int]
 def write_ladder_outputs(out: Path, presets: list[str] | None = None, seeds: list[int] | None = None) -> Path:
     """(Re)build ladder.md, ladder.json, ladder.csv and ladder_dynamics.png from OUT; return ladder.md's path."""
     results = ladder_results(out, presets, seeds)
-    runs = results.pop("runs")
+    runs, in_progress = results.pop("runs"), results.pop("in_progress_runs")
     (out / RESULTS_FILE).write_text(json.dumps(_finite_or_null(results), indent=2) + "\n")
     with (out / CSV_FILE).open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -302,7 +307,7 @@ def write_ladder_outputs(out: Path, presets: list[str] | None = None, seeds: lis
         for row in results["rows"]:
             writer.writerow([row["rung"], len(row["seeds"]), row["before"]]
                             + [row[n][s] for n in names for s in ("mean", "std")])
-    plot_ladder(runs, results["rungs"], out / PLOT_FILE)
+    plot_ladder(runs, results["rungs"], out / PLOT_FILE, in_progress)
     table_path = out / TABLE_FILE
     table_path.write_text(ladder_markdown(results) + "\n")
     return table_path
@@ -361,6 +366,8 @@ def ladder_markdown(results: dict[str, Any]) -> str:
             + f" | {row['minutes']['mean']:.1f} |")
     if results["missing"]:
         lines += ["", f"Not finished (left out): {', '.join(results['missing'])}."]
+    if results["in_progress"]:
+        lines[-1] += f" In progress, dashed in the plot: {', '.join(results['in_progress'])}."
     smallest = min(1.0, 2 / 2 ** len(seeds))
     lines += ["", "### Paired tests across seeds (B against A, seed by seed)", "",
               f"For each seed, d = B - A; N = the seeds both finished. **Paired t-test**: t = mean d / (s_d / sqrt N) "
@@ -397,44 +404,53 @@ def ladder_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_ladder(runs: dict[tuple[str, int], RunRecord], rungs: list[str], out: Path) -> Path:
+def plot_ladder(runs: dict[tuple[str, int], RunRecord], rungs: list[str], out: Path,
+                in_progress: dict[tuple[str, int], RunRecord] | None = None) -> Path:
     """One panel per figure: per step, the mean across a rung's seeds as a line and the min-max as a band, one
-    colour per rung. Held-out accuracy has points where it was measured (before, every `eval_every`, after)."""
+    colour per rung. Held-out accuracy has points where it was measured (before, every `eval_every`, after).
+    Unfinished runs (`in_progress`) are drawn one by one, dashed, in their rung's colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    seed_before = {run.seed: run.before for run in runs.values() if run.before is not None}
+    in_progress = in_progress or {}
+    seed_before = {run.seed: run.before for run in [*runs.values(), *in_progress.values()] if run.before is not None}
+
+    def points(run: RunRecord, name: str) -> dict[int, float]:
+        if name == "heldout_acc":
+            measured = dict(run.heldout)
+            if 0 not in measured and run.seed in seed_before:
+                measured[0] = seed_before[run.seed]
+            return measured
+        return {r["step"]: v for r in run.steps if (v := STEP_SERIES[name](r)) is not None}
+
     figure, axes = plt.subplots(2, 3, figsize=(15, 8))
     colours = plt.get_cmap("tab10")
     for axis, (name, title) in zip(axes.flat, PANELS.items(), strict=True):
         for index, rung in enumerate(rungs):
-            series = []
-            for run in (run for (r, _), run in runs.items() if r == rung):
-                if name == "heldout_acc":
-                    points = dict(run.heldout)
-                    if 0 not in points and run.seed in seed_before:
-                        points[0] = seed_before[run.seed]
-                else:
-                    points = {r["step"]: v for r in run.steps if (v := STEP_SERIES[name](r)) is not None}
-                series.append(points)
-            if not series:
-                continue
-            steps = sorted(set.intersection(*(set(points) for points in series)))
-            values = [[points[step] for points in series] for step in steps]
             colour = colours(index % 10)
-            axis.plot(steps, [statistics.fmean(v) for v in values], color=colour, marker="o", markersize=3,
-                      label=f"{rung} ({len(series)} seeds)")
-            axis.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2)
+            series = [points(run, name) for (r, _), run in runs.items() if r == rung]
+            if series:
+                steps = sorted(set.intersection(*(set(p) for p in series)))
+                values = [[p[step] for p in series] for step in steps]
+                axis.plot(steps, [statistics.fmean(v) for v in values], color=colour, marker="o", markersize=3,
+                          label=f"{rung} ({len(series)} seeds)")
+                axis.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour,
+                                  alpha=0.2)
+            for (r, seed), run in in_progress.items():
+                if r == rung:
+                    partial = sorted(points(run, name).items())
+                    axis.plot([step for step, _ in partial], [v for _, v in partial], color=colour, linestyle="--",
+                              marker="o", markersize=2, label=f"{rung} seed {seed} (in progress)")
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6) or 1, fontsize=9)
-    figure.suptitle("Ladder: mean across seeds (line) and min-max (band)")
+    figure.suptitle("Ladder: mean across seeds (line) and min-max (band)" + ("; dashed: runs in progress" if in_progress else ""))
     figure.tight_layout(rect=(0, 0.06, 1, 1))
     figure.savefig(out, dpi=110)
     plt.close(figure)

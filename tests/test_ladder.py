@@ -100,7 +100,15 @@ def test_an_unfinished_run_is_left_out_and_named(tmp_path):
     assert [row["rung"] for row in results["rows"]] == ["grpo", "dapo"]
     assert results["rows"][1]["seeds"] == [0, 1] and results["missing"] == ["dapo seed 2"]
     assert results["tests"][0]["seeds"] == [0, 1]  # paired on the seeds both rungs finished
-    assert "Not finished (left out): dapo seed 2." in (out / "ladder.md").read_text()
+    assert results["in_progress"] == ["dapo seed 2 at step 2"]
+    assert ("Not finished (left out): dapo seed 2. In progress, dashed in the plot: dapo seed 2 at step 2."
+            in (out / "ladder.md").read_text())
+    # the unfinished run is drawn: without its metrics the plot is another picture
+    plot = (out / "ladder_dynamics.png").read_bytes()
+    (run_path(out, "dapo", 2) / "metrics.jsonl").unlink()
+    assert dapo_suite("train", "ladder", "--out", str(out), "--report-only", "--presets", "grpo,dapo").returncode == 0
+    assert json.loads((out / "ladder.json").read_text())["in_progress"] == []
+    assert (out / "ladder_dynamics.png").read_bytes() != plot
 
 
 def test_ladder_refuses_what_it_cannot_compare(tmp_path):
