@@ -239,12 +239,16 @@ def comparisons(rungs: list[str]) -> list[tuple[str, str]]:
     return unique
 
 
-def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
-    """Per-rung means and stds across seeds, per-seed figures and the paired tests, from OUT's plan and runs."""
+def read_plan(out: Path) -> dict[str, Any]:
     plan_path = out / PLAN_FILE
     if not plan_path.is_file():
         raise UserError(f"--out {out}: no {PLAN_FILE}: is it the --out of `dapo-suite train ladder`?")
-    plan = json.loads(plan_path.read_text())
+    return json.loads(plan_path.read_text())
+
+
+def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
+    """Per-rung means and stds across seeds, per-seed figures and the paired tests, from OUT's plan and runs."""
+    plan = read_plan(out)
     rungs = [rung_name(preset) for preset in presets or plan["presets"]]
     seeds = list(seeds or plan["seeds"])
     runs, in_progress, missing = {}, {}, []
@@ -293,6 +297,14 @@ def ladder_results(out: Path, presets: list[str] | None = None, seeds: list[int]
 
 
 # ---- writing ---------------------------------------------------------------------------------------------
+
+
+def report_ladder(out: Path, presets: list[str] | None = None, seeds: list[int] | None = None) -> Path:
+    """write_ladder_outputs under OUT's lock: workers may be training beside it, each rewriting the table as it
+    ends."""
+    read_plan(out)  # no lock file in a folder that is not a ladder
+    with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
+        return write_ladder_outputs(out, presets, seeds)
 
 
 def write_ladder_outputs(out: Path, presets: list[str] | None = None, seeds: list[int] | None = None) -> Path:

@@ -193,7 +193,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
              "## Evaluation", "", "| benchmark | before | after | change (points) |", "|---|---|---|---|"]
     lines += (heldout_rows(train_dir) if train_dir else []) + eval_rows(run_dir) + [""]
     if is_ladder:  # rebuilt from the runs' metrics.jsonl, so the report never shows a stale table
-        lines += ["## Ablation ladder", "", ladder.write_ladder_outputs(run_dir).read_text(), ""]
+        lines += ["## Ablation ladder", "", ladder.report_ladder(run_dir).read_text(), ""]
     lines += data_section(run_dir, train_config)
     if train_dir:
         lines += training_section(train_dir, run_dir)

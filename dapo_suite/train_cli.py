@@ -255,7 +255,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       OMP_NUM_THREADS=1 taskset -c 0 dapo-suite train ladder --seeds 4 --out runs/ladder &
       OMP_NUM_THREADS=1 taskset -c 1 dapo-suite train ladder --seeds 4 --out runs/ladder &
     """
-    from dapo_suite.ladder import DEFAULT_SEEDS, run_ladder, write_ladder_outputs
+    from dapo_suite.ladder import DEFAULT_SEEDS, report_ladder, run_ladder
     from dapo_suite.train.config import parse_override
 
     presets = [name.strip() for name in presets_list.split(",") if name.strip()] if presets_list else None
@@ -263,7 +263,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
         raise click.UsageError("--presets: give at least one preset name, e.g. --presets dapo,gspo")
     try:
         if report_only:
-            table = write_ladder_outputs(Path(out), presets, list(range(seeds)) if seeds else None)
+            table = report_ladder(Path(out), presets, list(range(seeds)) if seeds else None)
         else:
             overrides = {key: value for key, value in {"max_steps": max_steps, "model": model}.items()
                          if value is not None}
