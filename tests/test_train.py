@@ -170,6 +170,31 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
 
 
+def test_gradient_checkpointing_trades_memory_for_time_not_maths(tmp_path):
+    """Activations recomputed in the backward pass: far fewer tensors kept for it, the same gradients."""
+    plain = _tiny_trainer(tmp_path / "plain")
+    recomputed = _tiny_trainer(tmp_path / "recomputed", gradient_checkpointing=True)
+    problems = plain.sampler.next(2)
+    torch.manual_seed(0)
+    rollouts = sample_rollouts(plain.engine, plain.tokenizer, [plain.prompt_text(p) for p in problems], 2, 8, 1.0, 1.0)
+    kept, gradients = [], []
+    for trainer in (plain, recomputed):
+        trainer.model.train()
+        kept.append(0)
+
+        def count(tensor: torch.Tensor) -> torch.Tensor:
+            kept[-1] += tensor.numel()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+            log_prob, _, mask = trainer.forward_log_probs(rollouts)
+        (log_prob * mask).sum().backward()
+        gradients.append([p.grad for p in trainer.model.parameters()])
+    assert kept[1] < kept[0] / 2, kept
+    for expected, got in zip(*gradients, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_a_finished_run_extended_with_more_steps_is_evaluated_again_at_its_new_end(tmp_path):
     # Its summary's held-out "after" must be the new last step's, not the one measured when it first finished.

@@ -133,6 +133,8 @@ class DAPOTrainer:
             config, sampling_dtype=resolve_precision(config.sampling_dtype, device_type),
             autocast_dtype=resolve_precision(config.autocast_dtype, device_type))
         self.model.config.use_cache = True
+        if config.gradient_checkpointing:  # in train mode only: sampling and evaluation run as before
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.engine = make_engine(config, self.model, self.tokenizer)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),
                                            weight_decay=config.weight_decay, fused=True)

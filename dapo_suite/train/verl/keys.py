@@ -152,6 +152,7 @@ NOT_MAPPED = {
     "backend": "selects this module",
     "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in metrics)",
     "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
+    "gradient_checkpointing": "verl: always on (actor_rollout_ref.model.enable_gradient_checkpointing, below)",
     "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
     "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
     "autocast_dtype": "--device cpu: fsdp_config.mixed_precision.param_dtype (cpu_overrides); on GPUs verl's bf16 "
