@@ -198,7 +198,8 @@ def test_workers_on_one_ladder_split_its_runs(tmp_path):
     assert json.loads((out / PLAN_FILE).read_text())["presets"] == ["grpo", "dapo"]
 
 
-@pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0", "entropy"])
+@pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0", "entropy",
+                                    "token-loss"])
 def test_the_committed_ladder_tables_rebuild_from_the_committed_metrics(folder: str, tmp_path: Path) -> None:
     """docs/results/<folder>/ladder.md is what `--report-only` makes of the plan and metrics committed beside it."""
     import shutil
