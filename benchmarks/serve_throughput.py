@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dapo_suite.core.prompts import format_prompt  # noqa: E402
+from dapo_suite.core.provenance import cpu_description  # noqa: E402
 from dapo_suite.inference.endpoint import Endpoint, free_port, stop_process, wait_healthy  # noqa: E402
 
 ENGINES = ("transformers", "sampler")
@@ -43,13 +43,8 @@ ENGINES = ("transformers", "sampler")
 
 def cpu_line() -> str:
     """The CPU's model, its vector extensions that matter to the kernels, cores, and the load average now."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = re.search(r"model name\s*:\s*(.*)", info)
-    flags = set(re.search(r"flags\s*:\s*(.*)", info)[1].split()) if "flags" in info else set()
-    vector = [flag for flag in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
     load = os.getloadavg()
-    return (f"CPU: {model[1] if model else 'unknown'}, {os.cpu_count()} cores, flags {' '.join(vector) or 'none'}; "
-            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return f"CPU: {cpu_description()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
 @contextlib.contextmanager

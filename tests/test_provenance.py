@@ -15,8 +15,21 @@ from data_pipeline.config import BuildConfig
 
 def test_provenance_gives_the_version_and_a_revision_or_none():
     record = provenance()
-    assert set(record) == {"version", "git_rev"} and record["version"] == __version__
+    assert set(record) == {"version", "git_rev", "machine", "torch_threads"} and record["version"] == __version__
     assert record["git_rev"] is None or re.fullmatch("[0-9a-f]{40}", record["git_rev"])
+    assert re.search(r", \d+ cores, flags ", record["machine"])
+
+
+def test_the_torch_thread_count_is_recorded_once_torch_is_loaded():
+    # A process that loads torch (train, eval) records the thread count its reductions ran with.
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert provenance()["torch_threads"] == 1
+    finally:
+        torch.set_num_threads(threads)  # the tests after this one run as before
 
 
 def test_no_git_gives_no_revision(monkeypatch):
@@ -24,7 +37,7 @@ def test_no_git_gives_no_revision(monkeypatch):
         raise FileNotFoundError("git")
 
     monkeypatch.setattr(subprocess, "run", missing_git)
-    assert provenance() == {"version": __version__, "git_rev": None}
+    assert provenance()["git_rev"] is None and provenance()["version"] == __version__
 
 
 def test_saved_configs_carry_provenance_and_read_back(tmp_path):

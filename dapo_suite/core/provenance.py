@@ -1,24 +1,47 @@
-"""What made a run: the package version and the git revision it ran from. Every run directory records them (the
-trainer's config.yaml, the evaluator's and the data build's config.json), so a figure can be traced to its code."""
+"""What made a run: the package version and the git revision it ran from, and the machine (CPU, the vector
+extensions that pick the kernels, torch's thread count). Every run directory records them (the trainer's
+config.yaml, the evaluator's and the data build's config.json), so a figure can be traced to its code, and a seed's
+numbers to what they depend on beside it."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 from dapo_suite import __version__
 
 # Keys a run's saved config carries beside its fields; a config read back as input (a run's config.yaml as a
 # preset, a build's config.json as --config) skips them.
-PROVENANCE_KEYS = ("version", "git_rev")
+PROVENANCE_KEYS = ("version", "git_rev", "machine", "torch_threads")
+# The CPU features that choose the sampler's kernels and the precisions `auto` resolves to.
+VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16")
 
 
-def provenance() -> dict[str, str | None]:
+def cpu_description() -> str:
+    """"<CPU model>, <N> cores, flags <the VECTOR_FLAGS it has>" (from /proc/cpuinfo; "unknown" elsewhere)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    model = re.search(r"model name\s*:\s*(.*)", info)
+    flags = set(flags_line[1].split()) if (flags_line := re.search(r"flags\s*:\s*(.*)", info)) else set()
+    vector = [flag for flag in VECTOR_FLAGS if flag in flags]
+    return f"{model[1] if model else 'unknown'}, {os.cpu_count()} cores, flags {' '.join(vector) or 'none'}"
+
+
+def provenance() -> dict[str, str | int | None]:
     """{"version": the package version, "git_rev": HEAD of the git checkout holding this package, or None when it
-    is not in one (an installed wheel) or git is missing}."""
+    is not in one (an installed wheel) or git is missing, "machine": cpu_description(), "torch_threads": torch's
+    intra-op thread count when torch is loaded (it sets the order of reductions, so a seed's exact numbers depend
+    on it), else None}."""
     try:
         git_rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True,
                                  cwd=Path(__file__).parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         git_rev = None
-    return {"version": __version__, "git_rev": git_rev}
+    torch = sys.modules.get("torch")  # not imported for this: a data build does not load torch
+    return {"version": __version__, "git_rev": git_rev, "machine": cpu_description(),
+            "torch_threads": torch.get_num_threads() if torch else None}
