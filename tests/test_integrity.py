@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import shutil
@@ -89,10 +90,22 @@ def trained_run(tmp_path_factory) -> Path:
     return out
 
 
+def link_weights(source: str, target: str) -> None:
+    """Weights and optimizer state (GBs a run) hard-linked, other files copied: a run writes new checkpoint files
+    and never rewrites these in place, so the copy cannot change the module's run."""
+    if source.endswith((".safetensors", ".pt")):
+        os.link(source, target)
+    else:
+        shutil.copy2(source, target)
+
+
 def damaged_copy(run: Path, tmp_path: Path, damage) -> tuple[Path, subprocess.CompletedProcess]:
     copy = tmp_path / "run"
-    shutil.copytree(run, copy, symlinks=True)
-    damage(copy / "checkpoints" / "step-000002")
+    shutil.copytree(run, copy, symlinks=True, copy_function=link_weights)
+    damaged = copy / "checkpoints" / "step-000002"
+    shutil.rmtree(damaged)
+    shutil.copytree(run / "checkpoints" / "step-000002", damaged)  # files of its own: damage stays in the copy
+    damage(damaged)
     return copy, run_train(copy, "--max-steps", "3", "--resume")
 
 
