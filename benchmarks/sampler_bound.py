@@ -38,6 +38,13 @@ def copy_bandwidth(megabytes: int = 512) -> float:
     return 2 * source.numel() * 4 / best_seconds(lambda: target.copy_(source))
 
 
+def read_bandwidth(megabytes: int = 1024) -> float:
+    """Bytes/s of reading a large tensor once (its sum, which keeps up with 40+ GB/s from cache): how fast the threads
+    can stream weights that no cache holds. One core reads slower than a copy's read + write counting suggests."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    return source.numel() * 4 / best_seconds(lambda: source.sum())
+
+
 def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
     a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     return 2 * size**3 / best_seconds(lambda: a @ b, repeats=10)

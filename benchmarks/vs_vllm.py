@@ -16,7 +16,8 @@ top_p 0.7, up to `--max-tokens` tokens.
 
 Figures per side: tokens/s (generated tokens over wall time), tokens per CPU-second (over the worker's own CPU time:
 robust to other load), and the share of the roofline bound (benchmarks/sampler_bound.py: weights and live KV cache
-per step against copy bandwidth, FLOPs against the matmul rate, both measured in this run on one thread). Prints
+per step against copy bandwidth, FLOPs against the matmul rate, both measured in this run on one thread), and per
+dtype the physical ceiling of one row: its weights read once per token at one thread's read bandwidth. Prints
 the CPU's flags, the sampler's kernel build (`--sampler-arch`: a -march target other than native, e.g. x86-64-v3
 for AVX2 without AVX-512) and the load beside them; `--json` writes every figure.
 """
@@ -198,7 +199,7 @@ def main() -> None:
     if not Path(args.vllm_python).is_file():
         parser.error(f"--vllm-python {args.vllm_python}: not found; `make vllm-env` builds the vLLM environment")
     import torch
-    from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops
+    from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops, read_bandwidth
     from serve_throughput import cpu_line
 
     from dapo_suite.inference.fused_step import ARCH_VARIABLE
@@ -210,8 +211,8 @@ def main() -> None:
     print(cpu_line())
     model, tokenizer = load_model_and_tokenizer(path, dtype="float32")
     params, embed_params = sum(p.numel() for p in model.parameters()), model.model.embed_tokens.weight.numel()
-    bandwidth = copy_bandwidth()
-    print(f"one thread: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    bandwidth, reading = copy_bandwidth(), read_bandwidth()
+    print(f"one thread: copy bandwidth {bandwidth / 1e9:.1f} GB/s, read bandwidth {reading / 1e9:.1f} GB/s")
     sampler_env = {ARCH_VARIABLE: args.sampler_arch} if args.sampler_arch != "native" else {}
     workers = {"dapo-suite": Worker("dapo-suite", sys.executable, path, sampler_env),
                "vLLM": Worker("vLLM", args.vllm_python, path, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -221,7 +222,10 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         flops = matmul_flops(getattr(torch, dtype))
-        print(f"one thread: {dtype} matmul {flops / 1e9:.1f} GFLOP/s")
+        # one row's ceiling: every weight read once per token at the read bandwidth, nothing else
+        weights_ceiling = reading / (params * getattr(torch, dtype).itemsize)
+        print(f"one thread: {dtype} matmul {flops / 1e9:.1f} GFLOP/s; one row reading only its weights: at most "
+              f"{weights_ceiling:.1f} tok/s")
         for shape in args.shapes.split(","):
             count, group = map(int, shape.split("x"))
             prompt_ids = prompts(tokenizer, count)
@@ -255,6 +259,7 @@ def main() -> None:
     print(cpu_line())
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_line(), "sampler_arch": args.sampler_arch,
+                                         "copy_bandwidth": bandwidth, "read_bandwidth": reading,
                                          "sides": {side: w.description for side, w in workers.items()},
                                          "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows},
                                         indent=2) + "\n")

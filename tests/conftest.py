@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# OpenMP threads that wait for work sleep instead of spinning. On a machine whose cores are busy with other work (a
+# training run beside the suite), spinning threads of the test process and of the servers it starts take turns
+# with each other: a serve test measured 84 s with spinning threads against 13 s without, beside one training run.
+# Set before torch loads its OpenMP runtime; the subprocesses the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 

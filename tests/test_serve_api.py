@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from dapo_suite.inference.endpoint import free_port
+from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.models import cache_dir, embedded_model_path
 
 
@@ -30,6 +31,10 @@ def api(request, tmp_path_factory):
     env = {**os.environ, "HOME": str(home), "HF_HOME": str(home / "hf"), "DAPO_SUITE_CACHE": str(cache_dir()),
            "HF_HUB_OFFLINE": "1"}
     env.pop("XDG_CACHE_HOME", None)
+    # the fresh HOME is about the model caches; the sampler's kernels, built once in this process, are reused (a
+    # build in the empty HOME would cost a compile of ~1 minute per engine)
+    if (fused := kernels()) is not None:
+        env["TORCH_EXTENSIONS_DIR"] = str(Path(fused.__file__).parent.parent)
     port = free_port()
     # float32: greedy replies (a counting reply long enough to outlast a client, the stop-string reply) are the same
     # on every CPU; bf16 (auto on AVX-512 BF16) writes other text

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 using at::BFloat16;
@@ -263,20 +264,20 @@ constexpr bool NATIVE_BF16 = false;
 // to the register file: ROWS x V accumulators, V weight vectors and a broadcast (AVX-512 and NEON have 32
 // registers: 8 x 3; AVX2 has 16: 6 x 2, the shape of BLAS's AVX2 kernels).
 #if defined(__AVX512F__)
-constexpr int64_t F32_LANES = 16, F32_VECTORS = 3, F32_TILE_ROWS = 8;
+constexpr int64_t F32_LANES = 16, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
 constexpr const char* F32_VECTOR_ISA = "avx512";
 #elif defined(__AVX__)
-constexpr int64_t F32_LANES = 8, F32_VECTORS = 2, F32_TILE_ROWS = 6;
+constexpr int64_t F32_LANES = 8, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr const char* F32_VECTOR_ISA = "avx2";
 #else
 constexpr const char* F32_VECTOR_ISA = "avx";
 #endif
 #elif defined(__ARM_NEON)
-constexpr int64_t F32_LANES = 4, F32_VECTORS = 3, F32_TILE_ROWS = 8;
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
 constexpr const char* F32_VECTOR_ISA = "neon";
 #else
-constexpr int64_t F32_LANES = 4, F32_VECTORS = 2, F32_TILE_ROWS = 6;
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
 constexpr const char* F32_VECTOR_ISA = "sse";
 #endif
 constexpr int64_t F32_BLOCK = F32_LANES * F32_VECTORS;  // the outputs of one packed block
@@ -286,10 +287,116 @@ typedef float UnalignedFloats __attribute__((vector_size(F32_LANES * sizeof(floa
 
 namespace {
 
+// Two-source shuffles of float32 vectors with constant lane indices (GCC 12+ and Clang: __builtin_shufflevector;
+// older GCC: __builtin_shuffle with a constant mask), which the compiler maps to the target's permutes.
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUFFLE_FLOATS(u, v, ...) __builtin_shufflevector(u, v, __VA_ARGS__)
+#else
+typedef int32_t LaneIndices __attribute__((vector_size(F32_LANES * sizeof(int32_t))));
+#define SHUFFLE_FLOATS(u, v, ...) __builtin_shuffle(u, v, (LaneIndices){__VA_ARGS__})
+#endif
+
+// Lane i of a halving shuffle of u and v, vectors of blocks of `width` lanes (each block a partial sum of one
+// source): the result holds u's blocks then v's at half the width, the first (`high` false) or second half of each.
+constexpr int half_lane(int64_t width, bool high, int64_t i) {
+  const int64_t half = width / 2, block = i / half, blocks = F32_LANES / width;
+  const int64_t from = block < blocks ? block * width : F32_LANES + (block - blocks) * width;
+  return int(from + (high ? half : 0) + i % half);
+}
+
+template <int64_t WIDTH, size_t... I>
+inline Floats add_halves(Floats u, Floats v, std::index_sequence<I...>) {
+  return SHUFFLE_FLOATS(u, v, half_lane(WIDTH, false, I)...) + SHUFFLE_FLOATS(u, v, half_lane(WIDTH, true, I)...);
+}
+
+// The totals of F32_LANES vectors as one vector (lane j: the sum of a[j]'s lanes; a[] is overwritten): rounds that
+// pair the vectors and add the halves of their blocks, ~3 instructions per vector where a horizontal sum of each
+// takes ~2 log2(lanes). Lanes are added in a horizontal sum's order (halves, then quarters, ...), so the totals
+// are bit for bit those of one dot product at a time.
+template <int64_t WIDTH = F32_LANES>
+inline Floats sum_each(Floats* a) {
+  for (int64_t j = 0; j < WIDTH / 2; ++j)
+    a[j] = add_halves<WIDTH>(a[2 * j], a[2 * j + 1], std::make_index_sequence<F32_LANES>());
+  if constexpr (WIDTH > 2) return sum_each<WIDTH / 2>(a);
+  else return a[0];
+}
+
+inline Floats load_floats(const float* at) { return *reinterpret_cast<const UnalignedFloats*>(at); }
+
+// Scores of `fold` query heads (fold x DIM) against positions [begin, end) of one head's keys (T x DIM), scale (q .
+// k) written to scores[f * stride + t - begin]: F32_LANES positions at a time, each a vector of partial products,
+// totalled together by `sum_each` (one thread, 300 positions of keys and values in L2: 25 GB/s against
+// 16 for one position at a time; from memory both run at one core's read bandwidth, ~10 GB/s here). The next
+// block's keys and this block's values (read next, by the weighted sum) are prefetched meanwhile.
+template <int64_t DIM>
+void score_span_f32(const float* q, int64_t fold, const float* keys, const float* values, int64_t begin,
+                    int64_t end, float scale, float* scores, int64_t stride) {
+  constexpr int64_t V = DIM / F32_LANES, line = 64 / sizeof(float);
+  int64_t t = begin;
+  for (; t + F32_LANES <= end; t += F32_LANES) {
+    for (int64_t d = 0; d < F32_LANES * DIM; d += line) {
+      __builtin_prefetch(keys + (t + F32_LANES) * DIM + d);
+      __builtin_prefetch(values + t * DIM + d);
+    }
+    for (int64_t f = 0; f < fold; ++f) {
+      Floats qv[V], dots[F32_LANES];
+      for (int64_t c = 0; c < V; ++c) qv[c] = load_floats(q + f * DIM + c * F32_LANES);
+      for (int64_t j = 0; j < F32_LANES; ++j) {
+        const float* k = keys + (t + j) * DIM;
+        dots[j] = qv[0] * load_floats(k);
+        for (int64_t c = 1; c < V; ++c) dots[j] += qv[c] * load_floats(k + c * F32_LANES);
+      }
+      *reinterpret_cast<UnalignedFloats*>(scores + f * stride + t - begin) = sum_each(dots) * scale;
+    }
+  }
+  for (; t < end; ++t)
+    for (int64_t f = 0; f < fold; ++f) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < DIM; ++d) dot += q[f * DIM + d] * keys[t * DIM + d];  // vectorised (-ffast-math)
+      scores[f * stride + t - begin] = dot * scale;
+    }
+}
+
+// sums[f] += sum_t w[f][t - begin] v[t] over positions [begin, end) for F query heads, whose F x DIM sums stay in
+// vector registers while the values stream by. weights (F x stride), sums (F x DIM).
+template <int64_t DIM, int F>
+void accumulate_span_f32(const float* weights, int64_t stride, const float* values, int64_t begin, int64_t end,
+                         float* sums) {
+  constexpr int64_t V = DIM / F32_LANES;
+  Floats acc[F][V];
+  for (int f = 0; f < F; ++f)
+    for (int64_t c = 0; c < V; ++c) acc[f][c] = load_floats(sums + f * DIM + c * F32_LANES);
+  for (int64_t t = begin; t < end; ++t) {
+    const float* v = values + t * DIM;
+    for (int f = 0; f < F; ++f) {
+      const float w = weights[f * stride + t - begin];
+      for (int64_t c = 0; c < V; ++c) acc[f][c] += load_floats(v + c * F32_LANES) * w;
+    }
+  }
+  for (int f = 0; f < F; ++f)
+    for (int64_t c = 0; c < V; ++c) *reinterpret_cast<UnalignedFloats*>(sums + f * DIM + c * F32_LANES) = acc[f][c];
+}
+
+// How many query heads' sums `accumulate_span_f32` keeps in registers at once: three quarters of the register file.
+template <int64_t DIM>
+constexpr int HEADS_IN_REGISTERS = int(std::max<int64_t>(1, F32_REGISTERS * 3 / 4 / (DIM / F32_LANES)));
+
+// The weighted sums of all `fold` query heads, HEADS_IN_REGISTERS at a time (each group re-reads the values, from
+// cache after the first).
+template <int64_t DIM, int... F>
+void accumulate_heads_f32(const float* weights, int64_t fold, int64_t stride, const float* values, int64_t begin,
+                          int64_t end, float* sums, std::integer_sequence<int, F...>) {
+  using Span = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*);
+  static constexpr Span spans[] = {accumulate_span_f32<DIM, F + 1>...};  // spans[k - 1]: k heads
+  constexpr int64_t most = sizeof...(F);
+  for (int64_t f = 0; f < fold; f += most)
+    spans[std::min(most, fold - f) - 1](weights + f * stride, stride, values, begin, end, sums + f * DIM);
+}
+
 // Query n's `fold` query heads of key/value head h attend to its row's valid positions (the shared prompt's
 // [prompt_start, T) when there is one, then the row's own [cache_start, slot]), all in float32: scores, e^(s -
-// max) kept unnormalised, the weighted sum of the values, divided by the softmax's total at the end. Each key and
-// value is read once for the fold's query heads (decode attention is bound by reading the cache).
+// max) kept unnormalised, the weighted sum of the values, divided by the softmax's total at the end. Each key is
+// read once for the fold's query heads (decode attention is bound by reading the cache).
 template <int64_t DIM>
 void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, float* scores, float* sums,
                      int64_t span) {
@@ -297,41 +404,24 @@ void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, f
   const float* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
   for (int64_t f = 0; f < fold; ++f)
     rotate(row + (h * fold + f) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, q + f * DIM);
-  struct Positions { const float *keys, *values; int64_t begin, end; } parts[2];
-  int64_t count = 0;
+  int64_t shared = 0, p_begin = 0;
+  const float *pk = nullptr, *pv = nullptr;
   if (qs.prompts) {
     const int64_t p = qs.row_prompt[b], base = (p * qs.kv_heads + h) * qs.prompt_len * DIM;
-    parts[count++] = {qs.prompt_k + base, qs.prompt_v + base, qs.prompt_start[p], qs.prompt_len};
+    pk = qs.prompt_k + base, pv = qs.prompt_v + base, p_begin = qs.prompt_start[p];
+    shared = qs.prompt_len - p_begin;
+    score_span_f32<DIM>(q, fold, pk, pv, p_begin, qs.prompt_len, qs.scale, scores, span);
   }
-  const int64_t cache = (b * qs.kv_heads + h) * qs.cache_slots * DIM;
-  parts[count++] = {qs.cache_k + cache, qs.cache_v + cache, qs.cache_start[b], slot + 1};
-  int64_t seen = 0;
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t t = parts[i].begin; t < parts[i].end; ++t, ++seen) {
-      const float* k = parts[i].keys + t * DIM;
-      // the keys 8 positions ahead, this position's values (read next, by the weighted sum): ~10 % faster from memory
-      for (int64_t line = 0; line < DIM; line += 64 / sizeof(float)) {
-        __builtin_prefetch(k + 8 * DIM + line);
-        __builtin_prefetch(parts[i].values + t * DIM + line);
-      }
-      for (int64_t f = 0; f < fold; ++f) {
-        float dot = 0.f;
-        for (int64_t d = 0; d < DIM; ++d) dot += q[f * DIM + d] * k[d];  // vectorised (-ffast-math)
-        scores[f * span + seen] = dot * qs.scale;
-      }
-    }
+  const int64_t cache = (b * qs.kv_heads + h) * qs.cache_slots * DIM, o_begin = qs.cache_start[b];
+  const int64_t count = shared + slot + 1 - o_begin;
+  score_span_f32<DIM>(q, fold, qs.cache_k + cache, qs.cache_v + cache, o_begin, slot + 1, qs.scale, scores + shared,
+                      span);
   float totals[16];  // fold <= 16 (checked by `attend`)
-  for (int64_t f = 0; f < fold; ++f) totals[f] = exp_minus_max(scores + f * span, seen);
+  for (int64_t f = 0; f < fold; ++f) totals[f] = exp_minus_max(scores + f * span, count);
   std::fill(sums, sums + fold * DIM, 0.f);
-  seen = 0;
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t t = parts[i].begin; t < parts[i].end; ++t, ++seen) {
-      const float* v = parts[i].values + t * DIM;
-      for (int64_t f = 0; f < fold; ++f) {
-        const float weight = scores[f * span + seen];
-        for (int64_t d = 0; d < DIM; ++d) sums[f * DIM + d] += weight * v[d];
-      }
-    }
+  const auto groups = std::make_integer_sequence<int, HEADS_IN_REGISTERS<DIM>>();
+  if (qs.prompts) accumulate_heads_f32<DIM>(scores, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
+  accumulate_heads_f32<DIM>(scores + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1, sums, groups);
   float* out = qs.out + (n * qs.heads + h * fold) * DIM;
   for (int64_t f = 0; f < fold; ++f)
     for (int64_t d = 0; d < DIM; ++d) out[f * DIM + d] = sums[f * DIM + d] / totals[f];
