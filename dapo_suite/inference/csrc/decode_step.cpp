@@ -105,29 +105,83 @@ void attend_all(const Queries<T>& qs, MakeHead make_head) {
   });
 }
 
+// ---- float32 vectors, on every CPU -----------------------------------------------------------------------------
+// GCC/Clang vector types of the widest float32 vectors the build's target has (-march=native: the CPU it runs
+// on), which the compiler maps to AVX-512, AVX2 (+FMA) or 128-bit SSE/NEON instructions. `linear`'s tile is sized
+// to the register file: ROWS x V accumulators, V weight vectors and a broadcast (AVX-512 and NEON have 32
+// registers: 8 x 3; AVX2 has 16: 6 x 2, the shape of BLAS's AVX2 kernels).
+#if defined(__AVX512F__)
+constexpr int64_t F32_LANES = 16, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
+constexpr const char* F32_VECTOR_ISA = "avx512";
+#elif defined(__AVX__)
+constexpr int64_t F32_LANES = 8, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr const char* F32_VECTOR_ISA = "avx2";
+#else
+constexpr const char* F32_VECTOR_ISA = "avx";
+#endif
+#elif defined(__ARM_NEON)
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
+constexpr const char* F32_VECTOR_ISA = "neon";
+#else
+constexpr int64_t F32_LANES = 4, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
+constexpr const char* F32_VECTOR_ISA = "sse";
+#endif
+constexpr int64_t F32_BLOCK = F32_LANES * F32_VECTORS;  // the outputs of one packed block
+typedef float Floats __attribute__((vector_size(F32_LANES * sizeof(float))));
+// the same vector at any float's address (unaligned loads and stores)
+typedef float UnalignedFloats __attribute__((vector_size(F32_LANES * sizeof(float)), aligned(alignof(float))));
+
+namespace {
+
+// Two-source shuffles of float32 vectors with constant lane indices (GCC 12+ and Clang: __builtin_shufflevector;
+// older GCC: __builtin_shuffle with a constant mask), which the compiler maps to the target's permutes.
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUFFLE_FLOATS(u, v, ...) __builtin_shufflevector(u, v, __VA_ARGS__)
+#else
+typedef int32_t LaneIndices __attribute__((vector_size(F32_LANES * sizeof(int32_t))));
+#define SHUFFLE_FLOATS(u, v, ...) __builtin_shuffle(u, v, (LaneIndices){__VA_ARGS__})
+#endif
+
+// Lane i of a halving shuffle of u and v, vectors of blocks of `width` lanes (each block a partial sum of one
+// source): the result holds u's blocks then v's at half the width, the first (`high` false) or second half of each.
+constexpr int half_lane(int64_t width, bool high, int64_t i) {
+  const int64_t half = width / 2, block = i / half, blocks = F32_LANES / width;
+  const int64_t from = block < blocks ? block * width : F32_LANES + (block - blocks) * width;
+  return int(from + (high ? half : 0) + i % half);
+}
+
+template <int64_t WIDTH, size_t... I>
+inline Floats add_halves(Floats u, Floats v, std::index_sequence<I...>) {
+  return SHUFFLE_FLOATS(u, v, half_lane(WIDTH, false, I)...) + SHUFFLE_FLOATS(u, v, half_lane(WIDTH, true, I)...);
+}
+
+// The totals of F32_LANES vectors as one vector (lane j: the sum of a[j]'s lanes; a[] is overwritten): rounds that
+// pair the vectors and add the halves of their blocks, ~3 instructions per vector where a horizontal sum of each
+// takes ~2 log2(lanes). Lanes are added in a horizontal sum's order (halves, then quarters, ...), so the totals
+// are bit for bit those of one dot product at a time.
+template <int64_t WIDTH = F32_LANES>
+inline Floats sum_each(Floats* a) {
+  for (int64_t j = 0; j < WIDTH / 2; ++j)
+    a[j] = add_halves<WIDTH>(a[2 * j], a[2 * j + 1], std::make_index_sequence<F32_LANES>());
+  if constexpr (WIDTH > 2) return sum_each<WIDTH / 2>(a);
+  else return a[0];
+}
+
+inline Floats load_floats(const float* at) { return *reinterpret_cast<const UnalignedFloats*>(at); }
+
+}  // namespace
+
+// ---- bf16 ------------------------------------------------------------------------------------------------------
 // The attention kernels and `linear` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
 // and later). Built elsewhere, the module keeps the float32 kernels, the norms and the sampler, and NATIVE_BF16 is
 // false: the stepper then decodes bf16 with torch's ops (the default sampling dtype there is float32 anyway,
 // dapo_suite.models.native_bf16).
 #if defined(__AVX512BF16__)
 constexpr bool NATIVE_BF16 = true;
+static_assert(F32_LANES == 16, "avx512_bf16 implies AVX-512F: `sum_each` totals 16 vectors of 16 floats");
 
 namespace {
-
-// The totals of sixteen float32 vectors as one vector (lane j: the sum of a[j]'s lanes), by a transposed tree:
-// four rounds that each pair vectors and add matching halves, ~3 instructions per vector instead of a full
-// horizontal sum each.
-inline __m512 sum_each16(__m512 (&a)[16]) {
-  for (int j = 0; j < 8; ++j)  // per 128-bit block: a0+a2, b0+b2, a1+a3, b1+b3 of a = a[2j], b = a[2j+1]
-    a[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
-  for (int j = 0; j < 4; ++j)  // per 128-bit block: one partial sum of each of four vectors
-    a[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
-                         _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
-  for (int j = 0; j < 2; ++j)  // blocks: 4 vectors (blocks 0+1), same (2+3), next 4 (0+1), next 4 (2+3)
-    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x88), _mm512_shuffle_f32x4(a[0], a[1], 0xDD));
-}
 
 // Scores of `fold` queries (fold x DIM, bf16) against positions [begin, end) of one head's keys (T x DIM, bf16),
 // scale (q . k) written to scores[f * stride + t - begin]: bf16 pair products summed in float32 (avx512_bf16),
@@ -148,13 +202,13 @@ void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFl
     for (int64_t f = 0; f < fold; ++f) {
       __m512bh qs[chunks];
       for (int64_t c = 0; c < chunks; ++c) qs[c] = (__m512bh)_mm512_loadu_si512(q + f * DIM + 32 * c);
-      __m512 dots[16];
+      Floats dots[16];
       for (int j = 0; j < 16; ++j) {
         dots[j] = _mm512_setzero_ps();
         for (int64_t c = 0; c < chunks; ++c)
           dots[j] = _mm512_dpbf16_ps(dots[j], (__m512bh)_mm512_loadu_si512(keys + (t + j) * DIM + 32 * c), qs[c]);
       }
-      _mm512_storeu_ps(scores + f * stride + t - begin, _mm512_mul_ps(sum_each16(dots), scales));
+      _mm512_storeu_ps(scores + f * stride + t - begin, _mm512_mul_ps(sum_each(dots), scales));
     }
   }
   for (; t < end; ++t) {
@@ -258,70 +312,8 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
 constexpr bool NATIVE_BF16 = false;
 #endif
 
-// ---- float32, on every CPU -------------------------------------------------------------------------------------
-// GCC/Clang vector types of the widest float32 vectors the build's target has (-march=native: the CPU it runs
-// on), which the compiler maps to AVX-512, AVX2 (+FMA) or 128-bit SSE/NEON instructions. `linear`'s tile is sized
-// to the register file: ROWS x V accumulators, V weight vectors and a broadcast (AVX-512 and NEON have 32
-// registers: 8 x 3; AVX2 has 16: 6 x 2, the shape of BLAS's AVX2 kernels).
-#if defined(__AVX512F__)
-constexpr int64_t F32_LANES = 16, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
-constexpr const char* F32_VECTOR_ISA = "avx512";
-#elif defined(__AVX__)
-constexpr int64_t F32_LANES = 8, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
-#if defined(__AVX2__) && defined(__FMA__)
-constexpr const char* F32_VECTOR_ISA = "avx2";
-#else
-constexpr const char* F32_VECTOR_ISA = "avx";
-#endif
-#elif defined(__ARM_NEON)
-constexpr int64_t F32_LANES = 4, F32_VECTORS = 3, F32_TILE_ROWS = 8, F32_REGISTERS = 32;
-constexpr const char* F32_VECTOR_ISA = "neon";
-#else
-constexpr int64_t F32_LANES = 4, F32_VECTORS = 2, F32_TILE_ROWS = 6, F32_REGISTERS = 16;
-constexpr const char* F32_VECTOR_ISA = "sse";
-#endif
-constexpr int64_t F32_BLOCK = F32_LANES * F32_VECTORS;  // the outputs of one packed block
-typedef float Floats __attribute__((vector_size(F32_LANES * sizeof(float))));
-// the same vector at any float's address (unaligned loads and stores)
-typedef float UnalignedFloats __attribute__((vector_size(F32_LANES * sizeof(float)), aligned(alignof(float))));
-
+// ---- float32 kernels, on every CPU -----------------------------------------------------------------------------
 namespace {
-
-// Two-source shuffles of float32 vectors with constant lane indices (GCC 12+ and Clang: __builtin_shufflevector;
-// older GCC: __builtin_shuffle with a constant mask), which the compiler maps to the target's permutes.
-#if defined(__clang__) || __GNUC__ >= 12
-#define SHUFFLE_FLOATS(u, v, ...) __builtin_shufflevector(u, v, __VA_ARGS__)
-#else
-typedef int32_t LaneIndices __attribute__((vector_size(F32_LANES * sizeof(int32_t))));
-#define SHUFFLE_FLOATS(u, v, ...) __builtin_shuffle(u, v, (LaneIndices){__VA_ARGS__})
-#endif
-
-// Lane i of a halving shuffle of u and v, vectors of blocks of `width` lanes (each block a partial sum of one
-// source): the result holds u's blocks then v's at half the width, the first (`high` false) or second half of each.
-constexpr int half_lane(int64_t width, bool high, int64_t i) {
-  const int64_t half = width / 2, block = i / half, blocks = F32_LANES / width;
-  const int64_t from = block < blocks ? block * width : F32_LANES + (block - blocks) * width;
-  return int(from + (high ? half : 0) + i % half);
-}
-
-template <int64_t WIDTH, size_t... I>
-inline Floats add_halves(Floats u, Floats v, std::index_sequence<I...>) {
-  return SHUFFLE_FLOATS(u, v, half_lane(WIDTH, false, I)...) + SHUFFLE_FLOATS(u, v, half_lane(WIDTH, true, I)...);
-}
-
-// The totals of F32_LANES vectors as one vector (lane j: the sum of a[j]'s lanes; a[] is overwritten): rounds that
-// pair the vectors and add the halves of their blocks, ~3 instructions per vector where a horizontal sum of each
-// takes ~2 log2(lanes). Lanes are added in a horizontal sum's order (halves, then quarters, ...), so the totals
-// are bit for bit those of one dot product at a time.
-template <int64_t WIDTH = F32_LANES>
-inline Floats sum_each(Floats* a) {
-  for (int64_t j = 0; j < WIDTH / 2; ++j)
-    a[j] = add_halves<WIDTH>(a[2 * j], a[2 * j + 1], std::make_index_sequence<F32_LANES>());
-  if constexpr (WIDTH > 2) return sum_each<WIDTH / 2>(a);
-  else return a[0];
-}
-
-inline Floats load_floats(const float* at) { return *reinterpret_cast<const UnalignedFloats*>(at); }
 
 // Scores of `fold` query heads (fold x DIM) against positions [begin, end) of one head's keys (T x DIM), scale (q .
 // k) written to scores[f * stride + t - begin]: F32_LANES positions at a time, each a vector of partial products,
