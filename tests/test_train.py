@@ -143,6 +143,7 @@ def test_training_writes_metrics_checkpoints_and_plots(tmp_path):
     assert again.returncode != 0 and "--resume" in again.stderr
 
 
+@pytest.mark.slow  # ~1 minute quiet, 4+ beside a training run (`make test` runs it with the slow tests)
 def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, "--max-steps", "4"]

@@ -45,7 +45,8 @@ inline void rotate(const T* x, const float* cos, const float* sin, int64_t dim, 
 // The softmax's numerators in place, e^(s - max s) over scores[0, count), kept unnormalised; returns their total
 // (the weighted sums are divided by it at the end).
 inline float exp_minus_max(float* scores, int64_t count) {
-  const float top = *std::max_element(scores, scores + count);
+  float top = scores[0];
+  for (int64_t t = 1; t < count; ++t) top = std::max(top, scores[t]);  // vectorised, unlike std::max_element
   float total = 0.f;
   for (int64_t t = 0; t < count; ++t) {  // vectorised (libmvec's exp, -ffast-math)
     scores[t] = std::exp(scores[t] - top);
@@ -170,6 +171,23 @@ inline Floats sum_each(Floats* a) {
 
 inline Floats load_floats(const float* at) { return *reinterpret_cast<const UnalignedFloats*>(at); }
 
+// How many query heads' weighted sums the attention keeps in registers at once: three quarters of the register file
+// (DIM / F32_LANES vectors per head, in float32 and in bf16's unpacked pairs alike).
+template <int64_t DIM>
+constexpr int HEADS_IN_REGISTERS = int(std::max<int64_t>(1, F32_REGISTERS * 3 / 4 / (DIM / F32_LANES)));
+
+// The weighted sums of all `fold` query heads, sizeof...(F) at a time through Span<DIM, k>::run (k heads; each group
+// re-reads the values, from cache after the first). weights (fold x stride), sums (fold x DIM).
+template <int64_t DIM, template <int64_t, int> class Span, typename T, int... F>
+void accumulate_heads(const T* weights, int64_t fold, int64_t stride, const T* values, int64_t begin, int64_t end,
+                      float* sums, std::integer_sequence<int, F...>) {
+  using Run = void (*)(const T*, int64_t, const T*, int64_t, int64_t, float*);
+  static constexpr Run spans[] = {Span<DIM, F + 1>::run...};  // spans[k - 1]: k heads
+  constexpr int64_t most = sizeof...(F);
+  for (int64_t f = 0; f < fold; f += most)
+    spans[std::min(most, fold - f) - 1](weights + f * stride, stride, values, begin, end, sums + f * DIM);
+}
+
 }  // namespace
 
 // ---- bf16 ------------------------------------------------------------------------------------------------------
@@ -222,33 +240,43 @@ void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFl
   }
 }
 
-// out[f] += sum_t w[f][t - begin] v[t] over positions [begin, end), two positions per bf16 pair product: the two
-// values interleaved (unpack), the two weights one 32-bit pair. weights (fold x stride) bf16; out (fold x DIM)
-// float32 in the unpack's order: block 8k + i of a vector of 32 dims sits at lane 4k + i (i < 4) of its low
-// accumulator, 8k + 4 + i at lane 4k + i of its high one (`attend_head` puts it back in order).
-template <int64_t DIM>
-void accumulate_span(const BFloat16* weights, int64_t fold, const BFloat16* values, int64_t begin, int64_t end,
-                     int64_t stride, __m512* out) {
-  constexpr int64_t chunks = DIM / 32;
-  for (int64_t t = begin; t < end; t += 2) {
-    const bool pair = t + 1 < end;  // an odd last position pairs with itself at weight zero
-    __m512i low[chunks], high[chunks];
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m512i a = _mm512_loadu_si512(values + t * DIM + 32 * c);
-      const __m512i b = pair ? _mm512_loadu_si512(values + (t + 1) * DIM + 32 * c) : a;
-      low[c] = _mm512_unpacklo_epi16(a, b), high[c] = _mm512_unpackhi_epi16(a, b);
-    }
-    for (int64_t f = 0; f < fold; ++f) {
-      const BFloat16* w = weights + f * stride + t - begin;
-      const uint32_t bits = uint32_t(w[0].x) | (pair ? uint32_t(w[1].x) << 16 : 0u);
-      const __m512bh ws = (__m512bh)_mm512_set1_epi32(int32_t(bits));
+// sums[f] += sum_t w[f][t - begin] v[t] over positions [begin, end) for F query heads, whose sums stay in vector
+// registers while the values stream by; two positions per bf16 pair product: the two values interleaved (unpack),
+// the two weights one 32-bit pair. weights (F x stride) bf16; sums (F x DIM) float32 in the unpack's order: block
+// 8k + i of 32 dims sits at lane 4k + i (i < 4) of its low vector, 8k + 4 + i at lane 4k + i of its high one
+// (`attend_head` puts it back in order).
+template <int64_t DIM, int F>
+struct AccumulateSpan {
+  static void run(const BFloat16* weights, int64_t stride, const BFloat16* values, int64_t begin, int64_t end,
+                  float* sums) {
+    constexpr int64_t chunks = DIM / 32;
+    __m512 acc[F][2 * chunks];
+    for (int f = 0; f < F; ++f)
+      for (int64_t c = 0; c < 2 * chunks; ++c) acc[f][c] = _mm512_loadu_ps(sums + f * DIM + 16 * c);
+    auto add = [&](int64_t t, auto pair) {  // positions t, t + 1; an odd last one pairs with itself at weight zero
+      __m512i low[chunks], high[chunks];
       for (int64_t c = 0; c < chunks; ++c) {
-        out[f * 2 * chunks + 2 * c] = _mm512_dpbf16_ps(out[f * 2 * chunks + 2 * c], (__m512bh)low[c], ws);
-        out[f * 2 * chunks + 2 * c + 1] = _mm512_dpbf16_ps(out[f * 2 * chunks + 2 * c + 1], (__m512bh)high[c], ws);
+        const __m512i a = _mm512_loadu_si512(values + t * DIM + 32 * c);
+        const __m512i b = pair ? _mm512_loadu_si512(values + (t + 1) * DIM + 32 * c) : a;
+        low[c] = _mm512_unpacklo_epi16(a, b), high[c] = _mm512_unpackhi_epi16(a, b);
       }
-    }
+      for (int f = 0; f < F; ++f) {
+        const BFloat16* w = weights + f * stride + t - begin;
+        const uint32_t bits = uint32_t(w[0].x) | (pair ? uint32_t(w[1].x) << 16 : 0u);
+        const __m512bh ws = (__m512bh)_mm512_set1_epi32(int32_t(bits));
+        for (int64_t c = 0; c < chunks; ++c) {
+          acc[f][2 * c] = _mm512_dpbf16_ps(acc[f][2 * c], (__m512bh)low[c], ws);
+          acc[f][2 * c + 1] = _mm512_dpbf16_ps(acc[f][2 * c + 1], (__m512bh)high[c], ws);
+        }
+      }
+    };
+    int64_t t = begin;
+    for (; t + 1 < end; t += 2) add(t, std::true_type());
+    if (t < end) add(t, std::false_type());
+    for (int f = 0; f < F; ++f)
+      for (int64_t c = 0; c < 2 * chunks; ++c) _mm512_storeu_ps(sums + f * DIM + 16 * c, acc[f][c]);
   }
-}
+};
 
 }  // namespace
 
@@ -264,7 +292,8 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
   const BFloat16* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
   for (int64_t f = 0; f < fold; ++f)
     rotate(row + (h * fold + f) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, q + f * DIM);
-  for (int64_t i = 0; i < fold * DIM; ++i) q_bf16[i] = BFloat16(q[i]);
+  for (int64_t i = 0; i < fold * DIM; i += 16)  // rounded to nearest even, as BFloat16(float)
+    _mm256_storeu_si256((__m256i*)(q_bf16 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + i)));
   int64_t shared = 0, p_begin = 0;
   const BFloat16 *pk = nullptr, *pv = nullptr;
   if (qs.prompts) {
@@ -287,23 +316,25 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row_scores + t)));
     for (; t < count; ++t) weights[f * span + t] = BFloat16(row_scores[t]);
   }
-  __m512 acc[16 * 2 * chunks];
-  for (int64_t i = 0; i < fold * 2 * chunks; ++i) acc[i] = _mm512_setzero_ps();
-  if (qs.prompts) accumulate_span<DIM>(weights, fold, pv, p_begin, qs.prompt_len, span, acc);
-  accumulate_span<DIM>(weights + shared, fold, qs.cache_v + cache, o_begin, slot + 1, span, acc);
+  float sums[16 * DIM];
+  std::fill(sums, sums + fold * DIM, 0.f);
+  const auto groups = std::make_integer_sequence<int, HEADS_IN_REGISTERS<DIM>>();
+  if (qs.prompts) accumulate_heads<DIM, AccumulateSpan>(weights, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
+  accumulate_heads<DIM, AccumulateSpan>(weights + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1, sums,
+                                        groups);
   BFloat16* out = qs.out + (n * qs.heads + h * fold) * DIM;
+  // lanes of (low, high) (0-15 and 16-31) in dimension order: dim 8k + i is lane 4k + i of low, 8k + 4 + i of high
+  const __m512i in_order[2] = {_mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+                               _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31)};
   for (int64_t f = 0; f < fold; ++f) {
-    const float inverse = 1.f / totals[f];
+    const __m512 scales = _mm512_set1_ps(1.f / totals[f]);
     for (int64_t c = 0; c < chunks; ++c) {
-      float low[16], high[16];
-      _mm512_storeu_ps(low, acc[f * 2 * chunks + 2 * c]);
-      _mm512_storeu_ps(high, acc[f * 2 * chunks + 2 * c + 1]);
+      const float *low = sums + f * DIM + 32 * c, *high = low + 16;
       BFloat16* o = out + f * DIM + 32 * c;
-      for (int k = 0; k < 4; ++k)
-        for (int i = 0; i < 4; ++i) {
-          o[8 * k + i] = BFloat16(low[4 * k + i] * inverse);
-          o[8 * k + 4 + i] = BFloat16(high[4 * k + i] * inverse);
-        }
+      for (int half = 0; half < 2; ++half) {  // dims 16 half + [0, 16): blocks of 4 from low, high, low, high
+        const __m512 dims = _mm512_permutex2var_ps(_mm512_loadu_ps(low), in_order[half], _mm512_loadu_ps(high));
+        _mm256_storeu_si256((__m256i*)(o + 16 * half), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(dims, scales)));
+      }
     }
   }
 }
@@ -352,38 +383,24 @@ void score_span_f32(const float* q, int64_t fold, const float* keys, const float
 // sums[f] += sum_t w[f][t - begin] v[t] over positions [begin, end) for F query heads, whose F x DIM sums stay in
 // vector registers while the values stream by. weights (F x stride), sums (F x DIM).
 template <int64_t DIM, int F>
-void accumulate_span_f32(const float* weights, int64_t stride, const float* values, int64_t begin, int64_t end,
-                         float* sums) {
-  constexpr int64_t V = DIM / F32_LANES;
-  Floats acc[F][V];
-  for (int f = 0; f < F; ++f)
-    for (int64_t c = 0; c < V; ++c) acc[f][c] = load_floats(sums + f * DIM + c * F32_LANES);
-  for (int64_t t = begin; t < end; ++t) {
-    const float* v = values + t * DIM;
-    for (int f = 0; f < F; ++f) {
-      const float w = weights[f * stride + t - begin];
-      for (int64_t c = 0; c < V; ++c) acc[f][c] += load_floats(v + c * F32_LANES) * w;
+struct AccumulateSpanF32 {
+  static void run(const float* weights, int64_t stride, const float* values, int64_t begin, int64_t end,
+                  float* sums) {
+    constexpr int64_t V = DIM / F32_LANES;
+    Floats acc[F][V];
+    for (int f = 0; f < F; ++f)
+      for (int64_t c = 0; c < V; ++c) acc[f][c] = load_floats(sums + f * DIM + c * F32_LANES);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* v = values + t * DIM;
+      for (int f = 0; f < F; ++f) {
+        const float w = weights[f * stride + t - begin];
+        for (int64_t c = 0; c < V; ++c) acc[f][c] += load_floats(v + c * F32_LANES) * w;
+      }
     }
+    for (int f = 0; f < F; ++f)
+      for (int64_t c = 0; c < V; ++c) *reinterpret_cast<UnalignedFloats*>(sums + f * DIM + c * F32_LANES) = acc[f][c];
   }
-  for (int f = 0; f < F; ++f)
-    for (int64_t c = 0; c < V; ++c) *reinterpret_cast<UnalignedFloats*>(sums + f * DIM + c * F32_LANES) = acc[f][c];
-}
-
-// How many query heads' sums `accumulate_span_f32` keeps in registers at once: three quarters of the register file.
-template <int64_t DIM>
-constexpr int HEADS_IN_REGISTERS = int(std::max<int64_t>(1, F32_REGISTERS * 3 / 4 / (DIM / F32_LANES)));
-
-// The weighted sums of all `fold` query heads, HEADS_IN_REGISTERS at a time (each group re-reads the values, from
-// cache after the first).
-template <int64_t DIM, int... F>
-void accumulate_heads_f32(const float* weights, int64_t fold, int64_t stride, const float* values, int64_t begin,
-                          int64_t end, float* sums, std::integer_sequence<int, F...>) {
-  using Span = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*);
-  static constexpr Span spans[] = {accumulate_span_f32<DIM, F + 1>...};  // spans[k - 1]: k heads
-  constexpr int64_t most = sizeof...(F);
-  for (int64_t f = 0; f < fold; f += most)
-    spans[std::min(most, fold - f) - 1](weights + f * stride, stride, values, begin, end, sums + f * DIM);
-}
+};
 
 // Query n's `fold` query heads of key/value head h attend to its row's valid positions (the shared prompt's
 // [prompt_start, T) when there is one, then the row's own [cache_start, slot]), all in float32: scores, e^(s -
@@ -412,8 +429,10 @@ void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, f
   for (int64_t f = 0; f < fold; ++f) totals[f] = exp_minus_max(scores + f * span, count);
   std::fill(sums, sums + fold * DIM, 0.f);
   const auto groups = std::make_integer_sequence<int, HEADS_IN_REGISTERS<DIM>>();
-  if (qs.prompts) accumulate_heads_f32<DIM>(scores, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
-  accumulate_heads_f32<DIM>(scores + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1, sums, groups);
+  if (qs.prompts)
+    accumulate_heads<DIM, AccumulateSpanF32>(scores, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
+  accumulate_heads<DIM, AccumulateSpanF32>(scores + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1, sums,
+                                           groups);
   float* out = qs.out + (n * qs.heads + h * fold) * DIM;
   for (int64_t f = 0; f < fold; ++f)
     for (int64_t d = 0; d < DIM; ++d) out[f * DIM + d] = sums[f * DIM + d] / totals[f];
