@@ -206,7 +206,7 @@ def _native_bf16():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
 # (rows, head dim, shared prompt, query heads, key/value heads): SmolLM2's 9 / 3, and 14 / 2 (Qwen2.5-7B's 7 query
-# heads per key/value head: more than the float32 kernel keeps in registers at once, so its sums go in groups)
+# heads per key/value head: more than either dtype's kernel keeps in registers at once, so the sums go in groups)
 @pytest.mark.parametrize("rows,dim,shared,heads,kv_heads", [
     (1, 64, False, 9, 3), (5, 64, False, 9, 3), (6, 64, True, 9, 3), (3, 128, False, 9, 3), (4, 128, True, 14, 2)])
 def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, heads, kv_heads, dtype):
