@@ -334,6 +334,21 @@ def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
         assert fused.sample_next(logits[:3].to(dtype), 0.0, 1.0, torch.zeros(3))[0].tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_next_tokens_takes_the_fused_bf16_steps_logits_as_they_are(temperature):
+    """The fused bf16 step hands its logits over in bf16: `next_tokens` (greedy or sampled) gives the tokens and
+    log-probs it gives their exact float32 copy."""
+    from dapo_suite.inference.sampling import next_tokens
+
+    _fused()
+    logits = (torch.randn(4, 300, generator=torch.Generator().manual_seed(7)) * 3).to(torch.bfloat16)
+    uniforms = torch.rand(4, generator=torch.Generator().manual_seed(8))
+    tokens, log_probs = next_tokens(logits, temperature, 0.9, None, uniforms)
+    expected_tokens, expected_log_probs = next_tokens(logits.float(), temperature, 0.9, None, uniforms)
+    assert tokens.tolist() == expected_tokens.tolist() and log_probs.dtype == torch.float32
+    torch.testing.assert_close(log_probs, expected_log_probs, atol=1e-6, rtol=0)
+
+
 def test_fused_sampling_draws_the_torch_samplers_token_from_the_same_uniform():
     """From the same generator state, `sample_next` and the torch sampler it replaced (`sample_top_p`, still the
     path where the kernel is not built) draw the same tokens: one uniform per row, the same nucleus, the same

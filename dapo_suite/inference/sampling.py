@@ -90,7 +90,7 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
     fused = kernels() if logits.device.type == "cpu" else None
     if fused is not None:
         sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p,
-                                               uniforms if temperature > 0 else logits.new_zeros(logits.shape[0]))
+                                               uniforms if temperature > 0 else torch.zeros(logits.shape[0]))
         return sampled, log_probs
     if temperature > 0:
         step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
