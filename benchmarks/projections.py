@@ -8,9 +8,11 @@ The embedded model's projections of one step (per layer q/k/v, o, gate/up and do
 projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
 (one layer's weights, reused, would sit in cache and flatter every kernel). One pass over all of them is timed
 for each implementation, the best of `--repeats`:
-  linear   dapo_suite's fused `linear`, weights packed once by `pack_weight` (what the lean stepper runs)
+  stepper  what the lean stepper runs (`decoding.Projection`): the fused `linear`, which on a CPU with AMX hands
+           ONEDNN_MIN_ROWS rows or more to oneDNN on the weight in its blocked layout, reordered once
+  pairs    the fused `linear`'s own bf16 pair products at every row count (weights packed once by `pack_weight`)
   onednn   oneDNN's linear on weights reordered once into its blocked layout (torch.ops.mkldnn)
-  aten     torch.nn.functional.linear on the plain bf16 weights
+  aten     torch.nn.functional.linear on the plain bf16 weights (oneDNN reorders them on every call)
 Each row prints ms per pass and % of the roofline measured in the same run: the slower of the weights against
 the copy bandwidth and the FLOPs against the square bf16 matmul's rate (2048 rows is the prompt pass's chunk).
 """
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
 
+    from dapo_suite.inference.decoding import Projection
     from dapo_suite.inference.fused_step import kernels
     from dapo_suite.inference.models import load_model_and_tokenizer
 
@@ -58,16 +61,17 @@ def main() -> None:
     flops_per_row = 2 * sum(w.numel() for w in weights)
     no_bias = torch.empty(0, dtype=torch.bfloat16)  # made once: a slice per call costs ~10 us, ~1 ms per pass
     kinds = {
-        "linear": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, no_bias, no_bias)),
+        "stepper": ([Projection(w, kernels=fused) for w in weights], lambda x, projection: projection(x)),
+        "pairs": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, no_bias, no_bias)),
         "onednn": ([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights],
                    lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")),
         "aten": (weights, F.linear),
     }
     print(f"{len(shapes)} projections per step, {weight_bytes / 1e6:.0f} MB of bf16 weights, "
-          f"{torch.get_num_threads()} threads")
-    print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | linear ms | onednn ms | aten ms | linear % of roofline "
-          "| speed-up over onednn | over aten |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"{torch.get_num_threads()} threads; oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows in the stepper")
+    print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | stepper ms | pairs ms | onednn ms | aten ms "
+          "| stepper % of roofline | speed-up over pairs | over onednn | over aten |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
         inputs = {width: torch.randn(rows, width, generator=generator).to(torch.bfloat16) for _, width in shapes}
         bandwidth, flops = copy_bandwidth(), matmul_flops(torch.bfloat16)
@@ -80,8 +84,9 @@ def main() -> None:
             seconds[name] = best_seconds(one_step, repeats=args.repeats)
         print(f"| {rows} | {bandwidth / 1e9:.1f} | {flops / 1e9:.0f} | {roofline * 1e3:.2f} | "
               + " | ".join(f"{seconds[name] * 1e3:.2f}" for name in kinds)
-              + f" | {100 * roofline / seconds['linear']:.0f} % | {seconds['onednn'] / seconds['linear']:.2f}x | "
-              f"{seconds['aten'] / seconds['linear']:.2f}x |", flush=True)
+              + f" | {100 * roofline / seconds['stepper']:.0f} % | "
+              + " | ".join(f"{seconds[name] / seconds['stepper']:.2f}x" for name in ("pairs", "onednn", "aten"))
+              + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -135,9 +135,10 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
 def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     """The fused `linear` (weights packed in blocks of 48 outputs, tiles of 8 rows, bf16 pair products summed in
-    float32; on an AMX CPU, oneDNN's matmul from ONEDNN_MIN_ROWS rows) against the float32 product, with and without a bias, at the decoder's widths and at widths that end
-    in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16,
-    inputs % 2) stay on aten's `F.linear`, bit for bit."""
+    float32; on an AMX CPU, from ONEDNN_MIN_ROWS rows, oneDNN's matmul on the weight in its blocked layout, bit for
+    bit aten's `F.linear`) against the float32 product, with and without a bias, at the decoder's widths and at
+    widths that end in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack
+    (outputs % 16, inputs % 2) stay on aten's `F.linear`, bit for bit."""
     from dapo_suite.inference.decoding import Projection
 
     fused = _native_bf16()

@@ -70,19 +70,22 @@ class Projection:
     packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
     the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
     1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, oneDNN's
-    tile matmul wins from ~12 rows, so there the weight is also kept as given and `linear` hands it those rows
-    (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack
-    (bf16: outputs % 16, inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses
-    `F.linear`."""
+    tile matmul wins from ~12 rows, so there the weight is also kept in oneDNN's blocked layout and `linear` hands
+    it those rows (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it
+    cannot pack (bf16: outputs % 16, inputs % 2; float32: outputs % the vector width), and any other dtype or
+    device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
         packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
         self.kernels = kernels if packed.numel() else None
         self.weight = packed if packed.numel() else weight
-        # on an AMX CPU the bf16 weight is kept as given too: from ONEDNN_MIN_ROWS rows `linear` runs oneDNN on it
-        keep_plain = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
-        self.plain = weight if keep_plain else weight.new_empty(0)
+        # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear` runs
+        # oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every call). The
+        # layout is picked for 64 rows, the decode steps' batch; it gives the same bits at any row count.
+        keep_onednn = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
+        self.onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn
+                       else weight.new_empty(0))
         # `linear` takes "no bias" as an empty tensor, made once (a slice per call costs ~10 us)
         self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
 
@@ -93,7 +96,7 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
-            return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.plain)
+            return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.onednn)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -351,7 +354,7 @@ class LeanStepper:
             norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
             self.layer_tensors = [
                 [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
-                 qkv.plain, o.plain, gate_up.plain, down.plain]
+                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn]
                 for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
                                                                                    strict=True)]
         self.scale = self.head_dim ** -0.5

@@ -699,13 +699,26 @@ constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
 // On a CPU with AMX (Sapphire Rapids and later), oneDNN's bf16 matmul runs on the tile unit and beats the pair dot
 // products here from about a dozen rows (one thread, a 3072 x 576 weight: even at 8 rows, 1.8x at 16, 4.7x at 64;
-// 2.1x slower at 1 row): `linear` hands those row counts to at::linear on the weight in its own layout, when the
-// caller keeps it (`plain`). 0: no AMX in this build, never.
+// 2.1x slower at 1 row): `linear` hands those row counts to oneDNN, on the weight reordered once into oneDNN's
+// blocked layout when the caller keeps it (`onednn`, from mkldnn::_reorder_linear_weight). aten's linear on the
+// weight as given reorders it on every call: 1.3-1.9x slower at 64 rows (every projection of the decode step, one
+// thread, the weights from memory), the same at 2048 rows; both give the same bits. 0: no AMX in this build, never.
 #if defined(__AMX_BF16__)
 constexpr int64_t ONEDNN_MIN_ROWS = 12;
 #else
 constexpr int64_t ONEDNN_MIN_ROWS = 0;
 #endif
+
+// x W^T (+ b) by oneDNN on W in its blocked layout (torch's mkldnn::_linear_pointwise, what
+// torch.ops.mkldnn._linear_pointwise calls, with no fused activation).
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                        c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
+  return op.call(x, weight, bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt, "none",
+                 c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
 
 #if defined(__AVX512BF16__)
 // ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
@@ -782,11 +795,11 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   return weight.new_empty({0});
 }
 
-// x (N, I) bf16 or float32; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty; plain: the
-// weight as given to pack_weight, or empty (bf16 on an AMX CPU: see ONEDNN_MIN_ROWS). Returns x W^T + b, (N, O) in
+// x (N, I) bf16 or float32; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty; onednn: the
+// weight in oneDNN's layout, or empty (bf16 on an AMX CPU: see ONEDNN_MIN_ROWS). Returns x W^T + b, (N, O) in
 // x's dtype. Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
 // prefetched during the first tile.
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor plain) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kFloat),
               "x: contiguous bfloat16 or float32 (N, I)");
@@ -794,8 +807,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, 
               "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == out && bias.scalar_type() == dtype), "bias: (O,) or empty");
-  if (ONEDNN_MIN_ROWS && rows >= ONEDNN_MIN_ROWS && dtype == at::kBFloat16 && plain.numel())
-    return at::linear(x, plain, bias.numel() ? c10::optional<at::Tensor>(bias) : c10::nullopt);
+  if (ONEDNN_MIN_ROWS && rows >= ONEDNN_MIN_ROWS && dtype == at::kBFloat16 && onednn.numel())
+    return onednn_linear(x, onednn, bias);
   auto y = torch::empty({rows, out}, x.options());
   if (rows == 0) return y;
   // blocks of `block` outputs through `run_block(first output, width, next block or null)`
@@ -845,7 +858,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, 
 //   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
 //   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after, then the four W as given to pack_weight (or empty: `linear`'s `plain`)}, each W from
+// W_down, norm_after, then the four W in oneDNN's layout (or empty: `linear`'s `onednn`)}, each W from
 // pack_weight; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv,
 // T, D) or empty; every tensor but hidden and the norms in the cache's dtype (bf16 or float32). Returns x after
 // the last layer's norm, (N, C) in that dtype.
