@@ -8,10 +8,13 @@ The embedded model's projections of one step (per layer q/k/v, o, gate/up and do
 projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
 (one layer's weights, reused, would sit in cache and flatter every kernel). One pass over all of them is timed
 for each implementation, the best of `--repeats`:
-  stepper  what the lean stepper runs (`decoding.Projection`): the fused `linear`, which on a CPU with AMX hands
-           ONEDNN_MIN_ROWS rows or more to oneDNN on the weight in its blocked layout, reordered once
-  pairs    the fused `linear`'s own bf16 pair products at every row count (weights packed once by `pack_weight`)
-  onednn   oneDNN's linear on weights reordered once into its blocked layout (torch.ops.mkldnn)
+  stepper  what the lean stepper runs (`decoding.Projection`): the fused `linear`, which on a CPU with AMX runs
+           TILE_MIN_ROWS to 64 rows on the tile unit over the packed weight, and hands ONEDNN_MIN_ROWS rows or
+           more to oneDNN on the weight in its blocked layout, reordered once
+  vectors  the fused `linear`'s bf16 pair products on the vector units at every row count (`linear_on_vectors`)
+  tiles    its AMX tile kernel at every row count (`linear_on_tiles`; a CPU with AMX only)
+  onednn   oneDNN's linear on weights reordered once into its blocked layout (torch.ops.mkldnn), as the stepper
+           keeps them (the layout picked for 64 rows)
   aten     torch.nn.functional.linear on the plain bf16 weights (oneDNN reorders them on every call)
 Each row prints ms per pass and % of the roofline measured in the same run: the slower of the weights against
 the copy bandwidth and the FLOPs against the square bf16 matmul's rate (2048 rows is the prompt pass's chunk).
@@ -62,16 +65,20 @@ def main() -> None:
     no_bias = torch.empty(0, dtype=torch.bfloat16)  # made once: a slice per call costs ~10 us, ~1 ms per pass
     kinds = {
         "stepper": ([Projection(w, kernels=fused) for w in weights], lambda x, projection: projection(x)),
-        "pairs": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear(x, w, no_bias, no_bias)),
-        "onednn": ([torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights],
-                   lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")),
-        "aten": (weights, F.linear),
+        "vectors": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear_on_vectors(x, w, no_bias)),
     }
+    if fused.TILE_MIN_ROWS:
+        kinds["tiles"] = (kinds["vectors"][0], lambda x, w: fused.linear_on_tiles(x, w, no_bias))
+    kinds["onednn"] = ([torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in weights],
+                       lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+    kinds["aten"] = (weights, F.linear)
+    others = [name for name in kinds if name != "stepper"]
     print(f"{len(shapes)} projections per step, {weight_bytes / 1e6:.0f} MB of bf16 weights, "
-          f"{torch.get_num_threads()} threads; oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows in the stepper")
-    print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | stepper ms | pairs ms | onednn ms | aten ms "
-          "| stepper % of roofline | speed-up over pairs | over onednn | over aten |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{torch.get_num_threads()} threads; in the stepper the tile unit from {fused.TILE_MIN_ROWS or 'no'} rows, "
+          f"oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows")
+    print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | " + " | ".join(f"{name} ms" for name in kinds)
+          + " | stepper % of roofline | " + " | ".join(f"stepper over {name}" for name in others) + " |")
+    print("|---" * (5 + 2 * len(others)) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         inputs = {width: torch.randn(rows, width, generator=generator).to(torch.bfloat16) for _, width in shapes}
         bandwidth, flops = copy_bandwidth(), matmul_flops(torch.bfloat16)
@@ -85,7 +92,7 @@ def main() -> None:
         print(f"| {rows} | {bandwidth / 1e9:.1f} | {flops / 1e9:.0f} | {roofline * 1e3:.2f} | "
               + " | ".join(f"{seconds[name] * 1e3:.2f}" for name in kinds)
               + f" | {100 * roofline / seconds['stepper']:.0f} % | "
-              + " | ".join(f"{seconds[name] / seconds['stepper']:.2f}x" for name in ("pairs", "onednn", "aten"))
+              + " | ".join(f"{seconds[name] / seconds['stepper']:.2f}x" for name in others)
               + " |", flush=True)
 
 

@@ -135,10 +135,11 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
 def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     """The fused `linear` (weights packed in blocks of 48 outputs, tiles of 8 rows, bf16 pair products summed in
-    float32; on an AMX CPU, from ONEDNN_MIN_ROWS rows, oneDNN's matmul on the weight in its blocked layout, bit for
-    bit aten's `F.linear`) against the float32 product, with and without a bias, at the decoder's widths and at
-    widths that end in a block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack
-    (outputs % 16, inputs % 2) stay on aten's `F.linear`, bit for bit."""
+    float32; on an AMX CPU, TILE_MIN_ROWS-64 rows on the tile unit over the same packed weight, and from
+    ONEDNN_MIN_ROWS rows oneDNN's matmul on the weight in its blocked layout, bit for bit aten's `F.linear`)
+    against the float32 product, with and without a bias, at the decoder's widths and at widths that end in a
+    block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16, inputs % 2)
+    stay on aten's `F.linear`, bit for bit."""
     from dapo_suite.inference.decoding import Projection
 
     fused = _native_bf16()
@@ -161,6 +162,29 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
         assert fused.pack_weight(weight).numel() == 0
         projection, x = Projection(weight, None, fused), torch.randn(rows, shape[1]).to(torch.bfloat16)
         assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
+
+
+def test_bf16_linear_on_amx_tiles_gives_each_row_the_same_bits_in_any_batch():
+    """On the tile unit (TILE_MIN_ROWS-64 rows on an AMX CPU) each row's sums run over the inputs in one fixed
+    order, whatever rows sit beside it: a response's projections do not change as other rows of its batch finish
+    (8-64 rows, full tiles of 16 and a partial last tile), with and without a bias. Inputs that are not a multiple
+    of 32 go to oneDNN, and the result stays within bf16 rounding."""
+    from dapo_suite.inference.decoding import Projection
+
+    fused = _native_bf16()
+    if not fused.TILE_MIN_ROWS:
+        pytest.skip("this CPU has no AMX: bf16 `linear` runs the pair products at every row count")
+    generator = torch.Generator().manual_seed(0)
+    for out, width, with_bias in ((960, 576, True), (576, 1536, False), (80, 64, True), (64, 48, False)):
+        weight = torch.randn(out, width, generator=generator).to(torch.bfloat16)
+        bias = torch.randn(out, generator=generator).to(torch.bfloat16) if with_bias else None
+        projection, x = Projection(weight, bias, fused), torch.randn(64, width, generator=generator).to(torch.bfloat16)
+        whole = projection(x)
+        expected = x.float() @ weight.float().T + (bias.float() if with_bias else 0)
+        torch.testing.assert_close(whole.float(), expected, rtol=2 * 2**-8, atol=1e-2)
+        for rows in (fused.TILE_MIN_ROWS, 15, 16, 17, 33, 63) if width % 32 == 0 else ():
+            assert torch.equal(projection(x[:rows]), whole[:rows]), (out, width, rows)
+            assert torch.equal(projection(x[-rows:]), whole[-rows:]), (out, width, rows)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 8, 9, 64, 130])

@@ -69,11 +69,11 @@ class Projection:
     Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
     packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
     the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
-    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, oneDNN's
-    tile matmul wins from ~12 rows, so there the weight is also kept in oneDNN's blocked layout and `linear` hands
-    it those rows (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it
-    cannot pack (bf16: outputs % 16, inputs % 2; float32: outputs % the vector width), and any other dtype or
-    device, uses `F.linear`."""
+    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, `linear`
+    runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from 65 rows (a prompt
+    pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout (`ONEDNN_MIN_ROWS`).
+    In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16,
+    inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses `F.linear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernels: ModuleType | None = None) -> None:
@@ -82,7 +82,7 @@ class Projection:
         self.weight = packed if packed.numel() else weight
         # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear` runs
         # oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every call). The
-        # layout is picked for 64 rows, the decode steps' batch; it gives the same bits at any row count.
+        # layout is picked for 64 rows; it gives the same bits at any row count.
         keep_onednn = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
         self.onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn
                        else weight.new_empty(0))

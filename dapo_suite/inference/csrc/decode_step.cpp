@@ -11,7 +11,8 @@
 //   add_rms_norm    h += x;  y = w * h / sqrt(mean(h^2) + eps), stored in the sampling dtype
 //   silu_mul        y = silu(g) * u for [g, u] = x
 //   linear          x W^T + b for any number of rows, W packed once in blocks of outputs (`pack_weight`): bf16,
-//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows);
+//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows), or
+//                   on an AMX CPU, 8-64 rows on the tile unit over the same packed weight and more through oneDNN;
 //                   float32, an outer product of float32 vectors (FMA), tiles sized to the CPU's vector registers
 // Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
 // against the float32 reference.
@@ -19,6 +20,10 @@
 #include <ATen/Parallel.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -697,16 +702,16 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // (the prompt pass).
 constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
-// On a CPU with AMX (Sapphire Rapids and later), oneDNN's bf16 matmul runs on the tile unit and beats the pair dot
-// products here from about a dozen rows (one thread, a 3072 x 576 weight: even at 8 rows, 1.8x at 16, 4.7x at 64;
-// 2.1x slower at 1 row): `linear` hands those row counts to oneDNN, on the weight reordered once into oneDNN's
-// blocked layout when the caller keeps it (`onednn`, from mkldnn::_reorder_linear_weight). aten's linear on the
-// weight as given reorders it on every call: 1.3-1.9x slower at 64 rows (every projection of the decode step, one
-// thread, the weights from memory), the same at 2048 rows; both give the same bits. 0: no AMX in this build, never.
-#if defined(__AMX_BF16__)
-constexpr int64_t ONEDNN_MIN_ROWS = 12;
+// On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same packed
+// weight (`tile_linear`): 1.1-1.6x oneDNN's AMX matmul there and 1.3-3x the pair products (one thread, the weights
+// read from memory; benchmarks/projections.py). From 65 rows (the prompt pass's chunks) oneDNN's blocked matmul
+// wins, on the weight reordered once into its layout when the caller keeps it (`onednn`, from
+// mkldnn::_reorder_linear_weight; aten's linear on the weight as given would reorder it on every call). 0: no AMX
+// in this build, never.
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+constexpr int64_t TILE_MIN_ROWS = 8, ONEDNN_MIN_ROWS = 65;
 #else
-constexpr int64_t ONEDNN_MIN_ROWS = 0;
+constexpr int64_t TILE_MIN_ROWS = 0, ONEDNN_MIN_ROWS = 0;
 #endif
 
 // x W^T (+ b) by oneDNN on W in its blocked layout (torch's mkldnn::_linear_pointwise, what
@@ -771,6 +776,88 @@ void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* p
 }
 #endif
 
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+// The tile unit's register layout (palette 1) as `linear` uses it: tmm0-2 the sums of 16 rows x 16 outputs
+// (float32), tmm3 16 rows of x x 32 inputs, tmm4-6 16 input pairs x 16 outputs x 2: one vector of a pair block
+// (`pack_weight`'s (I/2, 48, 2)), loaded with the block's row stride, so AMX reads the pair products' layout as is.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig(int64_t sum_rows) {
+    for (int t = 0; t < 7; ++t) bytes_per_row[t] = 64, rows[t] = t < 4 ? sum_rows : 16;
+  }
+};
+
+// Linux hands out the tile registers' 8 KB of state per process on request (arch_prctl, once).
+bool tiles_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
+
+// All rows of x (N <= 64, I % 32 == 0) through one block of 16 V outputs, 16 rows at a time (the last tile with
+// N % 16 rows, under `part`'s config), each tile's sums over I in steps of 32 inputs, as oneDNN's AMX matmul
+// orders them. The next block's lines are prefetched a few per step across all tiles, so the memory stream keeps
+// going while later tiles reread this block from cache.
+template <int V>
+void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
+                const BFloat16* bias, BFloat16* y, int64_t out, float* sums, const TileConfig& full,
+                const TileConfig& part) {
+  const int64_t tiles = (rows + 15) / 16, steps = in / 32, lines = in / 2 * V;
+  const int64_t per_step = (lines + tiles * steps - 1) / (tiles * steps);
+  int64_t prefetched = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t valid = std::min<int64_t>(16, rows - t * 16);
+    if (valid < 16 && tiles > 1) _tile_loadconfig(&part);  // one tile alone is under `part` already
+    _tile_zero(0);
+    if (V > 1) _tile_zero(1);
+    if (V > 2) _tile_zero(2);
+    for (int64_t s = 0; s < steps; ++s) {
+      const BFloat16* w = pairs + s * 16 * V * 32;
+      for (int64_t l = 0; next && l < per_step && prefetched < lines; ++l, ++prefetched)
+        _mm_prefetch((const char*)(next + prefetched * 32), _MM_HINT_T1);
+      _tile_loadd(3, x + t * 16 * in + s * 32, in * 2);
+      _tile_loadd(4, w, V * 64);
+      _tile_dpbf16ps(0, 3, 4);
+      if (V > 1) { _tile_loadd(5, w + 32, V * 64); _tile_dpbf16ps(1, 3, 5); }
+      if (V > 2) { _tile_loadd(6, w + 64, V * 64); _tile_dpbf16ps(2, 3, 6); }
+    }
+    _tile_stored(0, sums, V * 64);
+    if (V > 1) _tile_stored(1, sums + 16, V * 64);
+    if (V > 2) _tile_stored(2, sums + 32, V * 64);
+    if (valid < 16 && tiles > 1) _tile_loadconfig(&full);
+    for (int v = 0; v < V; ++v) {
+      __m512 b = _mm512_setzero_ps();
+      if (bias)  // bf16 -> float32: the 16 bits on top
+        b = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + 16 * v))), 16));
+      for (int64_t r = 0; r < valid; ++r)
+        _mm256_storeu_si256((__m256i*)(y + (t * 16 + r) * out + 16 * v),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + r * V * 16 + 16 * v), b)));
+    }
+  }
+}
+
+// x W^T (+ b) on the tile unit, every block of `packed` (pack_weight) through tile_block.
+void tile_linear(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* packed, const BFloat16* bias,
+                 BFloat16* y, int64_t out) {
+  at::parallel_for(0, (out + PAIR_BLOCK - 1) / PAIR_BLOCK, 1, [&](int64_t first, int64_t last) {
+    const TileConfig full(16), part(rows % 16);
+    _tile_loadconfig(rows < 16 ? &part : &full);
+    alignas(64) float sums[16 * PAIR_BLOCK];
+    for (int64_t j = first; j < last; ++j) {
+      const int64_t begin = j * PAIR_BLOCK, width = std::min(PAIR_BLOCK, out - begin);
+      const BFloat16 *pairs = packed + begin * in, *next = j + 1 < last ? packed + (begin + width) * in : nullptr;
+      const BFloat16* b = bias ? bias + begin : nullptr;
+      if (width == 48) tile_block<3>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+      else if (width == 32) tile_block<2>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+      else tile_block<1>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+    }
+    _tile_release();
+  });
+}
+#endif
+
 // W (O, I) -> the same shape in `linear`'s blocks: bf16, blocks of 48 outputs, each (I/2, 48, 2) (the last one
 // N % 48 wide); float32, blocks of F32_BLOCK outputs, each (I, F32_BLOCK) (the last one narrower). Empty where
 // `linear` cannot take it: bf16 with O % 16, I % 2 or no avx512_bf16; float32 with O % F32_LANES.
@@ -795,20 +882,60 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   return weight.new_empty({0});
 }
 
-// x (N, I) bf16 or float32; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty; onednn: the
-// weight in oneDNN's layout, or empty (bf16 on an AMX CPU: see ONEDNN_MIN_ROWS). Returns x W^T + b, (N, O) in
-// x's dtype. Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
-// prefetched during the first tile.
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn) {
+// x (N, I) bf16 or float32, contiguous; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty.
+void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kFloat),
               "x: contiguous bfloat16 or float32 (N, I)");
   TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
               "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == packed.size(0) && bias.scalar_type() == dtype),
+              "bias: (O,) or empty");
+}
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+// Whether the tile unit runs x W^T here: bf16, I % 32 == 0, and the process allowed to use it.
+bool tiles_take(const torch::Tensor& x) {
+  return x.scalar_type() == at::kBFloat16 && x.size(1) % 32 == 0 && tiles_permitted();
+}
+
+// `linear` on the tile unit at any row count (`linear` picks it for TILE_MIN_ROWS to ONEDNN_MIN_ROWS - 1).
+torch::Tensor linear_on_tiles(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  check_linear(x, packed, bias);
+  TORCH_CHECK(tiles_take(x), "linear_on_tiles: bf16 x with I % 32 == 0, on a CPU and kernel that allow AMX");
+  auto y = torch::empty({x.size(0), packed.size(0)}, x.options());
+  if (x.size(0))
+    tile_linear(x.data_ptr<BFloat16>(), x.size(0), x.size(1), packed.data_ptr<BFloat16>(),
+                bias.numel() ? bias.data_ptr<BFloat16>() : nullptr, y.data_ptr<BFloat16>(), packed.size(0));
+  return y;
+}
+#endif
+
+// `linear` on the vector units at any row count: bf16 pair products, float32 outer products.
+torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias);
+
+// x W^T + b, (N, O) in x's dtype, by what runs the row count fastest here: on an AMX CPU in bf16, the tile unit
+// from TILE_MIN_ROWS and oneDNN from ONEDNN_MIN_ROWS (or from TILE_MIN_ROWS where the tiles cannot take x), on
+// `onednn`, the weight in oneDNN's layout when the caller keeps one; else the vector units. Arguments as
+// check_linear's.
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn) {
+  check_linear(x, packed, bias);
+  const int64_t rows = x.size(0);
+  if (x.scalar_type() == at::kBFloat16 && TILE_MIN_ROWS && rows >= TILE_MIN_ROWS) {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+    if (rows < ONEDNN_MIN_ROWS && tiles_take(x)) return linear_on_tiles(x, packed, bias);
+#endif
+    if (onednn.numel()) return onednn_linear(x, onednn, bias);
+  }
+  return linear_on_vectors(x, packed, bias);
+}
+
+// Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
+// prefetched meanwhile.
+torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  check_linear(x, packed, bias);
+  const auto dtype = x.scalar_type();
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == out && bias.scalar_type() == dtype), "bias: (O,) or empty");
-  if (ONEDNN_MIN_ROWS && rows >= ONEDNN_MIN_ROWS && dtype == at::kBFloat16 && onednn.numel())
-    return onednn_linear(x, onednn, bias);
   auto y = torch::empty({rows, out}, x.options());
   if (rows == 0) return y;
   // blocks of `block` outputs through `run_block(first output, width, next block or null)`
@@ -889,9 +1016,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("run_layers", &run_layers);
   module.def("pack_weight", &pack_weight);
   module.def("linear", &linear);
+  module.def("linear_on_vectors", &linear_on_vectors);
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+  module.def("linear_on_tiles", &linear_on_tiles);
+#endif
   module.attr("NATIVE_BF16") = NATIVE_BF16;
   module.attr("FLOAT32_VECTORS") = F32_VECTOR_ISA;  // the float32 kernels' instruction set: avx512, avx2, ...
   module.attr("FLOAT32_LANES") = F32_LANES;  // floats per vector
   module.attr("FLOAT32_BLOCK") = F32_BLOCK;  // outputs per packed block of `linear`
+  module.attr("TILE_MIN_ROWS") = TILE_MIN_ROWS;  // bf16 rows from which `linear` uses the AMX tiles (0: never)
   module.attr("ONEDNN_MIN_ROWS") = ONEDNN_MIN_ROWS;  // bf16 rows from which `linear` uses oneDNN (0: never)
 }
