@@ -7,7 +7,7 @@ the sampler runs, with the weights read from memory as a decode step reads them.
 The embedded model's projections of one step (per layer q/k/v, o, gate/up and down; then the output
 projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
 (one layer's weights, reused, would sit in cache and flatter every kernel). One pass over all of them is timed
-for each implementation, the best of `--repeats`:
+for each implementation, the implementations taking turns, the best of `--repeats` each:
   stepper  what the lean stepper runs (`decoding.Projection`): the fused `linear`, which on a CPU with AMX runs
            TILE_MIN_ROWS to 64 rows on the tile unit over the packed weight, and hands ONEDNN_MIN_ROWS rows or
            more to oneDNN on the weight in its blocked layout, reordered once
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.sampler_bound import best_seconds, copy_bandwidth, matmul_flops  # noqa: E402
+from benchmarks.sampler_bound import copy_bandwidth, matmul_flops  # noqa: E402
 
 
 def step_shapes(config) -> list[tuple[int, int]]:
@@ -78,17 +79,23 @@ def main() -> None:
           f"oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows")
     print("| rows | copy GB/s | matmul GFLOP/s | roofline ms | " + " | ".join(f"{name} ms" for name in kinds)
           + " | stepper % of roofline | " + " | ".join(f"stepper over {name}" for name in others) + " |")
-    print("|---" * (5 + 2 * len(others)) + "|")
+    print("|---" * (6 + 2 * len(others)) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         inputs = {width: torch.randn(rows, width, generator=generator).to(torch.bfloat16) for _, width in shapes}
         bandwidth, flops = copy_bandwidth(), matmul_flops(torch.bfloat16)
         roofline = max(weight_bytes / bandwidth, rows * flops_per_row / flops)
-        seconds = {}
-        for name, (packed, apply) in kinds.items():
-            def one_step(packed=packed, apply=apply, inputs=inputs) -> None:
-                for (_, width), w in zip(shapes, packed, strict=True):
-                    apply(inputs[width], w)
-            seconds[name] = best_seconds(one_step, repeats=args.repeats)
+        def one_step(packed, apply, inputs=inputs) -> None:
+            for (_, width), w in zip(shapes, packed, strict=True):
+                apply(inputs[width], w)
+
+        # the kinds take turns, best of `--repeats` each: the host's speed moves within a row (up to 2x)
+        seconds = dict.fromkeys(kinds, float("inf"))
+        for repeat in range(args.repeats + 1):
+            for name, (packed, apply) in kinds.items():
+                start = time.perf_counter()
+                one_step(packed, apply)
+                if repeat:  # the first turn warms up
+                    seconds[name] = min(seconds[name], time.perf_counter() - start)
         print(f"| {rows} | {bandwidth / 1e9:.1f} | {flops / 1e9:.0f} | {roofline * 1e3:.2f} | "
               + " | ".join(f"{seconds[name] * 1e3:.2f}" for name in kinds)
               + f" | {100 * roofline / seconds['stepper']:.0f} % | "
