@@ -62,8 +62,13 @@ class SamplerSide:
         from dapo_suite.inference.fused_step import build_flags, kernels
 
         fused = kernels()
-        built = (f"kernels -march={build_flags()[0]}: float32 {fused.FLOAT32_VECTORS}, bf16 "
-                 f"{'avx512_bf16' if fused.NATIVE_BF16 else 'torch ops'}") if fused else "no kernels (torch ops)"
+        if fused is None:
+            return f"dapo-suite sampler, torch {torch.__version__}, no kernels (torch ops)"
+        bf16 = "avx512_bf16" if fused.NATIVE_BF16 else "torch ops"
+        if fused.NATIVE_BF16 and fused.TILE_MIN_ROWS:
+            bf16 += (f" pair products, AMX tiles from {fused.TILE_MIN_ROWS} rows, oneDNN from "
+                     f"{fused.ONEDNN_MIN_ROWS} rows")
+        built = f"kernels -march={build_flags()[0]}: float32 {fused.FLOAT32_VECTORS}, bf16 {bf16}"
         return f"dapo-suite sampler, torch {torch.__version__}, {built}"
 
     def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:

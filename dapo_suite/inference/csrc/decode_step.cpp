@@ -703,8 +703,8 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same packed
-// weight (`tile_linear`): 1.1-1.6x oneDNN's AMX matmul there and 1.3-3x the pair products (one thread, the weights
-// read from memory; benchmarks/projections.py). From 65 rows (the prompt pass's chunks) oneDNN's blocked matmul
+// weight (`tile_linear`): 1.1-1.4x oneDNN's AMX matmul there and 1.25-6.8x the pair products (one thread, the
+// weights read from memory, the implementations taking turns; benchmarks/projections.py). From 65 rows (the prompt pass's chunks) oneDNN's blocked matmul
 // wins, on the weight reordered once into its layout when the caller keeps it (`onednn`, from
 // mkldnn::_reorder_linear_weight; aten's linear on the weight as given would reorder it on every call). 0: no AMX
 // in this build, never.
@@ -795,10 +795,10 @@ bool tiles_permitted() {
   return permitted;
 }
 
-// All rows of x (N <= 64, I % 32 == 0) through one block of 16 V outputs, 16 rows at a time (the last tile with
-// N % 16 rows, under `part`'s config), each tile's sums over I in steps of 32 inputs, as oneDNN's AMX matmul
-// orders them. The next block's lines are prefetched a few per step across all tiles, so the memory stream keeps
-// going while later tiles reread this block from cache.
+// All rows of x (I % 32 == 0; `linear` sends 8-64) through one block of 16 V outputs, 16 rows at a time (the last
+// tile with N % 16 rows, under `part`'s config), each row's sums over I in steps of 32 inputs in one fixed order,
+// whatever rows sit beside it. The next block's lines are prefetched a few per step across all tiles, so the
+// memory stream keeps going while later tiles reread this block from cache.
 template <int V>
 void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
                 const BFloat16* bias, BFloat16* y, int64_t out, float* sums, const TileConfig& full,
