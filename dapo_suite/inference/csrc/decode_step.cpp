@@ -726,6 +726,13 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at
 }
 
 #if defined(__AVX512BF16__)
+// bias[first, first + 16) as float32 (bf16 is the top 16 bits of a float32), or zeros where there is no bias.
+inline __m512 bias_floats(const BFloat16* bias, int64_t first) {
+  if (!bias) return _mm512_setzero_ps();
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + first))), 16));
+}
+
 // ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
 // block's first output of row 0 (stride `out`). `next`: the block to prefetch meanwhile, or null.
 template <int ROWS, int V>
@@ -746,10 +753,7 @@ void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFl
     }
   }
   for (int v = 0; v < V; ++v) {
-    __m512 b = _mm512_setzero_ps();
-    if (bias)  // bf16 -> float32: the 16 bits on top
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + 16 * v))), 16));
+    const __m512 b = bias_floats(bias, 16 * v);
     for (int r = 0; r < ROWS; ++r)
       _mm256_storeu_si256((__m256i*)(y + r * out + 16 * v), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
   }
@@ -827,10 +831,7 @@ void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pai
     if (V > 2) _tile_stored(2, sums + 32, V * 64);
     if (valid < 16 && tiles > 1) _tile_loadconfig(&full);
     for (int v = 0; v < V; ++v) {
-      __m512 b = _mm512_setzero_ps();
-      if (bias)  // bf16 -> float32: the 16 bits on top
-        b = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(bias + 16 * v))), 16));
+      const __m512 b = bias_floats(bias, 16 * v);
       for (int64_t r = 0; r < valid; ++r)
         _mm256_storeu_si256((__m256i*)(y + (t * 16 + r) * out + 16 * v),
                             (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + r * V * 16 + 16 * v), b)));
@@ -899,20 +900,25 @@ bool tiles_take(const torch::Tensor& x) {
   return x.scalar_type() == at::kBFloat16 && x.size(1) % 32 == 0 && tiles_permitted();
 }
 
-// `linear` on the tile unit at any row count (`linear` picks it for TILE_MIN_ROWS to ONEDNN_MIN_ROWS - 1).
-torch::Tensor linear_on_tiles(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
-  check_linear(x, packed, bias);
-  TORCH_CHECK(tiles_take(x), "linear_on_tiles: bf16 x with I % 32 == 0, on a CPU and kernel that allow AMX");
+// x W^T + b on the tile unit, arguments checked and taken (check_linear, tiles_take).
+torch::Tensor product_on_tiles(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   auto y = torch::empty({x.size(0), packed.size(0)}, x.options());
   if (x.size(0))
     tile_linear(x.data_ptr<BFloat16>(), x.size(0), x.size(1), packed.data_ptr<BFloat16>(),
                 bias.numel() ? bias.data_ptr<BFloat16>() : nullptr, y.data_ptr<BFloat16>(), packed.size(0));
   return y;
 }
+
+// `linear` on the tile unit at any row count (`linear` picks it for TILE_MIN_ROWS to ONEDNN_MIN_ROWS - 1).
+torch::Tensor linear_on_tiles(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  check_linear(x, packed, bias);
+  TORCH_CHECK(tiles_take(x), "linear_on_tiles: bf16 x with I % 32 == 0, on a CPU and kernel that allow AMX");
+  return product_on_tiles(x, packed, bias);
+}
 #endif
 
-// `linear` on the vector units at any row count: bf16 pair products, float32 outer products.
-torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias);
+// x W^T + b on the vector units (bf16 pair products, float32 outer products), arguments checked (check_linear).
+torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
 
 // x W^T + b, (N, O) in x's dtype, by what runs the row count fastest here: on an AMX CPU in bf16, the tile unit
 // from TILE_MIN_ROWS and oneDNN from ONEDNN_MIN_ROWS (or from TILE_MIN_ROWS where the tiles cannot take x), on
@@ -923,17 +929,22 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, 
   const int64_t rows = x.size(0);
   if (x.scalar_type() == at::kBFloat16 && TILE_MIN_ROWS && rows >= TILE_MIN_ROWS) {
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
-    if (rows < ONEDNN_MIN_ROWS && tiles_take(x)) return linear_on_tiles(x, packed, bias);
+    if (rows < ONEDNN_MIN_ROWS && tiles_take(x)) return product_on_tiles(x, packed, bias);
 #endif
     if (onednn.numel()) return onednn_linear(x, onednn, bias);
   }
-  return linear_on_vectors(x, packed, bias);
+  return product_on_vectors(x, packed, bias);
+}
+
+// `linear` on the vector units at any row count.
+torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  check_linear(x, packed, bias);
+  return product_on_vectors(x, packed, bias);
 }
 
 // Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
 // prefetched meanwhile.
-torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
-  check_linear(x, packed, bias);
+torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   const auto dtype = x.scalar_type();
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   auto y = torch::empty({rows, out}, x.options());
