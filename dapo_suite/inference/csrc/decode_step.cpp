@@ -36,6 +36,33 @@ using at::BFloat16;
 
 namespace {
 
+// Elements of T in one 64-byte cache line, the unit of a prefetch.
+template <typename T>
+constexpr int64_t PER_LINE = 64 / sizeof(T);
+
+// The next block of weights, prefetched while `linear` runs this one, split into equal shares between the block's
+// row tiles (`size` elements each), each share spread over its tile's steps (`per_step` lines a step): prefetching
+// all of it during the first tile, a burst of 3 lines per input while the other tiles prefetched nothing, ran the
+// float32 projections 1.11x / 1.25x / 1.15x slower at 16 / 30 / 64 rows (30 layers' weights from memory, the two
+// taking turns, one thread). One tile (up to 8 rows) prefetches the whole block, spread over its steps as before.
+struct PrefetchShare {
+  int64_t size, per_step;
+};
+
+template <typename T>
+inline PrefetchShare prefetch_share(int64_t block, int64_t tiles, int64_t steps) {
+  const int64_t size = (block + tiles - 1) / tiles;
+  return {size, (size + steps * PER_LINE<T> - 1) / (steps * PER_LINE<T>)};
+}
+
+// Step `step`'s lines of a tile's share starting at `next` (null: nothing to prefetch). A prefetch past the share's
+// end is harmless (it never faults), so the last step rounds up.
+template <typename T>
+inline void prefetch_step(const T* next, PrefetchShare share, int64_t step) {
+  if (next && step * share.per_step * PER_LINE<T> < share.size)
+    for (int64_t l = 0; l < share.per_step; ++l) __builtin_prefetch(next + (step * share.per_step + l) * PER_LINE<T>);
+}
+
 // Rotary position embedding (Su et al. 2021, arXiv 2104.09864), "rotate half" layout:
 //   y[i] = x[i] cos[i] - x[i + D/2] sin[i],  y[i + D/2] = x[i + D/2] cos[i + D/2] + x[i] sin[i + D/2].
 template <typename T>
@@ -214,7 +241,7 @@ namespace {
 template <int64_t DIM>
 void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFloat16* values, int64_t begin,
                 int64_t end, float scale, float* scores, int64_t stride) {
-  constexpr int64_t chunks = DIM / 32, line = 64 / sizeof(BFloat16);  // 32 bf16 per vector and per cache line
+  constexpr int64_t chunks = DIM / 32, line = PER_LINE<BFloat16>;  // 32 bf16 per vector and per cache line
   const __m512 scales = _mm512_set1_ps(scale);
   int64_t t = begin;
   for (; t + 16 <= end; t += 16) {
@@ -359,7 +386,7 @@ namespace {
 template <int64_t DIM>
 void score_span_f32(const float* q, int64_t fold, const float* keys, const float* values, int64_t begin,
                     int64_t end, float scale, float* scores, int64_t stride) {
-  constexpr int64_t V = DIM / F32_LANES, line = 64 / sizeof(float);
+  constexpr int64_t V = DIM / F32_LANES, line = PER_LINE<float>;
   int64_t t = begin;
   for (; t + F32_LANES <= end; t += F32_LANES) {
     for (int64_t d = 0; d < F32_LANES * DIM; d += line) {
@@ -446,16 +473,14 @@ void attend_head_f32(const Queries<float>& qs, int64_t n, int64_t h, float* q, f
 // ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES)); y points
 // at the block's first output of row 0 (stride `out`). Per input: V weight loads, ROWS broadcasts, ROWS x V fused
 // multiply-adds (an outer product; no horizontal sums). `next`: this tile's share of the next block to prefetch
-// meanwhile (`share` floats, `per_input` cache lines at each input), or null.
+// meanwhile, or null.
 template <int ROWS, int V>
-void linear_tile_f32(const float* x, int64_t in, const float* block, const float* next, int64_t share,
-                     int64_t per_input, const float* bias, float* y, int64_t out) {
-  constexpr int64_t line = 64 / sizeof(float);
+void linear_tile_f32(const float* x, int64_t in, const float* block, const float* next, PrefetchShare share,
+                     const float* bias, float* y, int64_t out) {
   Floats acc[ROWS][V] = {};
   for (int64_t i = 0; i < in; ++i) {
     const float* w = block + i * V * F32_LANES;
-    if (next && i * per_input * line < share)  // (a prefetch past the share's end is harmless: it never faults)
-      for (int64_t l = 0; l < per_input; ++l) __builtin_prefetch(next + (i * per_input + l) * line);
+    prefetch_step(next, share, i);
     Floats ws[V];
     for (int v = 0; v < V; ++v) ws[v] = *reinterpret_cast<const UnalignedFloats*>(w + v * F32_LANES);
     for (int r = 0; r < ROWS; ++r) {
@@ -470,22 +495,19 @@ void linear_tile_f32(const float* x, int64_t in, const float* block, const float
   }
 }
 
-// Every tile of x through one block of V vectors of outputs, the block kept in cache between tiles. The next block
-// is prefetched in equal shares by all tiles, a line or a few per input: prefetching all of it during the first
-// tile (a burst of 3 lines per input) ran the projections 1.11x / 1.25x / 1.15x slower at 16 / 30 / 64 rows (30
-// layers' weights from memory, the two taking turns, one thread); one tile (1-8 rows) prefetches as before.
+// Every tile of x through one block of V vectors of outputs, the block kept in cache between tiles, the next block
+// prefetched in equal shares by all tiles (`PrefetchShare`).
 template <int V, int... ROWS>
 void linear_block_f32(const float* x, int64_t rows, int64_t in, const float* block, const float* next,
                       const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t, const float*, float*,
+  using Tile = void (*)(const float*, int64_t, const float*, const float*, PrefetchShare, const float*, float*,
                         int64_t);
   static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V>...};  // tiles[r - 1]: r rows
-  constexpr int64_t line = 64 / sizeof(float);
   const int64_t count = (rows + F32_TILE_ROWS - 1) / F32_TILE_ROWS;
-  const int64_t share = (in * V * F32_LANES + count - 1) / count, per_input = (share + in * line - 1) / (in * line);
+  const auto share = prefetch_share<float>(in * V * F32_LANES, count, in);
   for (int64_t r = 0, k = 0; r < rows; r += F32_TILE_ROWS, ++k)
-    tiles[std::min(F32_TILE_ROWS, rows - r) - 1](x + r * in, in, block, next ? next + k * share : nullptr, share,
-                                                 per_input, bias, y + r * out, out);
+    tiles[std::min(F32_TILE_ROWS, rows - r) - 1](x + r * in, in, block, next ? next + k * share.size : nullptr,
+                                                 share, bias, y + r * out, out);
 }
 
 }  // namespace
@@ -714,10 +736,10 @@ constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same packed
 // weight (`tile_linear`): 1.1-1.4x oneDNN's AMX matmul there and 1.25-6.8x the pair products (one thread, the
-// weights read from memory, the implementations taking turns; benchmarks/projections.py). From 65 rows (the prompt pass's chunks) oneDNN's blocked matmul
-// wins, on the weight reordered once into its layout when the caller keeps it (`onednn`, from
-// mkldnn::_reorder_linear_weight; aten's linear on the weight as given would reorder it on every call). 0: no AMX
-// in this build, never.
+// weights read from memory, the implementations taking turns; benchmarks/projections.py). From 65 rows (the prompt
+// pass's chunks) oneDNN's blocked matmul wins, on the weight reordered once into its layout when the caller keeps it
+// (`onednn`, from mkldnn::_reorder_linear_weight; aten's linear on the weight as given would reorder it on every
+// call). 0: no AMX in this build, never.
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
 constexpr int64_t TILE_MIN_ROWS = 8, ONEDNN_MIN_ROWS = 65;
 #else
@@ -744,17 +766,17 @@ inline __m512 bias_floats(const BFloat16* bias, int64_t first) {
 }
 
 // ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
-// block's first output of row 0 (stride `out`). `next`: the block to prefetch meanwhile, or null.
+// block's first output of row 0 (stride `out`). `next`: this tile's share of the next block to prefetch meanwhile,
+// or null.
 template <int ROWS, int V>
-void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next, const BFloat16* bias,
-                 BFloat16* y, int64_t out) {
+void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next, PrefetchShare share,
+                 const BFloat16* bias, BFloat16* y, int64_t out) {
   __m512 acc[ROWS][V];
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t p = 0; p < in / 2; ++p) {
     const BFloat16* w = pairs + p * V * 32;  // 16 V outputs x 2 inputs: V vectors, V cache lines
-    if (next)
-      for (int v = 0; v < V; ++v) __builtin_prefetch(next + p * V * 32 + v * 32);
+    prefetch_step(next, share, p);
     __m512bh ws[V];
     for (int v = 0; v < V; ++v) ws[v] = (__m512bh)_mm512_loadu_si512(w + v * 32);
     for (int r = 0; r < ROWS; ++r) {
@@ -769,24 +791,19 @@ void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFl
   }
 }
 
-// Every tile of x through one block of 16 V outputs.
-template <int V>
+// Every tile of x through one block of 16 V outputs, the next block prefetched in equal shares by all tiles
+// (`PrefetchShare`; here 1.00-1.03x at 16-64 rows, where the pair products, not memory, set the pace).
+template <int V, int... ROWS>
 void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
-                  const BFloat16* bias, BFloat16* y, int64_t out) {
-  for (int64_t r = 0; r < rows; r += TILE_ROWS, next = nullptr) {
-    const BFloat16* x_r = x + r * in;
-    BFloat16* y_r = y + r * out;
-    switch (std::min(TILE_ROWS, rows - r)) {
-      case 8: linear_tile<8, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 7: linear_tile<7, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 6: linear_tile<6, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 5: linear_tile<5, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 4: linear_tile<4, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 3: linear_tile<3, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      case 2: linear_tile<2, V>(x_r, in, pairs, next, bias, y_r, out); break;
-      default: linear_tile<1, V>(x_r, in, pairs, next, bias, y_r, out);
-    }
-  }
+                  const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile = void (*)(const BFloat16*, int64_t, const BFloat16*, const BFloat16*, PrefetchShare, const BFloat16*,
+                        BFloat16*, int64_t);
+  static constexpr Tile tiles[] = {linear_tile<ROWS + 1, V>...};  // tiles[r - 1]: r rows
+  const int64_t count = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  const auto share = prefetch_share<BFloat16>(in * V * 16, count, in / 2);
+  for (int64_t r = 0, k = 0; r < rows; r += TILE_ROWS, ++k)
+    tiles[std::min(TILE_ROWS, rows - r) - 1](x + r * in, in, pairs, next ? next + k * share.size : nullptr, share,
+                                             bias, y + r * out, out);
 }
 #endif
 
@@ -988,12 +1005,13 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   const BFloat16 *w_p = packed.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
   const BFloat16* b_p = bias.numel() ? bias.data_ptr<BFloat16>() : nullptr;
   BFloat16* y_p = y.data_ptr<BFloat16>();
+  constexpr auto pair_rows = std::make_integer_sequence<int, TILE_ROWS>();
   each_block(PAIR_BLOCK, [&](int64_t begin, int64_t width, int64_t next) {
     const BFloat16 *pairs = w_p + begin * in, *ahead = next >= 0 ? w_p + next : nullptr;
     const BFloat16* b = b_p ? b_p + begin : nullptr;
-    if (width == 48) linear_block<3>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
-    else if (width == 32) linear_block<2>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
-    else linear_block<1>(x_p, rows, in, pairs, ahead, b, y_p + begin, out);
+    if (width == 48) linear_block<3>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
+    else if (width == 32) linear_block<2>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
+    else linear_block<1>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
   });
 #else
   TORCH_CHECK(false, "linear in bfloat16 needs avx512_bf16 (pack_weight returns an empty weight without it)");
