@@ -44,7 +44,7 @@ constexpr int64_t PER_LINE = 64 / sizeof(T);
 // row tiles (`size` elements each), each share spread over its tile's steps (`per_step` lines a step): prefetching
 // all of it during the first tile, a burst of 3 lines per input while the other tiles prefetched nothing, ran the
 // float32 projections 1.11x / 1.25x / 1.15x slower at 16 / 30 / 64 rows (30 layers' weights from memory, the two
-// taking turns, one thread). One tile (up to 8 rows) prefetches the whole block, spread over its steps as before.
+// taking turns, one thread). One tile (up to 8 rows) prefetches the whole block, a block row's lines each step.
 struct PrefetchShare {
   int64_t size, per_step;
 };
@@ -61,6 +61,19 @@ template <typename T>
 inline void prefetch_step(const T* next, PrefetchShare share, int64_t step) {
   if (next && step * share.per_step * PER_LINE<T> < share.size)
     for (int64_t l = 0; l < share.per_step; ++l) __builtin_prefetch(next + (step * share.per_step + l) * PER_LINE<T>);
+}
+
+// Every row tile of x through one block of `linear`'s packed weight, `tiles[r - 1]` taking r rows (up to TILE), the
+// block kept in cache between tiles; the next block (`size` elements, `steps` steps per tile) prefetched in equal
+// shares by all tiles.
+template <typename T, typename Tile, size_t TILE>
+void each_row_tile(const Tile (&tiles)[TILE], const T* x, int64_t rows, int64_t in, const T* block, const T* next,
+                   int64_t size, int64_t steps, const T* bias, T* y, int64_t out) {
+  constexpr int64_t most = TILE;
+  const auto share = prefetch_share<T>(size, (rows + most - 1) / most, steps);
+  for (int64_t r = 0, k = 0; r < rows; r += most, ++k)
+    tiles[std::min(most, rows - r) - 1](x + r * in, in, block, next ? next + k * share.size : nullptr, share, bias,
+                                        y + r * out, out);
 }
 
 // Rotary position embedding (Su et al. 2021, arXiv 2104.09864), "rotate half" layout:
@@ -495,19 +508,14 @@ void linear_tile_f32(const float* x, int64_t in, const float* block, const float
   }
 }
 
-// Every tile of x through one block of V vectors of outputs, the block kept in cache between tiles, the next block
-// prefetched in equal shares by all tiles (`PrefetchShare`).
+// Every tile of x through one block of V vectors of outputs (`each_row_tile`).
 template <int V, int... ROWS>
 void linear_block_f32(const float* x, int64_t rows, int64_t in, const float* block, const float* next,
                       const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
   using Tile = void (*)(const float*, int64_t, const float*, const float*, PrefetchShare, const float*, float*,
                         int64_t);
   static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V>...};  // tiles[r - 1]: r rows
-  const int64_t count = (rows + F32_TILE_ROWS - 1) / F32_TILE_ROWS;
-  const auto share = prefetch_share<float>(in * V * F32_LANES, count, in);
-  for (int64_t r = 0, k = 0; r < rows; r += F32_TILE_ROWS, ++k)
-    tiles[std::min(F32_TILE_ROWS, rows - r) - 1](x + r * in, in, block, next ? next + k * share.size : nullptr,
-                                                 share, bias, y + r * out, out);
+  each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
 }
 
 }  // namespace
@@ -791,19 +799,15 @@ void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFl
   }
 }
 
-// Every tile of x through one block of 16 V outputs, the next block prefetched in equal shares by all tiles
-// (`PrefetchShare`; here 1.00-1.03x at 16-64 rows, where the pair products, not memory, set the pace).
+// Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares measured 1.00-1.03x here at
+// 16-64 rows, where the pair products, not memory, set the pace).
 template <int V, int... ROWS>
 void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
                   const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
   using Tile = void (*)(const BFloat16*, int64_t, const BFloat16*, const BFloat16*, PrefetchShare, const BFloat16*,
                         BFloat16*, int64_t);
   static constexpr Tile tiles[] = {linear_tile<ROWS + 1, V>...};  // tiles[r - 1]: r rows
-  const int64_t count = (rows + TILE_ROWS - 1) / TILE_ROWS;
-  const auto share = prefetch_share<BFloat16>(in * V * 16, count, in / 2);
-  for (int64_t r = 0, k = 0; r < rows; r += TILE_ROWS, ++k)
-    tiles[std::min(TILE_ROWS, rows - r) - 1](x + r * in, in, pairs, next ? next + k * share.size : nullptr, share,
-                                             bias, y + r * out, out);
+  each_row_tile(tiles, x, rows, in, pairs, next, in * V * 16, in / 2, bias, y, out);
 }
 #endif
 
