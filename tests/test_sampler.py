@@ -51,6 +51,41 @@ def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedde
     torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-4, rtol=0)
 
 
+def test_an_engine_samples_from_one_weight_snapshot_until_its_weights_are_synced(embedded_model_dir):
+    """`HFEngine` casts and packs the policy's weights once (`StepperWeights`) and samples every batch of every
+    `generate` from that snapshot, with the same tokens as a stepper that packs its own; after an in-place update
+    (as an optimizer step makes) it samples the old weights until `sync_weights`, then the new ones."""
+    from dapo_suite.inference.engines import HFEngine, Request, Sampling
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    _fused()
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    model.eval()
+    requests = [Request(f"p{i}", j, prompt, seed=10 * i + j) for i, prompt in enumerate(PROMPTS) for j in range(2)]
+
+    def sample(engine) -> list[tuple[str, int, list[int]]]:
+        done = []
+        engine.generate(requests, Sampling(1.0, 0.9, 24), done.append)
+        return sorted((c.problem_id, c.sample_index, c.token_ids.tolist()) for c in done)
+
+    engine = HFEngine(model, tokenizer, batch_size=2, progress=False)  # 4 batches per generate
+    first = sample(engine)
+    snapshot = engine._weights
+    assert snapshot is not None and snapshot.kernels is not None
+    assert sample(engine) == first and engine._weights is snapshot
+    engine._stepper_weights = lambda: None  # each batch's stepper packs its own: the same tokens
+    assert sample(engine) == first
+    del engine._stepper_weights
+
+    with torch.no_grad():
+        model.model.norm.weight.mul_(0.25)  # flattens every next-token distribution: other tokens
+    assert sample(engine) == first  # not synced: the snapshot's weights
+    engine.sync_weights()
+    updated = sample(engine)
+    assert updated != first and engine._weights is not snapshot
+    assert updated == sample(HFEngine(model, tokenizer, batch_size=2, progress=False))
+
+
 def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
     # Against brute force over every split of the prompts sorted by length (a run is contiguous in that order).
     import itertools

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dapo_suite.inference.decoding import PrefixCache, make_stepper
+from dapo_suite.inference.decoding import PrefixCache, StepperWeights, lean_supported, make_stepper
 from dapo_suite.inference.sampling import next_tokens, row_uniforms
 
 # (kind, value): ("token", id) for every sampled token (the end-of-sequence token included), then one
@@ -69,6 +69,8 @@ class BatchDecoder:
         self.token_bytes = kv_bytes_per_token(model, self.dtype)
         self.kv_cache_bytes = kv_cache_bytes
         self.prefix_cache = PrefixCache()  # prompts in one template compute their common beginning once
+        # the model's weights are fixed while it serves (as the prefix cache assumes): cast and packed once
+        self.weights = StepperWeights(model, self.dtype) if lean_supported(model) else None
         self._pending: collections.deque[GenerationJob] = collections.deque()
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="batch-decoder", daemon=True)
@@ -156,7 +158,7 @@ class BatchDecoder:
         """Decode `jobs` (a list this method extends and shrinks in place) until every row has ended."""
         ids, mask = self._left_padded(jobs)
         stepper = make_stepper(self.model, ids, mask, max(job.max_tokens for job in jobs), self.dtype,
-                               prefix_cache=self.prefix_cache)
+                               prefix_cache=self.prefix_cache, weights=self.weights)
         positions, step_input = mask.sum(-1) - 1, ids[:, -1]
         width = ids.shape[1] + max(job.max_tokens for job in jobs)
         since_join = 0

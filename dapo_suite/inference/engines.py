@@ -29,6 +29,8 @@ from dapo_suite.core.prompts import render_chat
 if TYPE_CHECKING:
     import torch
 
+    from dapo_suite.inference.decoding import StepperWeights
+
 
 @dataclass(frozen=True)
 class Request:
@@ -107,6 +109,7 @@ class HFEngine:
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
         self.sampling_dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
         self.eos_ids = end_of_response_ids(model, tokenizer)
+        self._weights: StepperWeights | None = None  # the lean stepper's snapshot, made on first use
 
     @classmethod
     def load(cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64,
@@ -119,7 +122,17 @@ class HFEngine:
         return cls(module, tokenizer, batch_size)
 
     def sync_weights(self) -> None:
-        """Nothing to copy: this engine samples with the module it was given."""
+        """The module's weights changed (the trainer calls this after each update): the next `generate` takes a new
+        snapshot of them. Between two calls every batch samples from one snapshot, cast and packed once
+        (`decoding.StepperWeights`), not once per batch."""
+        self._weights = None
+
+    def _stepper_weights(self) -> StepperWeights | None:
+        from dapo_suite.inference.decoding import StepperWeights, lean_supported
+
+        if self._weights is None and lean_supported(self.model):
+            self._weights = StepperWeights(self.model, self.sampling_dtype)
+        return self._weights
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
         import torch
@@ -151,7 +164,7 @@ class HFEngine:
                 sampled = sample_tokens(self.model, inputs["input_ids"], inputs["attention_mask"], sampling.max_tokens,
                                         sampling.temperature, sampling.top_p, self.eos_ids, self.tokenizer.pad_token_id,
                                         samples_per_prompt=len(by_problem[batch[0]]), generator=generator,
-                                        dtype=self.sampling_dtype)
+                                        dtype=self.sampling_dtype, weights=self._stepper_weights())
                 rows = [index for pid in batch for index in by_problem[pid]]  # output row j: prompt j // group
                 for row, index in enumerate(rows):
                     length = int(sampled.lengths[row])

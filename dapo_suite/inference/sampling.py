@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_suite.inference.decoding import make_stepper
+from dapo_suite.inference.decoding import StepperWeights, make_stepper
 from dapo_suite.inference.fused_step import kernels
 
 
@@ -105,7 +105,7 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
 def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                   temperature: float, top_p: float, eos_ids: set[int], pad_id: int, samples_per_prompt: int = 1,
                   generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
-                  decoder: str = "auto") -> SampledBatch:
+                  decoder: str = "auto", weights: StepperWeights | None = None) -> SampledBatch:
     """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
@@ -118,9 +118,11 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     The stepper from `decoding.make_stepper` runs the prompts (the bf16 lean stepper its own packed pass, else the
     model's forward in runs of similar length) and the decode steps (`decoder="hf"` forces transformers' step).
     `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16 matmuls);
-    the log-probs are then the sampler's, not the trainer's.
+    the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot of the model's
+    weights in `dtype`, for a caller that samples many times between two updates (`decoding.StepperWeights`).
     """
-    stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt)
+    stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
+                           weights=weights)
     input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
     attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
     count, device = input_ids.shape[0], input_ids.device
