@@ -104,8 +104,9 @@ void each_row_tile(const Tile (&tiles)[TILE], const T* x, int64_t rows, int64_t 
                    int64_t size, int64_t steps, const T* bias, T* y, int64_t out) {
   constexpr int64_t most = TILE;
   const auto share = prefetch_share<T>(size, (rows + most - 1) / most, steps);
-  if (next && rows <= most && stream_ahead())
-    next = rows < stream_ahead()->min_rows ? nullptr : block + stream_ahead()->bytes / int64_t(sizeof(T));
+  const StreamAhead* ahead = stream_ahead();
+  if (next && rows <= most && ahead)
+    next = rows < ahead->min_rows ? nullptr : block + ahead->bytes / int64_t(sizeof(T));
   for (int64_t r = 0, k = 0; r < rows; r += most, ++k)
     tiles[std::min(most, rows - r) - 1](x + r * in, in, block, next ? next + k * share.size : nullptr, share, bias,
                                         y + r * out, out);
