@@ -1,23 +1,44 @@
-"""The sampling fields of an OpenAI request, checked once for every server of the project: `n`, `temperature`,
-`top_p` and `seed`, with OpenAI's bounds (temperature 0-2, top_p 0-1, n 1-128). Used by the sampler server and by
-`serve api`'s front, so the two answer the same request the same way.
+"""An OpenAI request read and checked once for every server of the project (`parse_request`): the sampler server
+and `serve api`'s front answer the same request the same way, 400 with OpenAI's error shape naming the offending
+`param`, never 500.
+
+What is checked, as OpenAI checks it: `messages` (a non-empty list; roles system, developer, user, assistant;
+content a string or a list of text parts) or `prompt` (a string, a list of strings, a list of token ids or a list
+of such lists); the sampling fields `n`, `temperature` (0-2), `top_p` (0-1), `seed`; `max_tokens` /
+`max_completion_tokens` against the model's context; `stop`; `logprobs` and `top_logprobs` (chat: a bool and 0-20;
+completions: an int 0-5 and `echo`); and every other field: one this server does not implement gets 400 unless
+it is one that cannot change the reply (`user`, `metadata`, ...) or has its neutral value (`presence_penalty: 0`,
+`tools: []`, ...).
 
 top_p 0 keeps only the most likely token (as OpenAI and vLLM read it: greedy), temperature 0 is greedy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 BOUNDS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
+MAX_TOP_LOGPROBS = {True: 20, False: 5}  # chat's top_logprobs, completions' logprobs: OpenAI's limits
+ROLES = {"system", "developer", "user", "assistant"}  # developer is OpenAI's newer name for system
+# fields that cannot change what is sampled: accepted and ignored
+INERT = {"model", "user", "metadata", "store", "service_tier", "stream", "stream_options", "parallel_tool_calls",
+         "prompt_cache_key", "safety_identifier"}
+# fields this server does not implement, accepted only with the value that leaves the reply as it is
+NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "tools": ([],),
+           "functions": ([],), "tool_choice": ("none",), "function_call": ("none",),
+           "response_format": ({"type": "text"},), "best_of": (1,), "suffix": ("",), "modalities": (["text"],)}
+FIELDS = {True: {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+          False: {"prompt", "logprobs", "echo"}}
+COMMON = {"max_tokens", "n", "temperature", "top_p", "seed", "stop"}
 
 
 class RequestFieldError(ValueError):
-    """A field of the request is out of range or of the wrong type: HTTP 400 naming `param`."""
+    """A field of the request is missing, out of range or of the wrong type: HTTP 400 naming `param`."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param
 
@@ -28,6 +49,24 @@ class SamplingFields:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A checked request. `prompts`: the token ids of each prompt (one for chat, the rendered conversation);
+    `top_logprobs`: None when no log-probs are asked for, else how many alternatives each token lists."""
+
+    chat: bool
+    prompts: list[list[int]]
+    max_tokens: int
+    sampling: SamplingFields
+    stop: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None
+    echo: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
+    messages: list[dict] | None = None  # chat: the messages as the template read them (text content)
 
 
 def _is_int(value: Any) -> bool:
@@ -50,3 +89,158 @@ def sampling_fields(body: dict) -> SamplingFields:
     if seed is not None and not _is_int(seed):
         raise RequestFieldError(f"seed={seed!r}: must be an integer", "seed")
     return SamplingFields(n=n, seed=seed, **values)
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """400 for a field this server does not know, unless it cannot change the reply."""
+    known = FIELDS[chat] | COMMON | INERT
+    for name, value in body.items():
+        if name in known or value is None or value in NEUTRAL.get(name, ()):
+            continue
+        if name in NEUTRAL:
+            raise RequestFieldError(f"{name}={value!r}: this server does not implement {name}; leave it out", name)
+        raise RequestFieldError(f"Unrecognized request argument supplied: {name}", name)
+
+
+def chat_messages(messages: Any) -> list[dict]:
+    """`messages` with each content as one string (text parts joined by newlines); RequestFieldError naming the
+    first bad message, role or content part."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestFieldError("messages must be a non-empty list of {role, content} objects", "messages")
+    read = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise RequestFieldError(f"{where} must be an object with role and content", where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise RequestFieldError(f"{where}.role={role!r}: must be one of {', '.join(sorted(ROLES))}",
+                                    f"{where}.role")
+        for key in message:
+            if key not in ("role", "content", "name"):
+                raise RequestFieldError(f"{where}.{key}: this server does not implement {key}", f"{where}.{key}")
+        read.append({"role": "system" if role == "developer" else role, "content": _text(message.get("content"),
+                                                                                           f"{where}.content")})
+    return read
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise RequestFieldError(f"{where} must be a string or a non-empty list of text parts", where)
+    texts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RequestFieldError(f"{where}[{index}]: a part of type {kind!r}; this model reads only "
+                                    "{type: text, text: string} parts", f"{where}[{index}]")
+        texts.append(part["text"])
+    return "\n".join(texts)  # as vLLM joins text parts
+
+
+def prompt_ids(prompt: Any, tokenizer) -> list[list[int]]:
+    """The token ids of each prompt of a completions request (a string, a list of strings, a list of token ids, or
+    a list of such lists)."""
+    vocab = len(tokenizer)
+
+    def one(value: Any) -> list[int]:
+        if isinstance(value, str):
+            ids = tokenizer(value)["input_ids"]
+        elif isinstance(value, list) and all(_is_int(token) for token in value):
+            if not all(0 <= token < vocab for token in value):
+                raise RequestFieldError(f"prompt holds a token id outside the vocabulary (0-{vocab - 1})", "prompt")
+            ids = list(value)
+        else:
+            raise RequestFieldError("prompt must be a string, a list of strings, a list of token ids or a list of "
+                                    "token-id lists", "prompt")
+        if not ids:
+            raise RequestFieldError("prompt is empty", "prompt")
+        return ids
+
+    if isinstance(prompt, list) and prompt and all(isinstance(item, str | list) for item in prompt):
+        return [one(item) for item in prompt]
+    return [one(prompt)]
+
+
+def _top_logprobs(body: dict, chat: bool, logprobs_available: bool) -> int | None:
+    """How many alternatives each token's log-prob lists (None: no log-probs asked for)."""
+    limit = MAX_TOP_LOGPROBS[chat]
+    if chat:
+        wanted, top = body.get("logprobs"), body.get("top_logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise RequestFieldError(f"logprobs={wanted!r}: must be true or false", "logprobs")
+        if top is not None and (not _is_int(top) or not 0 <= top <= limit):
+            raise RequestFieldError(f"top_logprobs={top!r}: must be an integer from 0 to {limit}", "top_logprobs")
+        if top is not None and not wanted:
+            raise RequestFieldError("top_logprobs needs logprobs: true", "top_logprobs")
+        count, param = (top or 0) if wanted else None, "top_logprobs" if top else "logprobs"
+    else:
+        count = body.get("logprobs")
+        if count is not None and (not _is_int(count) or not 0 <= count <= limit):
+            raise RequestFieldError(f"logprobs={count!r}: must be an integer from 0 to {limit}", "logprobs")
+        param = "logprobs"
+    if count is not None and not logprobs_available:
+        raise RequestFieldError(f"{param}: this server's model engine does not give log-probs (start it with "
+                                "`--engine sampler` or `vllm`)", param)
+    return count
+
+
+def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tokens: int | None = None,
+                  logprobs_available: bool = True) -> ParsedRequest:
+    """`body` of /v1/chat/completions (`chat`) or /v1/completions, checked and tokenized; RequestFieldError (400,
+    naming the field) for anything OpenAI would refuse or this server cannot honour. `context`: the model's window
+    in tokens; a prompt longer than `max_prompt_tokens` (default: context - max_tokens) is refused."""
+    from dapo_suite.core.prompts import render_chat
+
+    if not isinstance(body, dict):
+        raise RequestFieldError("the request body must be a JSON object", None)
+    check_fields(body, chat)
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RequestFieldError(f"model={body['model']!r}: must be a string", "model")
+    sampling = sampling_fields(body)
+    top_logprobs = _top_logprobs(body, chat, logprobs_available)
+    echo = body.get("echo") is True
+    if body.get("echo") not in (None, True, False):
+        raise RequestFieldError(f"echo={body['echo']!r}: must be true or false", "echo")
+    if echo and not logprobs_available:
+        raise RequestFieldError("echo: this server's model engine does not echo the prompt", "echo")
+
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = DEFAULT_MAX_TOKENS if body.get(key) is None else body[key]
+    lowest = 0 if echo else 1  # echo with max_tokens 0 scores the prompt alone (lm-eval's loglikelihood)
+    if not _is_int(max_tokens) or not lowest <= max_tokens < context:
+        raise RequestFieldError(f"{key}={max_tokens!r}: must be an integer from {lowest} to {context - 1} (the "
+                                f"model's context is {context} tokens)", key)
+
+    stop = body.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(item, str) for item in stops):
+        raise RequestFieldError("stop must be a string or a list of at most 4 strings", "stop")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestFieldError("stream_options must be an object", "stream_options")
+
+    messages = None
+    if chat:
+        if "messages" not in body:
+            raise RequestFieldError("the request has no messages", "messages")
+        messages = chat_messages(body["messages"])
+        try:
+            prompts = [tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]]
+        except Exception as error:  # noqa: BLE001 - a chat template refuses a conversation by raising (jinja's raise_exception)
+            raise RequestFieldError(f"the model's chat template refuses these messages: {error}", "messages") from None
+    else:
+        if "prompt" not in body:
+            raise RequestFieldError("the request has no prompt", "prompt")
+        prompts = prompt_ids(body["prompt"], tokenizer)
+    field_name = "messages" if chat else "prompt"
+    limit = max_prompt_tokens or context - max_tokens
+    longest = max(len(ids) for ids in prompts)
+    if longest > limit:
+        raise RequestFieldError(f"the prompt is {longest} tokens; this server takes at most {limit} (context "
+                                f"{context} - {key} {max_tokens}). Shorten the prompt or lower {key}.", field_name)
+    return ParsedRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, sampling=sampling, stop=stops,
+                         top_logprobs=top_logprobs, echo=echo, stream=bool(body.get("stream")),
+                         include_usage=bool((options or {}).get("include_usage")), model=body.get("model"),
+                         messages=messages)
