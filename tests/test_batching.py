@@ -85,6 +85,39 @@ def test_rows_with_different_settings_share_a_batch(model_and_tokenizer):
     assert together[2] == (together[2][0], "length") and len(together[2][0]) == 5
 
 
+def test_log_probs_only_for_the_rows_that_ask_and_the_same_tokens(model_and_tokenizer):
+    """A row with top_logprobs and one without, in one batch: each samples the tokens it samples with no log-probs
+    asked; the asking row gets one entry per token (its log-prob and 4 alternatives, most likely first), the other
+    none. The prompt's log-probs (echo) are the model's own, under the row's temperature."""
+    from dapo_suite.inference.batching import BatchDecoder, GenerationJob
+    from dapo_suite.inference.engines import end_of_response_ids
+
+    model, tokenizer = model_and_tokenizer
+    ids = _prompt_ids(tokenizer)
+    specs = [{"prompt_ids": ids[0], "max_tokens": 10, "temperature": 0.8, "seed": 5},
+             {"prompt_ids": ids[1], "max_tokens": 10, "temperature": 1.0, "top_p": 0.7, "seed": 6}]
+    plain = _decode(model, tokenizer, specs)
+    decoder = BatchDecoder(model, end_of_response_ids(model, tokenizer), tokenizer.pad_token_id)
+    done = threading.Semaphore(0)
+    tokens: list[list[int]] = [[], []]
+    jobs = [GenerationJob(**spec, top_logprobs=top, emit=lambda event, row=row: tokens[row].append(event[1])
+                          if event[0] == "token" else done.release())
+            for row, (spec, top) in enumerate(zip(specs, (4, None), strict=True))]
+    decoder.submit(*jobs)
+    assert done.acquire(timeout=900) and done.acquire(timeout=900)
+    assert tokens == [plain[0][0], plain[1][0]]
+    assert len(jobs[0].logprobs) == len(tokens[0]) and jobs[1].logprobs == []
+    for token, (log_prob, alternatives) in zip(tokens[0], jobs[0].logprobs, strict=True):
+        values = [value for _, value in alternatives]
+        assert len(alternatives) == 4 and values == sorted(values, reverse=True) and log_prob <= values[0] + 1e-6
+        assert token not in dict(alternatives) or abs(dict(alternatives)[token] - log_prob) < 1e-6
+    scored = decoder.score_prompt(ids[2], 0.0, 2)
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([ids[2]])).logits[0, :-1].float(), -1)
+    assert len(scored) == len(ids[2]) - 1
+    assert max(abs(log_prob - expected[i, ids[2][i + 1]].item()) for i, (log_prob, _) in enumerate(scored)) < 1e-5
+
+
 def test_a_cancelled_row_stops_at_the_next_step(model_and_tokenizer):
     from dapo_suite.inference.batching import BatchDecoder, GenerationJob
     from dapo_suite.inference.engines import end_of_response_ids

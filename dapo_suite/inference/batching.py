@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dapo_suite.inference.decoding import PrefixCache, StepperWeights, lean_supported, make_stepper
-from dapo_suite.inference.sampling import next_tokens, row_uniforms
+from dapo_suite.inference.sampling import TokenLogProb, next_tokens, row_uniforms, scored_tokens
 
 # (kind, value): ("token", id) for every sampled token (the end-of-sequence token included), then one
 # ("end", "stop" | "length" | "cancelled") or ("error", message)
@@ -33,7 +33,9 @@ Event = tuple[str, object]
 @dataclass(eq=False)
 class GenerationJob:
     """One request: its prompt's token ids and sampling settings; `emit` receives its events from the decoding
-    thread (the caller hands them to its own thread or event loop). Set `cancelled` to stop it at the next step."""
+    thread (the caller hands them to its own thread or event loop). Set `cancelled` to stop it at the next step.
+    With `top_logprobs` (0 or more alternatives), each sampled token's log-prob is appended to `logprobs` before
+    its event is emitted."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -41,7 +43,9 @@ class GenerationJob:
     top_p: float = 1.0
     seed: int | None = None
     emit: Callable[[Event], None] = field(default=lambda event: None, repr=False)
+    top_logprobs: int | None = None
     cancelled: bool = False
+    logprobs: list[TokenLogProb] = field(default_factory=list, repr=False)
     produced: int = 0
     generator: torch.Generator = field(init=False, repr=False)
 
@@ -140,7 +144,23 @@ class BatchDecoder:
             index = torch.tensor(rows)
             uniforms = row_uniforms([jobs[row].generator for row in rows]) if temperature > 0 else None
             sampled[index] = next_tokens(logits[index], temperature, top_p, None, uniforms)[0]
+        scored = [row for row, job in enumerate(jobs) if job.top_logprobs is not None]
+        if scored:  # only the rows that asked: the others keep the fused kernel's path alone
+            index = torch.tensor(scored)
+            found = scored_tokens(logits[index], sampled[index], [jobs[row].temperature for row in scored],
+                                  [jobs[row].top_logprobs for row in scored])
+            for row, token_log_prob in zip(scored, found, strict=True):
+                jobs[row].logprobs.append(token_log_prob)
         return sampled
+
+    def score_prompt(self, prompt_ids: list[int], temperature: float, top: int) -> list[TokenLogProb]:
+        """The log-prob of each prompt token after the first (and its `top` alternatives) under the model's
+        forward in its own precision, at `temperature` as `scored_tokens` reads it: OpenAI's `echo`. Thread-safe:
+        it reads the model's weights and nothing the decoding thread writes."""
+        ids = torch.tensor([prompt_ids])
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1]
+        return scored_tokens(logits, ids[0, 1:], [temperature] * (len(prompt_ids) - 1), [top] * (len(prompt_ids) - 1))
 
     def _run(self) -> None:
         while True:

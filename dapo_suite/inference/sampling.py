@@ -23,6 +23,9 @@ class SampledBatch:
     stopped: torch.Tensor
 
 
+# a token's log-prob and its most likely alternatives, (token id, log-prob) in descending order
+TokenLogProb = tuple[float, list[tuple[int, float]]]
+
 NUCLEUS_CANDIDATES = 256  # top-p looks for the nucleus among this many most likely tokens first
 
 
@@ -99,6 +102,21 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
         step_log_probs = torch.log_softmax(logits, dim=-1)
         sampled = logits.argmax(dim=-1)
     return sampled, step_log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+
+
+def scored_tokens(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],
+                  top: list[int]) -> list[TokenLogProb]:
+    """Each row's token log-prob under softmax(logits / T) (T = 1 where greedy: the distribution `next_tokens`
+    samples from, before top_p) with its `top[i]` most likely alternatives. logits (N, V), tokens (N,). Computed
+    in float32 for these rows only, so rows that ask for no log-probs cost nothing."""
+    scale = torch.tensor([temperature or 1.0 for temperature in temperatures]).unsqueeze(-1)
+    log_probs = torch.log_softmax(logits.float() / scale, dim=-1)
+    chosen = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
+    widest = max(top, default=0)
+    values, ids = log_probs.topk(widest, dim=-1) if widest else (log_probs[:, :0], tokens[:, None][:, :0])
+    values, ids = values.tolist(), ids.tolist()
+    return [(chosen[row], list(zip(ids[row][:count], values[row][:count], strict=True)))
+            for row, count in enumerate(top)]
 
 
 @torch.no_grad()
