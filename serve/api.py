@@ -35,11 +35,8 @@ from typing import Any
 
 import httpx
 
-from dapo_suite.core.prompts import render_chat
-from dapo_suite.inference.openai_fields import RequestFieldError, sampling_fields
-from dapo_suite.inference.sampler_server import error_response
-
-DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
+from dapo_suite.inference.openai_fields import ParsedRequest, RequestFieldError, parse_request
+from dapo_suite.inference.sampler_server import error_response, model_not_found
 
 
 @dataclass
@@ -56,35 +53,18 @@ def model_context(model_path: str) -> int:
     return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
 
 
-def check_request(body: Any, chat: bool, count_tokens, limits: Limits) -> tuple[dict | None, tuple | None]:
-    """(request to forward, None) or (None, (status, message, param)). Pure but for `count_tokens`."""
-    if not isinstance(body, dict):
-        return None, (400, "the request body must be a JSON object", None)
-    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = body.get(key, DEFAULT_MAX_TOKENS)
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < limits.context:
-        return None, (400, f"{key}={max_tokens!r}: must be an integer from 1 to {limits.context - 1} (the model's "
-                           f"context is {limits.context} tokens)", key)
-    try:
-        fields = sampling_fields(body)
-    except RequestFieldError as error:
-        return None, (400, str(error), error.param)
-    field = "messages" if chat else "prompt"
-    if field not in body:
-        return None, (400, f"the request has no {field}", field)
-    try:
-        prompt_tokens = count_tokens(body[field])
-    except (TypeError, ValueError, KeyError, AttributeError) as error:
-        return None, (400, f"{field} could not be read ({error})", field)
-    limit = limits.max_prompt_tokens or limits.context - max_tokens
-    if prompt_tokens > limit:
-        return None, (400, f"the prompt is {prompt_tokens} tokens; this server takes at most {limit} "
-                           f"(context {limits.context} - {key} {max_tokens}). Shorten the prompt or lower {key}.",
-                      field)
-    return {**body, "max_tokens": max_tokens, "n": fields.n, "stream": True,
-            "stream_options": {"include_usage": True}}, None
+def check_request(body: Any, chat: bool, tokenizer, limits: Limits, logprobs_available: bool = True) -> ParsedRequest:
+    """The request checked and tokenized by the one parser the sampler server uses too; RequestFieldError (400,
+    naming the field) otherwise."""
+    return parse_request(body, chat, tokenizer, limits.context, limits.max_prompt_tokens, logprobs_available)
+
+
+def forwarded(body: dict, parsed: ParsedRequest, child_model: str) -> dict:
+    """What the child gets: the request with the messages as checked, max_tokens and n filled in, always
+    streamed with usage, naming the model as the child knows it."""
+    messages = {"messages": parsed.messages} if parsed.chat else {}
+    return {**body, **messages, "model": child_model, "max_tokens": parsed.max_tokens, "n": parsed.sampling.n,
+            "stream": True, "stream_options": {"include_usage": True}}
 
 
 def with_sampling(body: dict, generation_defaults: dict) -> dict:
@@ -123,10 +103,13 @@ class Upstream:
                 yield response
 
 
-def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generation_defaults: dict | None = None):
-    """The Starlette app; `upstream` is the child's base URL (ending in /v1). `generation_defaults`: the model's
-    generation config as a dict, sent with every request (see `with_sampling`); None leaves the child's own
-    handling (a `vllm serve` child samples as OpenAI does)."""
+def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generation_defaults: dict | None = None,
+             child_model: str | None = None, model_path: str | None = None):
+    """The Starlette app; `upstream` is the child's base URL (ending in /v1), which knows the model as
+    `child_model` (default `model_name`); requests may name `model_name` or `model_path`. `generation_defaults`:
+    the model's generation config as a dict, sent with every request (see `with_sampling`): a `transformers serve`
+    child, which gives no log-probs; None leaves the child's own handling (the sampler and `vllm serve` sample as
+    OpenAI does)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -134,12 +117,8 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
 
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     child = Upstream(client, serial=generation_defaults is not None)
-
-    def count_chat(messages) -> int:
-        return len(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-
-    def count_text(prompt) -> int:
-        return len(tokenizer(prompt if isinstance(prompt, str) else "".join(prompt))["input_ids"])
+    child_model = child_model or model_name
+    names = tuple(dict.fromkeys(name for name in (model_name, child_model, model_path) if name))
 
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -158,16 +137,15 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
             body = await request.json()
         except ValueError:
             return error_response(400, "the request body is not JSON")
-        forward, problem = await asyncio.to_thread(check_request, body, chat, count_chat if chat else count_text,
-                                                   limits)
-        if problem:
-            return error_response(*problem)
-        if forward.get("model") not in (None, model_name):
-            return JSONResponse({"error": {"message": f"The model `{forward['model']}` does not exist: this server "
-                                                      f"serves `{model_name}` (GET /v1/models)",
-                                           "type": "invalid_request_error", "param": "model",
-                                           "code": "model_not_found"}}, status_code=404)
-        forward = {**forward, "model": model_name}
+        try:
+            parsed = await asyncio.to_thread(check_request, body, chat, tokenizer, limits, generation_defaults is None)
+        except RequestFieldError as error:
+            return error_response(400, str(error), error.param)
+        if (missing := model_not_found(parsed.model, names)) is not None:
+            return missing
+        if generation_defaults is not None and len(parsed.prompts) > 1:
+            return error_response(400, "prompt: `transformers serve` takes one prompt per request", "prompt")
+        forward = forwarded(body, parsed, child_model)
         if generation_defaults is not None:
             forward = with_sampling(forward, generation_defaults)
         url = upstream + ("/chat/completions" if chat else "/completions")
@@ -176,7 +154,7 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
             stream = _relay(child, url, forward) if len(requests) == 1 else _interleave(child, url, requests)
             return StreamingResponse(stream, media_type="text/event-stream")
         # Join the child's stream into one response, and close it as soon as the client has gone.
-        joining = asyncio.ensure_future(_join_all(child, url, requests, chat))
+        joining = asyncio.ensure_future(_join_all(child, url, requests, chat, parsed.model or model_name))
         while not joining.done():
             if await request.is_disconnected():
                 joining.cancel()
@@ -255,11 +233,11 @@ async def _interleave(child: Upstream, url: str, bodies: list[dict]) -> AsyncIte
             task.cancel()
 
 
-async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool) -> tuple[int, dict]:
+async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool, model: str) -> tuple[int, dict]:
     """(status, one OpenAI response) holding the choices of one request, or of several single-choice requests
     renumbered 0..n-1; the first failed request's answer when one fails. Usage: the prompt once, the completions
     summed."""
-    answers = await asyncio.gather(*(_join(child, url, body, chat) for body in bodies))
+    answers = await asyncio.gather(*(_join(child, url, body, chat, model) for body in bodies))
     for status, payload in answers:
         if status != 200:
             return status, payload
@@ -275,11 +253,26 @@ async def _join_all(child: Upstream, url: str, bodies: list[dict], chat: bool) -
     return 200, payload
 
 
-async def _join(child: Upstream, url: str, body: dict, chat: bool) -> tuple[int, dict]:
+def _add_logprobs(joined: dict | None, more: dict | None) -> dict | None:
+    """A choice's log-probs so far with one more chunk's: chat's `content` list and the legacy completions' four
+    lists grow, token by token."""
+    if not more:
+        return joined
+    joined = joined or {}
+    for key, value in more.items():
+        if isinstance(value, list):
+            joined.setdefault(key, []).extend(value)
+        else:
+            joined.setdefault(key, value)
+    return joined
+
+
+async def _join(child: Upstream, url: str, body: dict, chat: bool, model: str) -> tuple[int, dict]:
     """(status, one OpenAI response) from the child's server-sent events, a choice per index streamed."""
     texts: dict[int, list[str]] = {}
     finishes: dict[int, str] = {}
-    usage, model = None, body.get("model")
+    logprobs: dict[int, dict | None] = {}
+    usage = None
     async with child.stream(url, body) as upstream:
         if upstream.status_code != 200:
             return upstream.status_code, openai_error(await upstream.aread())
@@ -288,15 +281,16 @@ async def _join(child: Upstream, url: str, body: dict, chat: bool) -> tuple[int,
                 continue
             chunk = json.loads(line[5:])
             usage = chunk.get("usage") or usage
-            model = chunk.get("model", model)
             for choice in chunk.get("choices") or []:
                 index = choice.get("index", 0)
                 piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
                 texts.setdefault(index, []).append(piece or "")
                 finishes[index] = choice.get("finish_reason") or finishes.get(index, "stop")
+                logprobs[index] = _add_logprobs(logprobs.get(index), choice.get("logprobs"))
     choices = [{"index": index, "message": {"role": "assistant", "content": "".join(texts[index])},
-                "finish_reason": finishes[index]} if chat else
-               {"index": index, "text": "".join(texts[index]), "finish_reason": finishes[index], "logprobs": None}
+                "finish_reason": finishes[index], "logprobs": logprobs[index]} if chat else
+               {"index": index, "text": "".join(texts[index]), "finish_reason": finishes[index],
+                "logprobs": logprobs[index]}
                for index in sorted(texts)]
     return 200, {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                  "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -316,9 +310,10 @@ def generation_defaults(model_path: str) -> dict:
 
 def serve_front(upstream: str, model_name: str, model_path: str, host: str, port: int,
                 max_prompt_tokens: int | None = None, on_ready: Callable[[], None] = lambda: None,
-                engine: str = "transformers") -> None:
-    """Serve the front on host:port until SIGINT/SIGTERM. The socket is bound before `on_ready` runs, so a
-    client that reads the printed URL and connects at once waits in the backlog instead of being refused."""
+                engine: str = "transformers", child_model: str | None = None) -> None:
+    """Serve the front on host:port until SIGINT/SIGTERM, listing the model as `model_name` (the child knows it as
+    `child_model`). The socket is bound before `on_ready` runs, so a client that reads the printed URL and
+    connects at once waits in the backlog instead of being refused."""
     import socket
 
     import uvicorn
@@ -326,7 +321,7 @@ def serve_front(upstream: str, model_name: str, model_path: str, host: str, port
 
     app = make_app(upstream, model_name, AutoTokenizer.from_pretrained(model_path),
                    Limits(model_context(model_path), max_prompt_tokens),
-                   generation_defaults(model_path) if engine == "transformers" else None)
+                   generation_defaults(model_path) if engine == "transformers" else None, child_model, model_path)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

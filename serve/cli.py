@@ -91,8 +91,11 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
                    "else float32; float32 gives the same greedy text on every CPU.")
+@click.option("--served-model-name", "served_name", default=None, metavar="NAME",
+              help="The name /v1/models lists and requests send as `model` [default: SmolLM2-135M-Instruct for the "
+                   "embedded model, a checkpoint's folder name, a hub id as given]; the model's path is accepted too.")
 def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens: int | None,
-        startup_timeout_s: float, dtype: str) -> None:
+        startup_timeout_s: float, dtype: str, served_name: str | None) -> None:
     """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
 
     \b
@@ -106,19 +109,22 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     (docs/results/serve/).
     """
     from dapo_suite.inference.endpoint import EndpointError, free_port, start_endpoint
+    from dapo_suite.inference.models import served_model_name
     from serve.api import serve_front
     from serve.app import stop_on_sigterm
 
     stop_on_sigterm()
     port = port or free_port(host)
     try:
-        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype) as endpoint:
+        name = served_name or served_model_name(model)
+        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype,
+                            served_name=name) as endpoint:
             def ready() -> None:
                 click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: http://{host}:{port}/v1\n"
-                           f"  model:    {endpoint.model_name}\nCtrl-C stops it.")
+                           f"  model:    {name}\nCtrl-C stops it.")
 
-            serve_front(endpoint.base_url, endpoint.model_name, endpoint.model_name, host, port, max_prompt_tokens,
-                        on_ready=ready, engine=endpoint.engine)
+            serve_front(endpoint.base_url, name, endpoint.model_path, host, port, max_prompt_tokens,
+                        on_ready=ready, engine=endpoint.engine, child_model=endpoint.model_name)
             if endpoint.exit_code() is not None:
                 raise click.ClickException(endpoint.diagnose())
     except KeyboardInterrupt:

@@ -63,7 +63,150 @@ def _client(base_url: str, timeout: float = 120) -> openai.OpenAI:
 
 def test_models_are_listed_with_an_empty_hugging_face_cache(api):
     base_url, model, _ = api
-    assert [m.id for m in _client(base_url).models.list()] == [model]
+    assert [m.id for m in _client(base_url).models.list()] == [model] == ["SmolLM2-135M-Instruct"]
+
+
+def test_requests_may_name_the_model_by_its_listed_name_or_its_path(api):
+    base_url, model, _ = api
+    for name in (model, str(embedded_model_path())):
+        reply = _client(base_url).chat.completions.create(model=name, max_tokens=2, temperature=0,
+                                                          messages=[{"role": "user", "content": "Hi"}])
+        assert reply.choices[0].message.content and reply.model in (model, name)
+
+
+BAD_CHATS = [  # (request fields, the param OpenAI names)
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "Hi", "tool_calls": []}]}, "messages[0].tool_calls"),
+    ({"extra_body": {"frobnicate": True}}, "frobnicate"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), BAD_CHATS, ids=[param for _, param in BAD_CHATS])
+def test_a_request_openai_refuses_gets_400_naming_the_field_through_the_openai_client(api, fields, param):
+    base_url, model, _ = api
+    request = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}], **fields}
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(base_url, timeout=30).chat.completions.create(**request)
+    assert caught.value.status_code == 400 and caught.value.body["param"] == param
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"logprobs": 6}, "logprobs"), ({"prompt": ""}, "prompt"),
+                                               ({"prompt": [[1, 2], [10**7]]}, "prompt"), ({"echo": "yes"}, "echo")])
+def test_a_completion_openai_refuses_gets_400_naming_the_field(api, fields, param):
+    base_url, model, _ = api
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(base_url, timeout=30).completions.create(**{"model": model, "prompt": "1, 2,", "max_tokens": 2,
+                                                            **fields})
+    assert caught.value.body["param"] == param
+
+
+@pytest.fixture(scope="module")
+def reference_model(embedded_model_dir):
+    """The embedded model in float32, for the trainer's log-probs of the tokens the server sampled."""
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir), dtype="float32")
+    return model.eval(), tokenizer
+
+
+def _trainer_log_probs(model, prompt: list[int], tokens: list[int], temperature: float):
+    """log pi(token | context) as the trainer computes it (`token_log_probs` on the model's logits / T) for
+    `tokens` after `prompt`, and the full log-softmax at each of their positions."""
+    import torch
+
+    from dapo_suite.train.algorithm import token_log_probs
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[:, len(prompt) - 1 : -1].float() / temperature
+    return token_log_probs(logits, torch.tensor([tokens]))[0], torch.log_softmax(logits[0], dim=-1)
+
+
+def _token_ids(tokenizer, entries) -> list[int]:
+    """The ids of chat log-prob entries, from their bytes (GPT-2's byte-level alphabet: the model's BPE)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    alphabet = {byte: chr(byte) for byte in printable}
+    alphabet |= {byte: chr(256 + shift) for shift, byte in enumerate(b for b in range(256) if b not in printable)}
+    return tokenizer.convert_tokens_to_ids(["".join(alphabet[b] for b in entry.bytes) for entry in entries])
+
+
+def test_chat_log_probs_are_the_trainers_log_probs_of_the_sampled_tokens(api, request, reference_model):
+    """logprobs + top_logprobs, streamed and not: each sampled token's log-prob under softmax(logits / T) (before
+    top_p) equals the trainer's for the same tokens within 1e-4 (float32), its alternatives are the most likely
+    tokens of that distribution, and a stream gives the same entries as one response. An engine that has no
+    log-probs (`transformers serve`) answers 400 naming the field."""
+    base_url, model, _ = api
+    client = _client(base_url)
+    messages = [{"role": "user", "content": "Write a short sentence about the sea."}]
+    sampling = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0.7, "top_p": 0.9, "seed": 4,
+                "logprobs": True, "top_logprobs": 3}
+    if request.node.callspec.params["api"] != "sampler":
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**sampling)
+        assert caught.value.body["param"] == "top_logprobs" and "log-probs" in caught.value.body["message"]
+        return
+    from dapo_suite.core.prompts import render_chat
+
+    reference, tokenizer = reference_model
+    reply = client.chat.completions.create(**sampling)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens and all(len(entry.top_logprobs) == 3 for entry in entries)
+    assert "".join(bytes(entry.bytes).decode(errors="replace") for entry in entries).startswith(
+        reply.choices[0].message.content)
+    prompt = tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
+    tokens = _token_ids(tokenizer, entries)
+    expected, log_softmax = _trainer_log_probs(reference, prompt, tokens, 0.7)
+    served = [entry.logprob for entry in entries]
+    assert max(abs(a - b) for a, b in zip(served, expected.tolist(), strict=True)) < 1e-4, (served, expected)
+    for position, entry in enumerate(entries):
+        values, ids = log_softmax[position].topk(3)
+        assert _token_ids(tokenizer, entry.top_logprobs) == ids.tolist()
+        assert max(abs(alt.logprob - value) for alt, value in zip(entry.top_logprobs, values.tolist(), strict=True)) < 1e-4
+
+    streamed = [entry for chunk in client.chat.completions.create(**sampling, stream=True)
+                for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
+    greedy = client.chat.completions.create(**{**sampling, "temperature": 0, "top_logprobs": 0})
+    assert all(entry.top_logprobs == [] and entry.logprob <= 0 for entry in greedy.choices[0].logprobs.content)
+
+
+def test_loglikelihood_requests_as_lm_eval_sends_them_score_the_prompt(api, request, reference_model):
+    """lm-evaluation-harness's local-completions scores a continuation with echo + logprobs on /v1/completions,
+    prompts as token ids, several in one request: token_logprobs[ctxlen:-1] summed is the continuation's
+    log-likelihood, greedy when each token is the top of its top_logprobs. Here against the model's own forward."""
+    base_url, model, _ = api
+    reference, tokenizer = reference_model
+    context, continuations = tokenizer("Question: 2 + 2 = ?\nAnswer:")["input_ids"], [" 4", " five"]
+    prompts = [context + tokenizer(text)["input_ids"] for text in continuations]
+    body = {"model": model, "prompt": prompts, "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+            "echo": True}
+    client = _client(base_url)
+    if request.node.callspec.params["api"] != "sampler":
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(**body)
+        assert caught.value.body["param"] in ("logprobs", "echo")
+        return
+    for max_tokens in (1, 0):  # lm-eval sends 1 and drops the generated token; 0 scores the prompt alone
+        reply = client.completions.create(**{**body, "max_tokens": max_tokens})
+        assert [choice.index for choice in reply.choices] == [0, 1]
+        for choice, ids in zip(reply.choices, prompts, strict=True):
+            logprobs = choice.logprobs
+            assert len(logprobs.token_logprobs) == len(ids) + max_tokens and logprobs.token_logprobs[0] is None
+            assert choice.text.startswith(tokenizer.decode(ids)) and logprobs.text_offset[0] == 0
+            scored = logprobs.token_logprobs[len(context) : len(ids)]
+            expected, log_softmax = _trainer_log_probs(reference, context, ids[len(context) :], 1.0)
+            assert abs(sum(scored) - expected.sum().item()) < 1e-4
+            greedy = all(value == max(top.values()) for value, top in
+                         zip(scored, logprobs.top_logprobs[len(context) : len(ids)], strict=True))
+            assert greedy == (log_softmax.argmax(-1).tolist() == ids[len(context) :])
 
 
 def test_an_oversized_prompt_gets_400_at_once_and_a_small_request_is_answered_right_after(api):

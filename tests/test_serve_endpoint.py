@@ -25,6 +25,7 @@ from dapo_suite.inference.endpoint import (
     server_command,
     start_endpoint,
 )
+from dapo_suite.inference.models import embedded_model_path, served_model_name
 
 
 def _down(base_url: str) -> bool:
@@ -40,8 +41,17 @@ def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
 
     with start_endpoint(None, startup_timeout_s=300) as endpoint:
         assert endpoint.base_url.startswith("http://127.0.0.1:") and endpoint.base_url.endswith("/v1")
-        assert endpoint.engine == "sampler" and Path(endpoint.model_name, "config.json").is_file()
+        assert endpoint.engine == "sampler" and endpoint.model_name == "SmolLM2-135M-Instruct"
+        assert Path(endpoint.model_path, "config.json").is_file()
         client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0)
+        assert [entry.id for entry in client.models.list()] == [endpoint.model_name]
+        # the sampler server checks a request itself, with the parser the front uses (openai_fields)
+        for messages, param in (([], "messages"), ([{"role": "wizard", "content": "Hi"}], "messages[0].role")):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model=endpoint.model_path, messages=messages, max_tokens=2)
+            assert caught.value.body["param"] == param
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
         stream = client.chat.completions.create(
             model=endpoint.model_name, messages=[{"role": "user", "content": "What is 2+3?"}], stream=True,
             temperature=0.0, max_tokens=12)
@@ -105,8 +115,11 @@ def test_connect_endpoint_normalises_the_url_and_needs_a_model_name_when_unliste
 def test_engine_choice_and_commands():
     assert pick_engine("transformers") == "transformers"
     assert pick_engine("auto") in ("vllm", "sampler")
-    sampler = server_command("sampler", "/ckpt", "127.0.0.1", 9000)
+    sampler = server_command("sampler", "/ckpt", "127.0.0.1", 9000, name="ckpt")
     assert sampler[1:5] == ["-m", "dapo_suite.inference.sampler_server", "--model", "/ckpt"] and "9000" in sampler
+    assert sampler[-2:] == ["--served-model-name", "ckpt"]
+    assert served_model_name(None) == "SmolLM2-135M-Instruct" and served_model_name("org/model") == "org/model"
+    assert served_model_name(str(embedded_model_path())) == embedded_model_path().name
     command = server_command("transformers", "/ckpt", "127.0.0.1", 9000)
     assert command[1:5] == ["serve", "/ckpt", "--host", "127.0.0.1"] and "9000" in command
     vllm = server_command("vllm", "/ckpt", "127.0.0.1", 9000)

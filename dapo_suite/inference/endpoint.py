@@ -35,10 +35,11 @@ class EndpointError(RuntimeError):
 @dataclass
 class Endpoint:
     base_url: str  # ends in /v1, what openai.OpenAI(base_url=...) takes
-    model_name: str  # the `model` field requests must carry
+    model_name: str  # the `model` field requests carry: the served name (the path, for `transformers serve`)
     process: subprocess.Popen | None = None  # None for an endpoint someone else runs
     engine: str = "external"
     log_path: Path | None = field(default=None, repr=False)
+    model_path: str | None = None  # what the server loaded (a directory or hub id); None for an external endpoint
 
     def exit_code(self) -> int | None:
         """The child's exit status once it has died, else None (also None for an external endpoint)."""
@@ -77,10 +78,16 @@ def pick_engine(engine: str = "auto") -> str:
     return choose_engine(engine, cpu_engine="sampler")
 
 
-def server_command(engine: str, model: str, host: str, port: int, dtype: str = "auto") -> list[str]:
+def server_command(engine: str, model: str, host: str, port: int, dtype: str = "auto",
+                   name: str | None = None) -> list[str]:
     """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API, computing in
-    `dtype` (auto: the engine's choice; all three engines take the same `--dtype` flag)."""
+    `dtype` (auto: the engine's choice; all three engines take the same `--dtype` flag), listed as `name` (the
+    sampler and vLLM; `transformers serve` knows a model by its path only)."""
     command = _engine_command(engine, model, host, port)
+    if name and engine == "sampler":
+        command += ["--served-model-name", name]
+    if name and engine == "vllm":
+        command += ["--served-model-name", name, model]  # the first is listed; the path is accepted too
     return command if dtype == "auto" else [*command, "--dtype", dtype]
 
 
@@ -150,23 +157,25 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def start_endpoint(model: str | None = None, port: int | None = None, host: str = "127.0.0.1",
-                   engine: str = "auto", startup_timeout_s: float = 600.0, dtype: str = "auto") -> Iterator[Endpoint]:
+                   engine: str = "auto", startup_timeout_s: float = 600.0, dtype: str = "auto",
+                   served_name: str | None = None) -> Iterator[Endpoint]:
     """Serve `model` (None: the embedded SmolLM2-135M; a `dapo-suite train` checkpoint dir; a hub id) over an
     OpenAI-compatible API at http://host:port/v1 for the duration of the block, in `dtype` (auto: bfloat16 where
-    the CPU has it natively, for the sampler)."""
-    from dapo_suite.inference.models import resolve_model
+    the CPU has it natively, for the sampler), under `served_name` (default: `models.served_model_name`)."""
+    from dapo_suite.inference.models import resolve_model, served_model_name
 
     resolved = resolve_model(model)
     engine = pick_engine(engine)
     port = port or free_port(host)
-    command = server_command(engine, resolved, host, port, dtype)
+    name = served_name or served_model_name(model)
+    command = server_command(engine, resolved, host, port, dtype, name)
     log_file = tempfile.NamedTemporaryFile(prefix=f"dapo-serve-{engine}-", suffix=".log", delete=False)
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True,
                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     log_file.close()
-    endpoint = Endpoint(base_url=f"http://{host}:{port}/v1", model_name=resolved, process=process, engine=engine,
-                        log_path=Path(log_file.name))
+    endpoint = Endpoint(base_url=f"http://{host}:{port}/v1", model_name=resolved if engine == "transformers" else name,
+                        process=process, engine=engine, log_path=Path(log_file.name), model_path=resolved)
     try:
         wait_healthy(endpoint, startup_timeout_s)
         yield endpoint

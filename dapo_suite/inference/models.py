@@ -86,6 +86,19 @@ def resolve_model(name_or_path: str | None) -> str:
     return name_or_path  # a hub id: transformers finds it in the local HF cache or downloads it
 
 
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the embedded model's name on an endpoint
+
+
+def served_model_name(name_or_path: str | None) -> str:
+    """The name an endpoint lists for a --model value: the embedded model's own name, a directory's folder name
+    (runs/dapo/checkpoint-last -> checkpoint-last), a hub id as given. Clients send it as `model`; a path on the
+    server's disk would tie them to that disk."""
+    if name_or_path in (None, "", EMBEDDED_MODEL):
+        return EMBEDDED_NAME
+    path = Path(name_or_path).expanduser()
+    return path.resolve().name if path.exists() else name_or_path
+
+
 def grouped_query_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                        is_causal=None, **kwargs):
     """transformers' SDPA attention without copying K and V once per query head.

@@ -5,7 +5,10 @@ the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a chil
 
 It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with `n` choices (choice i samples with
 seed + i), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
-`top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; `/health` and `/v1/models`.
+`top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; log-probs (chat's `logprobs` and
+`top_logprobs`, completions' `logprobs` and `echo`, of softmax(logits / T) before top_p); `/health` and
+`/v1/models` (the served name; requests may name the model by it or by its path). Requests are checked by
+`openai_fields.parse_request`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from dapo_suite.inference.openai_fields import RequestFieldError, sampling_fields
+from dapo_suite.inference.openai_fields import RequestFieldError, parse_request
 
-DEFAULT_MAX_TOKENS = 1024
+if TYPE_CHECKING:
+    from dapo_suite.inference.sampling import TokenLogProb
 
 
 class IncrementalText:
@@ -65,28 +71,131 @@ class StopStrings:
         return held
 
 
-def error_response(status: int, message: str, param: str | None = None):
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None):
     """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status; the
     front (serve/api.py) answers with the same."""
     from starlette.responses import JSONResponse
 
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": None}}, status_code=status)
+                                   "code": code}}, status_code=status)
+
+
+def model_not_found(model: str | None, names: tuple[str, ...]):
+    """404 `model_not_found` for a request naming another model than `names` (the served name, then its path);
+    None when it names one of them or none."""
+    if model is None or model in names:
+        return None
+    return error_response(404, f"The model `{model}` does not exist: this server serves `{names[0]}` "
+                               "(GET /v1/models)", "model", "model_not_found")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the character a byte-level BPE token spells each byte with."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    chars, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + shifted)] = byte
+            shifted += 1
+    return chars
+
+
+class LogProbShapes:
+    """Log-probs in OpenAI's response shapes: chat's `{content: [{token, logprob, bytes, top_logprobs}]}` and the
+    legacy completions' `{tokens, token_logprobs, top_logprobs, text_offset}`. A token's `bytes` are its own bytes
+    (a byte-level BPE token may hold half of a character, which its decoded text cannot show)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.bytes_of = tokenizer, _byte_decoder()
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def token(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self.cache:
+            text = self.tokenizer.decode([token_id])
+            spelled = self.tokenizer.convert_ids_to_tokens(token_id)
+            raw = ([self.bytes_of[char] for char in spelled] if all(char in self.bytes_of for char in spelled)
+                   else list(text.encode()))
+            self.cache[token_id] = (text, raw)
+        return self.cache[token_id]
+
+    def chat(self, entries: list[tuple[int, TokenLogProb | None, int]]) -> dict:
+        content = []
+        for token_id, (log_prob, alternatives), _ in entries:
+            text, raw = self.token(token_id)
+            content.append({"token": text, "logprob": log_prob, "bytes": raw, "top_logprobs": [
+                {"token": self.token(other)[0], "logprob": value, "bytes": self.token(other)[1]}
+                for other, value in alternatives]})
+        return {"content": content}
+
+    def completion(self, entries: list[tuple[int, TokenLogProb | None, int]]) -> dict:
+        """A prompt's first token (echo) has no log-prob: None, as OpenAI gives it. Each token's top_logprobs
+        holds its alternatives and the token itself, as vLLM gives them."""
+        shaped: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, scored, offset in entries:
+            shaped["tokens"].append(self.token(token_id)[0])
+            shaped["text_offset"].append(offset)
+            if scored is None:
+                shaped["token_logprobs"].append(None)
+                shaped["top_logprobs"].append(None)
+                continue
+            log_prob, alternatives = scored
+            shaped["token_logprobs"].append(log_prob)
+            top = {self.token(other)[0]: value for other, value in alternatives}
+            shaped["top_logprobs"].append(top | {self.token(token_id)[0]: log_prob})
+        return shaped
+
+
+class ChoiceText:
+    """One choice's text as its tokens come: whole characters, cut before a stop string, each token's log-prob
+    entry (token id, log-prob, text offset) held until the text it spells is released. `offset`: the characters
+    before this choice's first token (the echoed prompt's)."""
+
+    def __init__(self, tokenizer, stops: list[str], offset: int = 0) -> None:
+        self.text, self.stops, self.offset = IncrementalText(tokenizer), StopStrings(stops), offset
+        self.pending: list[tuple[int, TokenLogProb | None, int]] = []
+
+    def push(self, token: int, scored: TokenLogProb | None) -> tuple[str, bool]:
+        """(text to release, whether a stop string was reached)."""
+        self.pending.append((token, scored, self.offset))
+        piece = self.text.push(token)
+        self.offset += len(piece)
+        return self.stops.feed(piece)
+
+    def take(self) -> list[tuple[int, TokenLogProb | None, int]]:
+        entries, self.pending = self.pending, []
+        return entries
 
 
 def _sse(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-def make_app(decoder, tokenizer, model_name: str, context: int):
-    """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name`."""
+@dataclass
+class Piece:
+    """What one choice gives next: text (with the log-prob entries of the tokens it spells), its end, or an
+    error."""
+
+    index: int
+    text: str = ""
+    entries: list = field(default_factory=list)
+    finish: str | None = None
+    error: str | None = None
+
+
+def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str | None = None):
+    """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name` (requests may also name
+    `model_path`)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from dapo_suite.core.prompts import render_chat
     from dapo_suite.inference.batching import GenerationJob
+
+    names = (model_name, *([model_path] if model_path else []))
+    shapes = LogProbShapes(tokenizer)
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -101,56 +210,62 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
             body = await request.json()
         except ValueError:
             return error_response(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return error_response(400, "the request body must be a JSON object")
         try:
-            fields = sampling_fields(body)
+            parsed = parse_request(body, chat, tokenizer, context)
         except RequestFieldError as error:
             return error_response(400, str(error), error.param)
-        try:
-            if chat:
-                ids = tokenizer(render_chat(tokenizer, body["messages"]), add_special_tokens=False)["input_ids"]
-            else:
-                prompt = body["prompt"]
-                ids = tokenizer(prompt if isinstance(prompt, str) else "".join(prompt))["input_ids"]
-        except (KeyError, TypeError, ValueError) as error:
-            field = "messages" if chat else "prompt"
-            return error_response(400, f"{field} could not be read ({error})", field)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
-        if not isinstance(max_tokens, int) or max_tokens < 1 or len(ids) + max_tokens > context:
-            return error_response(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens!r} exceed the context of "
-                               f"{context} tokens", "max_tokens")
-        stop = body.get("stop") or []
-        stop_list = [stop] if isinstance(stop, str) else list(stop)
+        if (missing := model_not_found(parsed.model, names)) is not None:
+            return missing
+        fields, wanted = parsed.sampling, parsed.top_logprobs is not None
+        # echo: each prompt's text, and (with logprobs) its tokens' log-probs from one forward pass
+        echoes: list[tuple[str, list]] = []
+        for ids in parsed.prompts if parsed.echo else []:
+            scored = (await asyncio.to_thread(decoder.score_prompt, ids, fields.temperature, parsed.top_logprobs)
+                      if wanted else [None] * (len(ids) - 1))
+            echo = ChoiceText(tokenizer, [])
+            texts = [echo.push(token, score)[0] for token, score in zip(ids, [None, *scored], strict=True)]
+            echoes.append(("".join(texts), echo.take()))
 
         # The n choices are submitted together, so they start in one batch: a repeated request with a seed meets
         # the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        seed = fields.seed
-        jobs = [GenerationJob(ids, max_tokens, fields.temperature, fields.top_p, None if seed is None else seed + index,
-                              emit=lambda event, index=index: loop.call_soon_threadsafe(events.put_nowait,
-                                                                                        (index, event)))
-                for index in range(fields.n)]
-        decoder.submit(*jobs)
-        name = body.get("model") or model_name
-        usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
+        seed, n = fields.seed, fields.n
+        jobs = [GenerationJob(ids, parsed.max_tokens, fields.temperature, fields.top_p,
+                              None if seed is None else seed + choice, top_logprobs=parsed.top_logprobs,
+                              emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
+                                  events.put_nowait, (index, event)))
+                for prompt, ids in enumerate(parsed.prompts) for choice in range(n)]
+        if parsed.max_tokens:
+            decoder.submit(*jobs)
+        name = parsed.model or model_name
         reply_id, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
 
-        def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> dict:
+        def logprobs(entries: list) -> dict | None:
+            return (shapes.chat if chat else shapes.completion)(entries) if wanted else None
+
+        def chunk(piece: Piece, role: bool = False) -> dict:
             if chat:
-                delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
-                choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+                delta = ({"role": "assistant"} if role else {}) | ({"content": piece.text} if piece.text or role
+                                                                   else {})
+                choice = {"index": piece.index, "delta": delta, "finish_reason": piece.finish,
+                          "logprobs": logprobs(piece.entries) if piece.entries else None}
             else:
-                choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": piece.index, "text": piece.text, "finish_reason": piece.finish,
+                          "logprobs": logprobs(piece.entries) if piece.entries else None}
             return {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
                     "created": created, "model": name, "choices": [choice]}
 
-        async def pieces() -> AsyncIterator[tuple[int, str, str]]:
-            """(choice, "text", piece) as the choices decode, (choice, "finish", reason) as each ends, or
-            (choice, "error", message)."""
-            texts = [IncrementalText(tokenizer) for _ in jobs]
-            stops = [StopStrings(stop_list) for _ in jobs]
+        async def pieces() -> AsyncIterator[Piece]:
+            """Each choice's pieces as the choices decode, then its end (or an error)."""
+            choices = [ChoiceText(tokenizer, parsed.stop, len(echoes[index // n][0]) if echoes else 0)
+                       for index in range(len(jobs))]
+            for index in range(len(jobs)) if echoes else []:
+                yield Piece(index, *echoes[index // n])
+            if not parsed.max_tokens:
+                for index in range(len(jobs)):
+                    yield Piece(index, finish="length")
+                return
             running = set(range(len(jobs)))
             try:
                 while running:
@@ -158,29 +273,33 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
                     if index not in running:
                         continue  # a choice cut by a stop string: the rest of its events
                     if kind == "error":
-                        yield index, "error", str(value)
+                        yield Piece(index, error=str(value))
                         return
-                    finish = None
+                    choice, finish = choices[index], None
                     if kind == "end":
                         finish = "stop" if value == "cancelled" else str(value)
                     else:
-                        piece, stopped = stops[index].feed(texts[index].push(int(value)))
+                        job = jobs[index]  # its k-th token event goes with its k-th log-prob
+                        scored = job.logprobs[len(choice.text.tokens)] if wanted else None
+                        piece, stopped = choice.push(int(value), scored)
                         if piece:
-                            yield index, "text", piece
+                            yield Piece(index, piece, choice.take())
                         if stopped:
-                            jobs[index].cancelled, finish = True, "stop"
+                            job.cancelled, finish = True, "stop"
                     if finish is not None:
                         running.discard(index)
-                        if rest := stops[index].flush():
-                            yield index, "text", rest
-                        yield index, "finish", finish
+                        rest, entries = choice.stops.flush(), choice.take()
+                        if rest or entries:
+                            yield Piece(index, rest, entries)
+                        yield Piece(index, finish=finish)
             finally:
                 for job in jobs:
                     job.cancelled = True  # the client has gone or the reply is complete: free the rows
 
         def usage() -> dict:
+            prompt = sum(len(ids) for ids in parsed.prompts)
             produced = sum(job.produced for job in jobs)
-            return {"prompt_tokens": len(ids), "completion_tokens": produced, "total_tokens": len(ids) + produced}
+            return {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}
 
         def error_body(message: str) -> dict:
             return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
@@ -188,33 +307,33 @@ def make_app(decoder, tokenizer, model_name: str, context: int):
         async def stream() -> AsyncIterator[bytes]:
             if chat:
                 for index in range(len(jobs)):
-                    yield _sse(chunk(index, "", None, role=True))
-            async for index, kind, value in pieces():
-                if kind == "error":
-                    yield _sse(error_body(value))
+                    yield _sse(chunk(Piece(index), role=True))
+            async for piece in pieces():
+                if piece.error is not None:
+                    yield _sse(error_body(piece.error))
                     return
-                yield _sse(chunk(index, value, None) if kind == "text" else chunk(index, None, value))
-            if usage_wanted:
+                yield _sse(chunk(piece))
+            if parsed.include_usage:
                 yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
                             "created": created, "model": name, "choices": [], "usage": usage()})
             yield b"data: [DONE]\n\n"
 
-        if body.get("stream"):
+        if parsed.stream:
             return StreamingResponse(stream(), media_type="text/event-stream")
         parts: list[list[str]] = [[] for _ in jobs]
+        entries: list[list] = [[] for _ in jobs]
         finishes = ["stop"] * len(jobs)
-        async for index, kind, value in pieces():
-            if kind == "error":
-                return JSONResponse(error_body(value), status_code=500)
-            if kind == "text":
-                parts[index].append(value)
-            else:
-                finishes[index] = value
+        async for piece in pieces():
+            if piece.error is not None:
+                return JSONResponse(error_body(piece.error), status_code=500)
+            parts[piece.index].append(piece.text)
+            entries[piece.index].extend(piece.entries)
+            finishes[piece.index] = piece.finish or finishes[piece.index]
         replies = [
             {"index": index, "message": {"role": "assistant", "content": "".join(part)},
-             "finish_reason": finish, "logprobs": None} if chat else
-            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": None}
-            for index, (part, finish) in enumerate(zip(parts, finishes, strict=True))]
+             "finish_reason": finish, "logprobs": logprobs(entry)} if chat else
+            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": logprobs(entry)}
+            for index, (part, entry, finish) in enumerate(zip(parts, entries, finishes, strict=True))]
         return JSONResponse({"id": reply_id, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": name, "choices": replies, "usage": usage()})
 
@@ -229,6 +348,9 @@ def main(argv: list[str] | None = None) -> None:
                                      description="OpenAI-compatible server on dapo-suite's sampler "
                                                  "(continuous batching; CPU).")
     parser.add_argument("--model", default=None, help="checkpoint dir, hub id, or omit for the embedded model")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name /v1/models lists (default: the model's folder name; requests may also use its "
+                             "path)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-rows", type=int, default=64, help="requests decoded together at most")
@@ -243,7 +365,12 @@ def main(argv: list[str] | None = None) -> None:
     from dapo_suite.core.prompts import render_chat
     from dapo_suite.inference.batching import BatchDecoder
     from dapo_suite.inference.engines import end_of_response_ids
-    from dapo_suite.inference.models import load_model_and_tokenizer, resolve_model, resolve_precision
+    from dapo_suite.inference.models import (
+        load_model_and_tokenizer,
+        resolve_model,
+        resolve_precision,
+        served_model_name,
+    )
 
     name = resolve_model(args.model)
     model, tokenizer = load_model_and_tokenizer(name, dtype="float32")
@@ -253,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
                            max_rows=args.max_rows, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)))
     decoder.warm_up(tokenizer(render_chat(tokenizer, "Hello"), add_special_tokens=False)["input_ids"])
     context = int(getattr(model.config, "max_position_embeddings", 2048))
-    uvicorn.run(make_app(decoder, tokenizer, name, context), host=args.host, port=args.port, log_level="warning")
+    app = make_app(decoder, tokenizer, args.served_model_name or served_model_name(args.model), context, name)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
