@@ -3,11 +3,16 @@
 The model server runs as a child on a private port (dapo_suite/inference/endpoint.py): dapo-suite's batched sampler
 on a CPU, `vllm serve` on a GPU, or `transformers serve`; this front, on the port users call, adds what the child
 lacks:
-- `GET /v1/models` answers with the served model itself (the child's listing scans the Hugging Face cache and
-  answers 500 on a machine where that cache does not exist yet);
-- a request whose prompt is longer than the limit (default: the model's context minus the request's
-  max_tokens) or whose max_tokens is not a positive integer that fits the context gets 400 at once, before the
-  model sees it, so one oversized request cannot hold the model for minutes;
+- `GET /v1/models` answers with the served model's name (`SmolLM2-135M-Instruct`, a checkpoint's folder name,
+  `--served-model-name`), whatever the Hugging Face cache holds (`transformers serve`'s own listing scans it and
+  answers 500 where it does not exist yet); requests may name the model by that name or by its path;
+- every request is checked, before the model sees it, by the parser the sampler server uses too
+  (`openai_fields.parse_request`): what OpenAI refuses (empty `messages`, an unknown role, content that is not
+  text, an unknown field, a prompt longer than the limit: by default the model's context minus the request's
+  max_tokens) gets 400 naming the field, at once, so one oversized request cannot hold the model for minutes;
+- log-probs (`logprobs`, `top_logprobs`, `echo`) pass to a child that gives them (the sampler, vLLM) and come back
+  joined into one response for a non-streaming client; with `transformers serve`, which gives none, they get
+  400 naming the field;
 - the child always streams: when the client disconnects, the front closes the child's stream, and the child
   stops generating (it cancels a generation whose stream is closed). A non-streaming client gets the streamed
   pieces joined into one response;
@@ -31,7 +36,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -51,12 +55,6 @@ def model_context(model_path: str) -> int:
 
     config = AutoConfig.from_pretrained(model_path)
     return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
-
-
-def check_request(body: Any, chat: bool, tokenizer, limits: Limits, logprobs_available: bool = True) -> ParsedRequest:
-    """The request checked and tokenized by the one parser the sampler server uses too; RequestFieldError (400,
-    naming the field) otherwise."""
-    return parse_request(body, chat, tokenizer, limits.context, limits.max_prompt_tokens, logprobs_available)
 
 
 def forwarded(body: dict, parsed: ParsedRequest, child_model: str) -> dict:
@@ -138,7 +136,8 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
         except ValueError:
             return error_response(400, "the request body is not JSON")
         try:
-            parsed = await asyncio.to_thread(check_request, body, chat, tokenizer, limits, generation_defaults is None)
+            parsed = await asyncio.to_thread(parse_request, body, chat, tokenizer, limits.context,
+                                             limits.max_prompt_tokens, generation_defaults is None)
         except RequestFieldError as error:
             return error_response(400, str(error), error.param)
         if (missing := model_not_found(parsed.model, names)) is not None:
