@@ -420,3 +420,39 @@ def test_eval_through_the_endpoint_samples_as_many_distinct_answers_as_the_hf_en
         distinct[name] = sum(len(group) for group in texts.values())
         assert json_lib.loads((tmp_path / name / "results.json").read_text())["num_samples"] == 12
     assert distinct["endpoint"] >= min(distinct["hf"], 10) and distinct["endpoint"] > 3, distinct
+
+
+@pytest.mark.slow  # lm-eval's imports and two evaluations, about a minute
+def test_lm_eval_local_completions_scores_a_multiple_choice_task_as_its_hf_model_does(api, request, tmp_path,
+                                                                                     embedded_model_dir, monkeypatch):
+    """lm-evaluation-harness's `local-completions` against the endpoint on a two-question multiple-choice task: each
+    choice's log-likelihood and greedy flag equal lm-eval's own Hugging Face backend's on the same model (float32)."""
+    if request.node.callspec.params["api"] != "sampler":
+        pytest.skip("`transformers serve` gives no log-probs (400, tested above)")
+    lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("tenacity")  # lm-eval's API models need lm_eval[api]
+    import json
+
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the task's rows are a local file
+    base_url, model, _ = api
+    rows = [{"question": "What is 2 + 2?", "choices": ["4", "5", "22"], "answer": 0},
+            {"question": "What colour is the sky on a clear day?", "choices": ["green", "blue", "red"], "answer": 1}]
+    (tmp_path / "tiny.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "tiny.yaml").write_text(
+        f"task: dapo_tiny_choice\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'tiny.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
+        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: answer\nmetric_list:\n  - metric: acc\n")
+
+    def scores(backend: str, args: str) -> list[tuple[float, bool]]:
+        out = lm_eval.simple_evaluate(model=backend, model_args=args, tasks=["dapo_tiny_choice"], batch_size=2,
+                                      task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+        return [resp[0] for sample in out["samples"]["dapo_tiny_choice"] for resp in sample["resps"]]
+
+    served = scores("local-completions", f"model={model},base_url={base_url}/completions,tokenizer="
+                                         f"{embedded_model_dir},tokenizer_backend=huggingface,max_retries=1")
+    own = scores("hf", f"pretrained={embedded_model_dir},dtype=float32,device=cpu")
+    assert len(served) == len(own) == 6
+    for (served_ll, served_greedy), (own_ll, own_greedy) in zip(served, own, strict=True):
+        assert abs(served_ll - own_ll) < 1e-4 and served_greedy == own_greedy
