@@ -140,9 +140,10 @@ def train_trl(args) -> None:
     config_for_eval = replace(config, sampling_dtype=resolve_precision(config.sampling_dtype))
     train, heldout = train_and_heldout(config)
     model, tokenizer = load_model_and_tokenizer(None, dtype="float32", device="cpu")
-    text = [render_chat(tokenizer, chat_messages(problem.problem)) for problem in train]
+    text = [render_chat(tokenizer, chat_messages(problem.problem, shots=config.prompt_shots)) for problem in train]
     dataset = Dataset.from_dict({"prompt": text, "answer": [problem.answer for problem in train]})
-    heldout_prompts = [render_chat(tokenizer, chat_messages(problem.problem)) for problem in heldout]
+    heldout_prompts = [render_chat(tokenizer, chat_messages(problem.problem, shots=config.prompt_shots))
+                       for problem in heldout]
     engine = hf_engine(config_for_eval, model, tokenizer)
 
     def correctness(completions, answer, **kwargs) -> list[float]:

@@ -121,12 +121,14 @@ def main(debug: bool) -> None:
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
               help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the training run (held-out split, prompts, samples); docs/results/demo/ has ten.")
 @click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
 @click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
-def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
+def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          assignments: tuple[str, ...]) -> None:
     """The whole chain on the embedded model on a CPU (`make demo`: 4-5 minutes measured on 2 cores with
     native bf16; 21.8 in float32).
@@ -146,7 +148,7 @@ def demo(out: str, max_steps: int | None, aime_n: int | None, aime_max_tokens: i
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     given = dict(aime_n=aime_n, aime_max_tokens=aime_max_tokens, aime_limit=aime_limit)
-    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, train_overrides=overrides,
+    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, seed=seed, train_overrides=overrides,
                                   **{key: value for key, value in given.items() if value is not None}))
     click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
                f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}")

@@ -30,6 +30,7 @@ class DemoConfig:
     source: str = "arithmetic"  # a `dapo-suite data build --input` value; `arithmetic` ships with the package
     preset: str = "dapo"
     max_steps: int | None = None  # default: the tiny-cpu preset's
+    seed: int = 0  # the training run's seed
     train_overrides: dict = field(default_factory=dict)  # TrainConfig fields (`--set key=value`)
     aime_n: int = 2  # samples per AIME problem (the paper: 32)
     aime_max_tokens: int = 256  # per AIME sample (the paper: 20480)
@@ -92,10 +93,11 @@ def _run_chain(config: DemoConfig, out: Path) -> Path:
     chain.run("eval before", f"dapo-suite eval aime24 {aime_flags} --out {out / 'eval/aime24-before'}",
               lambda: aime(None, "aime24-before"))
 
-    train_config = resolve_config([config.preset], {"max_steps": config.max_steps,
+    train_config = resolve_config([config.preset], {"max_steps": config.max_steps, "seed": config.seed,
                                                     "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)},
                                   config.train_overrides)
     train_flags = f" --max-steps {config.max_steps}" if config.max_steps else ""
+    train_flags += f" --seed {config.seed}" if config.seed else ""
     train_flags += "".join(f" --set {key}={'null' if value is None else value}"
                            for key, value in config.train_overrides.items())
 
@@ -107,6 +109,7 @@ def _run_chain(config: DemoConfig, out: Path) -> Path:
         before, after = summary["before"], summary["after"]
         click.echo(f"held-out accuracy (avg@{train_config.val_n}, {before['problems']} problems): "
                    f"{100 * before['acc']:.1f} % -> {100 * after['acc']:.1f} %")
+        click.echo(summary["verdict"]["text"])
 
     chain.run("train", f"dapo-suite train --preset {config.preset} --train-file {data_dir / 'train.parquet'} "
                        f"--out {train_dir}{train_flags}", train)

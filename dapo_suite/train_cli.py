@@ -23,6 +23,8 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 @click.option("--val-file", type=click.Path(dir_okay=False), help="Held-out data in the same formats.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory (default runs/dapo).")
 @click.option("--max-steps", type=int, help="Training steps (each: rollout, filter, mini-batch updates).")
+@click.option("--seed", type=click.IntRange(min=0), help="Seed of the run: held-out split, prompts, samples [0]. The "
+                                                         "same seed, machine and thread count repeat a run bit for bit.")
 @click.option("--backend", type=click.Choice(["embedded", "verl"]), help="embedded (this process) or verl.")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
@@ -47,7 +49,7 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 @click.option("--dry-run", is_flag=True, help="[verl] Validate against verl's Hydra config, write verl_config.yaml "
                                               "and verl_command.sh to the run directory, print the command, stop.")
 @click.pass_context
-def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, backend, resume, assignments,
+def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, seed, backend, resume, assignments,
           print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, ray_address, device,
           dry_run) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
@@ -75,7 +77,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     from dapo_suite.train.config import parse_override, resolve_config
 
     overrides = dict(model=model, train_file=train_file, val_file=val_file, out=out, max_steps=max_steps,
-                     backend=backend, device=None if device == "auto" else device)
+                     seed=seed, backend=backend, device=None if device == "auto" else device)
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
         settings = dict(parse_override(a) for a in assignments if not a.startswith("verl."))
@@ -116,6 +118,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         before, after = summary["before"], summary["after"]
         click.echo(f"held-out accuracy (avg@{config.val_n}, {before['problems']} problems): "
                    f"{before['acc']:.3f} -> {after['acc']:.3f} ({(after['acc'] - before['acc']) * 100:+.1f} points)")
+    if "verdict" in summary:
+        click.echo(summary["verdict"]["text"])
     click.echo(f"run directory: {run_dir}\ntraining dynamics: {png}\ncheckpoint: {run_dir / 'checkpoint-last'}")
 
 

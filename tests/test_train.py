@@ -345,3 +345,25 @@ def test_vllm_rollout_follows_the_policy(tmp_path):
     torch.testing.assert_close(after, policy)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("actor/pg_loss" in m for m in metrics)
+
+
+def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_path):
+    """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    def run(name: str, seed: int) -> tuple[list[dict], dict]:
+        out = tmp_path / name
+        result = run_train(out, "--max-steps", "2", "--seed", str(seed))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "verdict: " in result.stdout, result.stdout
+        timed = ("time", "perf/", "seconds", "per_s")
+        metrics = [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timed)}
+                   for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return metrics, load_file(out / "checkpoint-last" / "model.safetensors")
+
+    first, weights = run("a", 3)
+    again, weights_again = run("b", 3)
+    assert first == again
+    assert all(torch.equal(weights[name], weights_again[name]) for name in weights)
+    other, weights_other = run("c", 4)
+    assert other != first or any(not torch.equal(weights[n], weights_other[n]) for n in weights)

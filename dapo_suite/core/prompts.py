@@ -14,9 +14,26 @@ def format_prompt(problem: str, template: str = DAPO_TEMPLATE) -> str:
     return template.replace("{problem}", problem.strip())
 
 
-def chat_messages(problem: str, template: str = DAPO_TEMPLATE) -> list[dict[str, str]]:
-    """The chat a model sees: one user turn, as in the DAPO-Math-17K parquet's `prompt` column."""
-    return [{"role": "user", "content": format_prompt(problem, template)}]
+# Worked examples shown as earlier chat turns when a run asks for shots (`prompt_shots`), as lm-evaluation-harness's
+# few-shot-as-multiturn does. They show the answer line and nothing of arithmetic, so they teach a small model the
+# format without solving any training or held-out problem for it (docs/results/demo/: arithmetic examples lifted the
+# untrained model's held-out accuracy to 41-61 %, these to about a tenth of that).
+FORMAT_EXAMPLES = (
+    ("How many days are in a week?", "A week has 7 days.\nAnswer: 7"),
+    ("How many sides does a triangle have?", "A triangle has 3 sides.\nAnswer: 3"),
+)
+
+
+def chat_messages(problem: str, template: str = DAPO_TEMPLATE, shots: int = 0) -> list[dict[str, str]]:
+    """The chat a model sees: `shots` worked examples (user and assistant turns, FORMAT_EXAMPLES), then the
+    problem as one user turn, as in the DAPO-Math-17K parquet's `prompt` column (shots=0, the paper's setting)."""
+    if not 0 <= shots <= len(FORMAT_EXAMPLES):
+        raise ValueError(f"shots must be between 0 and {len(FORMAT_EXAMPLES)}, got {shots}")
+    turns = []
+    for example, response in FORMAT_EXAMPLES[:shots]:
+        turns += [{"role": "user", "content": format_prompt(example, template)},
+                  {"role": "assistant", "content": response}]
+    return turns + [{"role": "user", "content": format_prompt(problem, template)}]
 
 
 def render_chat(tokenizer, chat: str | list[dict[str, str]]) -> str:

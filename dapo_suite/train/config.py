@@ -36,7 +36,7 @@ SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_
 
 # The allowed interval of every numeric field (a test checks that none is missing), and why when it is not obvious.
 RANGES: dict[str, tuple[str, str]] = {
-    "heldout_size": ("[1, inf)", ""), "seed": ("[0, inf)", ""),
+    "heldout_size": ("[1, inf)", ""), "prompt_shots": ("[0, 2]", "the worked examples in core/prompts.py"), "seed": ("[0, inf)", ""),
     "train_batch_size": ("[1, inf)", ""), "gen_batch_size": ("[1, inf)", ""),
     "group_size": ("[2, inf)", "G: a group of one has no relative advantage"),
     "max_prompt_length": ("[1, inf)", ""), "max_response_length": ("[1, inf)", ""),
@@ -70,6 +70,7 @@ class TrainConfig:
     val_file: str | None = None  # held-out set in the same formats; None = a held-out split of the task
     task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/train/tasks.py
     heldout_size: int = 100  # held-out problems split off the training data (at most a fifth of a train_file)
+    prompt_shots: int = 0  # worked examples before each problem, as chat turns (core/prompts.py); paper: 0
     backend: str = "embedded"  # "embedded" (this process, CPU or one GPU) or "verl" (Ray + FSDP + vLLM)
     out: str = "runs/dapo"  # run directory: config, metrics.jsonl, TensorBoard, checkpoints, report
     seed: int = 0

@@ -54,8 +54,9 @@ from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.evaluate import heldout_accuracy
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
 from dapo_suite.train.rollout_correction import rollout_correction
-from dapo_suite.train.run_log import MetricsLogger
+from dapo_suite.train.run_log import MetricsLogger, read_metrics
 from dapo_suite.train.tasks import train_and_heldout
+from dapo_suite.train.verdict import learning_verdict
 
 log = logging.getLogger("dapo_suite.train")
 
@@ -158,7 +159,7 @@ class DAPOTrainer:
         return train_and_heldout(self.config)
 
     def prompt_text(self, problem: Problem) -> str:
-        return render_chat(self.tokenizer, chat_messages(problem.problem))
+        return render_chat(self.tokenizer, chat_messages(problem.problem, shots=self.config.prompt_shots))
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
@@ -428,9 +429,13 @@ class DAPOTrainer:
         if self.heldout and ("after" not in summary or summary.get("steps") != self.step_index):
             summary["after"] = self.evaluate()
             summary["steps"] = self.step_index
-            summary_path.write_text(json.dumps(summary, indent=2))
             self.logger.log(self.step_index, {f"val/{k}": v for k, v in summary["after"].items()})
         self.logger.close()
+        if self.heldout:
+            verdict = learning_verdict(summary["before"], summary["after"], read_metrics(self.run_dir),
+                                       config.train_batch_size)
+            summary["verdict"] = {"learned": verdict.learned, "text": verdict.text()}
+            summary_path.write_text(json.dumps(summary, indent=2))
         return summary
 
     # ---- checkpoints -------------------------------------------------------------------------------------

@@ -10,13 +10,14 @@ from dapo_suite.core.problems import Problem, benchmark_path
 from dapo_suite.train.config import TrainConfig
 
 
-def write_parquet(problems: list[Problem], path: Path, data_source: str) -> Path:
-    """Problems in verl's DAPO-Math schema (prompt as chat messages, ground truth in reward_model)."""
+def write_parquet(problems: list[Problem], path: Path, data_source: str, shots: int = 0) -> Path:
+    """Problems in verl's DAPO-Math schema (prompt as chat messages, with `shots` worked examples before the
+    problem as the embedded trainer renders them; ground truth in reward_model)."""
     import pandas as pd
 
     from dapo_suite.core.prompts import chat_messages
 
-    rows = [{"data_source": data_source, "prompt": chat_messages(problem.problem), "ability": "MATH",
+    rows = [{"data_source": data_source, "prompt": chat_messages(problem.problem, shots=shots), "ability": "MATH",
              "reward_model": {"ground_truth": str(problem.answer), "style": "rule-lighteval/MATH_v2"},
              "extra_info": {"index": index, "id": problem.id}}
             for index, problem in enumerate(problems)]
@@ -48,9 +49,11 @@ def prepare(config: TrainConfig) -> TrainConfig:
     data_dir = Path(config.out).resolve() / "data"
     if not config.train_file:
         train, heldout = train_and_heldout(config)
-        changes["train_file"] = str(write_parquet(train, data_dir / "train.parquet", config.task))
+        changes["train_file"] = str(write_parquet(train, data_dir / "train.parquet", config.task,
+                                                   config.prompt_shots))
         if not config.val_file:
-            changes["val_file"] = str(write_parquet(heldout, data_dir / "heldout.parquet", config.task))
+            changes["val_file"] = str(write_parquet(heldout, data_dir / "heldout.parquet", config.task,
+                                                     config.prompt_shots))
     elif not config.val_file:
         changes["val_file"] = str(write_aime24_parquet(data_dir / "aime24.parquet"))
     return dataclasses.replace(config, **changes)

@@ -147,6 +147,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 NOT_MAPPED = {
     "task": "without --train-file, data.prepare writes the task's train and held-out splits as parquet",
     "heldout_size": "embedded trainer only",
+    "prompt_shots": "verl reads prompts from the parquet: data.prepare writes the built-in task with the shots; a "
+                    "--train-file keeps the prompts it holds",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
     "backend": "selects this module",
