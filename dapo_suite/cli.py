@@ -14,7 +14,7 @@ from dapo_suite.core.errors import UserError
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
 STAGES = {
     "data": ("data_pipeline.cli", "data", "Build DAPO-Math-17K-style data: dedup, decontaminate, rewrite to integer answers."),
-    "train": ("dapo_suite.train_cli", "train", "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale."),
+    "train": ("dapo_suite.train.cli", "train", "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale."),
     "eval": ("eval.cli", "eval_command", "Evaluate: avg@32 on AIME 2024 (the paper's protocol), pass@k, maj@k, more benchmarks."),
     "serve": ("serve.cli", "serve", "Chat with a trained reasoner in the browser (Gradio) or serve an OpenAI-compatible API."),
 }
@@ -162,7 +162,7 @@ def report(run_dir: str) -> None:
 
     RUN_DIR is a `dapo-suite demo` directory, a `dapo-suite train --out` directory, or a `dapo-suite train ladder
     --out` directory (its table, seed-paired tests and plots rebuilt from the runs' metrics.jsonl)."""
-    from dapo_suite.report import write_report
+    from dapo_suite.train.report import write_report
 
     try:
         markdown_path, html_path = write_report(run_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from dapo_suite.core.lock import output_lock
-from dapo_suite.report import CHAIN_FILE, package_versions, write_report
+from dapo_suite.train.report import CHAIN_FILE, package_versions, write_report
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from toy import TOY_FLAGS, dapo_suite
 
 from dapo_suite.core.stats import paired_t_test
-from dapo_suite.ladder import PLAN_FILE, comparisons, run_path
+from dapo_suite.train.ladder import PLAN_FILE, comparisons, run_path
 
 # Held-out accuracy after training, per seed 0, 1, 2.
 AFTER = {"grpo": [0.1, 0.2, 0.3], "+clip-higher": [0.2, 0.4, 0.6], "dapo": [0.5, 0.5, 0.8]}

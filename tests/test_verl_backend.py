@@ -226,7 +226,7 @@ def test_aime24_validation_parquet_has_the_dapo_schema(tmp_path):
 
 
 def test_cli_dry_run_prints_the_command_and_writes_aime24(data, tmp_path):
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     out = tmp_path / "cli-run"
     result = CliRunner().invoke(train, [
@@ -244,7 +244,7 @@ def test_cli_dry_run_prints_the_command_and_writes_aime24(data, tmp_path):
 
 
 def test_cli_bad_input_is_a_usage_error(data, tmp_path):
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     result = CliRunner().invoke(train, [
         "--backend", "verl", "--preset", "dapo", "--model", "/nonexistent", "--train-file",

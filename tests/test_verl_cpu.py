@@ -125,7 +125,7 @@ def test_the_stop_reason_reaches_the_user(tmp_path):
     ([], "cpu" if not torch.cuda.is_available() else "cuda"),
 ])
 def test_device_auto_is_cpu_only_for_a_local_run_without_a_gpu(flags, expected, tmp_path):
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     out = tmp_path / "run"
     result = CliRunner().invoke(train, ["--backend", "verl", "--preset", "tiny-cpu", "--out", str(out), "--dry-run",

@@ -29,7 +29,7 @@ SMALL = ["--set", "train_batch_size=2", "--set", "gen_batch_size=2", "--set", "g
 
 
 def _train(out: Path, *flags: str):
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     return CliRunner().invoke(train, ["--backend", "verl", "--device", "cpu", "--preset", "tiny-cpu", "--out",
                                       str(out), *SMALL, *flags], catch_exceptions=False)
@@ -71,7 +71,7 @@ def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
     assert steps == [1, 2]  # step 1 kept from the first attempt, step 2 from the resumed one
     assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
 
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     export = CliRunner().invoke(train, ["export", str(verl_run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output

@@ -60,7 +60,7 @@ def _save_verl_checkpoint(run_dir: Path, tokenizer_dir: Path) -> dict[str, torch
 def test_export_merges_a_verl_fsdp_checkpoint_into_a_loadable_hf_dir(tmp_path, embedded_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     reference = _save_verl_checkpoint(tmp_path / "run", embedded_model_dir)
     actor = tmp_path / "run" / "checkpoints" / "global_step_1" / "actor"
@@ -83,7 +83,7 @@ def test_export_merges_a_verl_fsdp_checkpoint_into_a_loadable_hf_dir(tmp_path, e
 
 
 def test_export_without_checkpoint_says_what_is_missing(tmp_path):
-    from dapo_suite.train_cli import train
+    from dapo_suite.train.cli import train
 
     result = CliRunner().invoke(train, ["export", str(tmp_path)])
     assert result.exit_code != 0

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from dapo_suite import ladder
 from dapo_suite.core.stats import confidence_interval_95
+from dapo_suite.train import ladder
 from dapo_suite.train.plots import plot_run
 from dapo_suite.train.run_log import read_metrics
 

@@ -259,8 +259,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       OMP_NUM_THREADS=1 taskset -c 0 dapo-suite train ladder --seeds 4 --out runs/ladder &
       OMP_NUM_THREADS=1 taskset -c 1 dapo-suite train ladder --seeds 4 --out runs/ladder &
     """
-    from dapo_suite.ladder import DEFAULT_SEEDS, report_ladder, run_ladder
     from dapo_suite.train.config import parse_override
+    from dapo_suite.train.ladder import DEFAULT_SEEDS, report_ladder, run_ladder
 
     presets = [name.strip() for name in presets_list.split(",") if name.strip()] if presets_list else None
     if presets_list is not None and not presets:
