@@ -113,9 +113,10 @@ Built by `dapo-suite data build` from {', '.join(config['inputs'])} with the `{c
 {stats['exported_rows']} problems, each with an integer answer that is proven (sympy) to follow from the source's
 original answer{'' if not stats['unverified_rows'] else f"; {stats['unverified_rows']} rows are unverified (extra_info.verified=false)"}.
 Each rewritten problem was checked to be the same problem as the original (data_pipeline/faithful.py): every
-statement, number and expression of the original is in it word for word, only the final question changed, and
-that question asks for exactly the verified target. No two problems share a text (dedup runs again after the
-rewrite).
+statement and expression of the original is in it word for word, every number too (as digits, fractions or words),
+only the final question changed, and that question asks for exactly the verified integer, never for the original
+fraction, probability or expression. No two problems share a text (dedup runs again after the rewrite). Every
+rejected row is counted by its reason below.
 
 - `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config['data_source']}), `prompt` (one user
   message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index, source,
