@@ -48,7 +48,7 @@ def test_find_problem_ignores_whitespace_and_check_grades_like_the_reward():
 def test_load_examples_reads_aime24_package_data():
     problems = load_examples("aime24")
     if not problems:
-        pytest.skip("eval/benchmarks/aime24.jsonl is not installed yet")
+        pytest.skip("dapo_suite/core/benchmarks/aime24.jsonl is not installed yet")
     assert len(problems) == 30 and all(p.answer.isdigit() for p in problems)
     assert load_examples("no-such-benchmark") == []
 

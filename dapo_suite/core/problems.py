@@ -17,8 +17,8 @@ from typing import Any
 
 from dapo_suite.core.errors import UserError
 
-# name -> (rows, what it is); shipped as package data of `eval` (eval/benchmarks/NAME.jsonl), rows checked by
-# tests/test_eval_data.py
+# name -> (rows, what it is); shipped as package data beside this module (core/benchmarks/NAME.jsonl), rows
+# checked by tests/test_eval_data.py
 BENCHMARKS = {
     "aime24": (30, "AIME 2024 I and II, integer answers 0-999 (the paper's headline benchmark)"),
     "amc23": (40, "AMC 2023, integer answers (overlaps DAPO-Math-17k: 8 exact duplicates)"),
@@ -39,7 +39,7 @@ def benchmark_path(name: str) -> Path:
     """The jsonl file of a shipped benchmark."""
     if name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {name!r}: choose one of {', '.join(BENCHMARKS)}, or pass --file PATH.")
-    return Path(str(resources.files("eval") / "benchmarks" / f"{name}.jsonl"))
+    return Path(str(resources.files("dapo_suite.core") / "benchmarks" / f"{name}.jsonl"))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
