@@ -40,8 +40,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dapo_suite.core.ports import free_port  # noqa: E402
 from dapo_suite.core.prompts import format_prompt  # noqa: E402
-from dapo_suite.inference.endpoint import connect_endpoint, free_port, start_endpoint, stop_process  # noqa: E402
+from dapo_suite.inference.endpoint import connect_endpoint, start_endpoint, stop_process  # noqa: E402
 
 QUESTION = "What is 7 + 5?"
 

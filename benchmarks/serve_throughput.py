@@ -34,9 +34,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dapo_suite.core.ports import free_port  # noqa: E402
 from dapo_suite.core.prompts import format_prompt  # noqa: E402
 from dapo_suite.core.provenance import cpu_description  # noqa: E402
-from dapo_suite.inference.endpoint import Endpoint, free_port, stop_process, wait_healthy  # noqa: E402
+from dapo_suite.inference.endpoint import Endpoint, stop_process, wait_healthy  # noqa: E402
 
 ENGINES = ("transformers", "sampler")
 

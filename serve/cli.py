@@ -108,7 +108,8 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     9.4x the tokens/s of `--engine transformers` on 2 cores with AVX-512 BF16, 6.7x on AVX2 in float32
     (docs/results/serve/).
     """
-    from dapo_suite.inference.endpoint import EndpointError, free_port, start_endpoint
+    from dapo_suite.core.ports import free_port
+    from dapo_suite.inference.endpoint import EndpointError, start_endpoint
     from dapo_suite.inference.models import served_model_name
     from serve.api import serve_front
     from serve.app import stop_on_sigterm

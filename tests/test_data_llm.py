@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from scripted_server import ScriptedServer
 
+from dapo_suite.core.ports import free_port
 from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,12 +91,6 @@ def test_kill_and_resume_repeats_no_call(tmp_path: Path) -> None:
         assert served_before - cached <= 2  # at most `concurrency` answers were lost with the child
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_dir: Path) -> None:
     """The real path: `transformers serve` with the embedded model, the CLI build with --rewriter llm, a rerun
@@ -104,7 +98,7 @@ def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_di
     or in rejected.jsonl with a reason."""
     from dapo_suite.inference.models import embedded_model_path
     model = str(embedded_model_path())
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen(
         [str(Path(sys.executable).parent / "transformers"), "serve", "--host", "127.0.0.1", "--port", str(port),
          "--device", "cpu", "--dtype", "float32", model],
@@ -155,7 +149,7 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
     request fails and every row is accounted for). One row already has an integer answer and needs no rewrite, so
     the build does not stop on "every row rejected for the same reason" when the model's rewrites all fail alike
     (they do or not with the CPU's sampling numerics)."""
-    port = _free_port()
+    port = free_port()
     api = subprocess.Popen([str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--port", str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +11,7 @@ from scripted_server import ScriptedServer
 
 from dapo_suite.cli import main
 from dapo_suite.core.errors import UserError
+from dapo_suite.core.ports import free_port
 from dapo_suite.inference.engines import Request, Sampling
 from eval.engines import OpenAIEngine
 from eval.scoring import read_generations
@@ -68,9 +68,7 @@ def test_gives_up_with_a_clear_message():
 
 
 def test_unreachable_endpoint_says_what_to_do():
-    with socket.socket() as sock:  # a port that nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port that nothing listens on
     with pytest.raises(RuntimeError, match="pass --model NAME"):
         OpenAIEngine(f"http://127.0.0.1:{port}")
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from dapo_suite.inference.endpoint import free_port
+from dapo_suite.core.ports import free_port
 from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.models import cache_dir, embedded_model_path
 

@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from dapo_suite.inference.endpoint import Endpoint, free_port, start_endpoint
+from dapo_suite.core.ports import free_port
+from dapo_suite.inference.endpoint import Endpoint, start_endpoint
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
 

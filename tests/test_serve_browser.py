@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo_suite.inference.endpoint import free_port, start_endpoint
+from dapo_suite.core.ports import free_port
+from dapo_suite.inference.endpoint import start_endpoint
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.core.ports import free_port
 from dapo_suite.inference.endpoint import (
     EndpointError,
     connect_endpoint,
-    free_port,
     pick_engine,
     server_command,
     start_endpoint,

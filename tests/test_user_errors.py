@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,17 +12,13 @@ from pathlib import Path
 import pytest
 from scripted_server import ScriptedServer
 
+from dapo_suite.core.ports import free_port
+
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_jsonl(path: Path, rows: list) -> str:
@@ -68,7 +63,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "data_config_type": (["data", "build", "--input", "arithmetic", "--config", str(no_retry.with_name("t.yaml")),
                               "--out", str(tmp / "d3")], "concurrency=many: concurrency takes an integer"),
         "data_llm_unreachable": (["data", "build", "--input", write_jsonl(tmp / "frac.jsonl", fraction), *llm,
-                                  "--base-url", f"http://127.0.0.1:{closed_port()}/v1", "--out", str(tmp / "d4")],
+                                  "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--out", str(tmp / "d4")],
                                  "all 2 LLM requests failed (model m); the last error: APIConnectionError"),
     }
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from dapo_suite.core.ports import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 JOB = """
@@ -33,16 +34,10 @@ print("JOB", dapo_suite.__file__, float(score("math_dapo", "Answer: 7", "7")["ac
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ray_head():
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     # the cluster's `python` is this environment's (it has verl); the head runs away from the checkout, whose
     # folder would otherwise be the job's working directory and put the checkout's dapo_suite first
     # HOME of its own: a ~/.ray/auth_token left by an earlier local Ray (verl's CPU runs start one) makes the head

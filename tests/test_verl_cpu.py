@@ -4,7 +4,6 @@ rollout, FSDP2 update, checkpoint, resume, export) is tests/test_verl_cpu_run.py
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +13,7 @@ import torch.distributed as dist
 from click.testing import CliRunner
 from omegaconf import OmegaConf
 
+from dapo_suite.core.ports import free_port
 from dapo_suite.train import verl as vb
 from dapo_suite.train.config import resolve_config
 from dapo_suite.train.tasks import train_and_heldout
@@ -50,9 +50,7 @@ def test_verls_process_group_string_starts_a_real_gloo_group():
     """verl asks for backend "cpu:gloo,<device>:<backend>"; for the CPU platform torch would reject it."""
     import dapo_suite.train.verl.cpu_platform  # noqa: F401  (wraps init_process_group)
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     dist.init_process_group(backend="cpu:gloo,cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
     try:

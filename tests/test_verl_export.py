@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dapo_suite.core.ports import free_port
 
 
 def _save_verl_checkpoint(run_dir: Path, tokenizer_dir: Path) -> dict[str, torch.Tensor]:
@@ -29,7 +24,7 @@ def _save_verl_checkpoint(run_dir: Path, tokenizer_dir: Path) -> dict[str, torch
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from dapo_suite.core.ports import free_port
 from dapo_suite.core.prompts import chat_messages, render_chat
 from dapo_suite.inference.models import eval_mode
 from dapo_suite.train.config import TrainConfig, resolve_config
@@ -140,9 +140,7 @@ def verl_on_this_cpu():
     launcher selects it), verl's engine lookup override, L_max for the overlong-filter loss, and a gloo process
     group on 127.0.0.1. The environment is restored afterwards (verl's Worker writes rank variables into it)."""
     saved_environment = dict(os.environ)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     os.environ.update({"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda",
                        "DAPO_SUITE_MAX_RESPONSE_LENGTH": str(L_MAX), "WORLD_SIZE": "1", "RANK": "0",
                        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",

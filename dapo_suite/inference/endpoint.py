@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from dapo_suite.core.ports import free_port
 
 
 class EndpointError(RuntimeError):
@@ -58,12 +59,6 @@ class Endpoint:
             return (f"The model server ({self.engine}, pid {self.process.pid}) exited with code {code}. "
                     f"Restart `dapo-suite serve`; its last log lines:\n{tail}")
         return f"The model server at {self.base_url} is not answering; check that it is running."
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 SERVER_ENGINES = ("vllm", "sampler", "transformers")

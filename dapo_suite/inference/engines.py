@@ -238,7 +238,7 @@ class VLLMEngine:
         require_vllm("rollout_engine 'vllm'", "Or use rollout_engine=hf (or auto).")
         from vllm import LLM
 
-        from dapo_suite.inference.endpoint import free_port
+        from dapo_suite.core.ports import free_port
 
         if _on_cpu():  # the engine in this process too (no engine subprocess): weights reload without a copy
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -260,11 +260,13 @@ class VLLMEngine:
             return
         import torch
 
+        from dapo_suite.inference.models import plain_state_dict
+
         with torch.no_grad():
             # vLLM 0.32's V1 engine reloads through the worker's `reload_weights` (whole state dict: a partial
             # reload corrupts fused layers); the model runner's `load_weights` fails on CPUs, where oneDNN has
-            # repacked the linear weights at load time.
-            weights = [(name, tensor.detach()) for name, tensor in self.policy.state_dict().items()]
+            # repacked the linear weights at load time. A LoRA policy's adapters arrive merged.
+            weights = [(name, tensor.detach()) for name, tensor in plain_state_dict(self.policy).items()]
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values computed with the old weights
 
