@@ -130,8 +130,8 @@ def main(debug: bool) -> None:
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          assignments: tuple[str, ...]) -> None:
-    """The whole chain on the embedded model on a CPU (`make demo`: 4-5 minutes measured on 2 cores with
-    native bf16; 21.8 in float32).
+    """The whole chain on the embedded model on a CPU (`make demo`: a few minutes on 2 cores with native bf16,
+    several times longer in float32).
 
     \b
     data build (shipped raw problems) -> AIME 2024 eval -> DAPO training with held-out accuracy before and

@@ -33,9 +33,9 @@ def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One index per row with probability proportional to `weights` (N, K), by inverse CDF of the row's uniform
     (N,) in [0, 1).
 
-    torch.multinomial draws an exponential per vocabulary entry (64 rows x 49k tokens: ~70 ms per step on a
-    2-core CPU); a cumulative sum and a binary search take ~2 ms and draw from the same distribution. One uniform
-    per row, drawn by the caller, is also what lets each row of a batch follow its own seed (`row_uniforms`)."""
+    torch.multinomial draws an exponential per vocabulary entry; a cumulative sum and a binary search draw from the
+    same distribution for far less (docs/benchmarks.md). One uniform per row, drawn by the caller, is also what
+    lets each row of a batch follow its own seed (`row_uniforms`)."""
     cdf = weights.cumsum(dim=-1)
     target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
     # right=True: the first entry whose cdf exceeds the target, so zero-weight entries are never drawn
@@ -85,9 +85,8 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
     softmax(logits / T) (T = 1 when greedy). logits (N, V) -> tokens (N,), log-probs (N,). One uniform per row:
     `uniforms` (N,), else drawn from `generator`.
 
-    On a CPU this is one call of the fused kernel (`fused_step`): at 64 rows x 49k tokens, 0.9 ms against 15.5 ms
-    for the torch ops below (log-softmax, top-k, draw), which remain where the kernel is not built and on other
-    devices."""
+    On a CPU this is one call of the fused kernel (`fused_step`), much faster than the torch ops below (log-softmax,
+    top-k, draw; docs/benchmarks.md), which remain where the kernel is not built and on other devices."""
     if uniforms is None and temperature > 0:
         uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
     fused = kernels() if logits.device.type == "cpu" else None
