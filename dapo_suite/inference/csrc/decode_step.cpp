@@ -1,5 +1,6 @@
-// Fused pieces of one decode step of a Llama-style block, for dapo_suite.decoding.LeanStepper on a CPU, in bfloat16
-// (CPUs with avx512_bf16) and in float32 (every CPU: GCC/Clang vector types, compiled for the CPU it runs on).
+// Fused pieces of one decode step of a Llama-style block, for dapo_suite.inference.decoding.LeanStepper on a CPU,
+// in bfloat16 (CPUs with avx512_bf16) and in float32 (every CPU: GCC/Clang vector types, compiled for the CPU it
+// runs on).
 //
 // Between its four projections, a decode step runs ~20 small tensor ops per layer (RoPE, cache writes, attention,
 // residual adds, RMSNorm, casts, SiLU x up). Each costs a dispatch and a pass over memory: ~5 us at 1 row,
@@ -14,8 +15,8 @@
 //                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows), or
 //                   on an AMX CPU, 8-64 rows on the tile unit over the same packed weight and more through oneDNN;
 //                   float32, an outer product of float32 vectors (FMA), tiles sized to the CPU's vector registers
-// Built on first use by torch.utils.cpp_extension (dapo_suite/fused_step.py); tests/test_sampler.py checks each
-// against the float32 reference.
+// Built on first use by torch.utils.cpp_extension (dapo_suite/inference/fused_step.py); tests/test_sampler.py
+// checks each against the float32 reference.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -275,7 +276,7 @@ void accumulate_heads(const T* weights, int64_t fold, int64_t stride, const T* v
 // The attention kernels and `linear` use bf16 pair dot products (avx512_bf16: Cooper Lake, Sapphire Rapids, Zen 4
 // and later). Built elsewhere, the module keeps the float32 kernels, the norms and the sampler, and NATIVE_BF16 is
 // false: the stepper then decodes bf16 with torch's ops (the default sampling dtype there is float32 anyway,
-// dapo_suite.models.native_bf16).
+// dapo_suite.inference.models.native_bf16).
 #if defined(__AVX512BF16__)
 constexpr bool NATIVE_BF16 = true;
 static_assert(F32_LANES == 16, "avx512_bf16 implies AVX-512F: `sum_each` totals 16 vectors of 16 floats");
@@ -288,8 +289,8 @@ namespace {
 // memory, and two threads reading one stream each wait on memory (measured: 19 GB/s at 64 rows where a copy runs
 // at 45-80); with the values in flight beside the keys, the weighted sum that follows reads them from cache.
 template <int64_t DIM>
-void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFloat16* values, int64_t begin,
-                int64_t end, float scale, float* scores, int64_t stride) {
+void score_span_bf16(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFloat16* values,
+                     int64_t begin, int64_t end, float scale, float* scores, int64_t stride) {
   constexpr int64_t chunks = DIM / 32, line = PER_LINE<BFloat16>;  // 32 bf16 per vector and per cache line
   const __m512 scales = _mm512_set1_ps(scale);
   int64_t t = begin;
@@ -325,9 +326,9 @@ void score_span(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFl
 // registers while the values stream by; two positions per bf16 pair product: the two values interleaved (unpack),
 // the two weights one 32-bit pair. weights (F x stride) bf16; sums (F x DIM) float32 in the unpack's order: block
 // 8k + i of 32 dims sits at lane 4k + i (i < 4) of its low vector, 8k + 4 + i at lane 4k + i of its high one
-// (`attend_head` puts it back in order).
+// (`attend_head_bf16` puts it back in order).
 template <int64_t DIM, int F>
-struct AccumulateSpan {
+struct AccumulateSpanBF16 {
   static void run(const BFloat16* weights, int64_t stride, const BFloat16* values, int64_t begin, int64_t end,
                   float* sums) {
     constexpr int64_t chunks = DIM / 32;
@@ -366,8 +367,8 @@ struct AccumulateSpan {
 // RoPE and the softmax weights before the weighted sum, as the trainer's bf16 attention (autocast SDPA) does;
 // scores, the softmax and the sums are float32, and the sums are divided by the softmax's total at the end.
 template <int64_t DIM>
-void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BFloat16* q_bf16, float* scores,
-                 BFloat16* weights, int64_t span) {
+void attend_head_bf16(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BFloat16* q_bf16,
+                      float* scores, BFloat16* weights, int64_t span) {
   constexpr int64_t chunks = DIM / 32;
   const int64_t fold = qs.heads / qs.kv_heads, b = qs.rows[n], slot = qs.slots[n];
   const BFloat16* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
@@ -381,11 +382,11 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
     const int64_t p = qs.row_prompt[b], base = (p * qs.kv_heads + h) * qs.prompt_len * DIM;
     pk = qs.prompt_k + base, pv = qs.prompt_v + base, p_begin = qs.prompt_start[p];
     shared = qs.prompt_len - p_begin;
-    score_span<DIM>(q_bf16, fold, pk, pv, p_begin, qs.prompt_len, qs.scale, scores, span);
+    score_span_bf16<DIM>(q_bf16, fold, pk, pv, p_begin, qs.prompt_len, qs.scale, scores, span);
   }
   const int64_t cache = (b * qs.kv_heads + h) * qs.cache_slots * DIM, o_begin = qs.cache_start[b];
   const int64_t count = shared + slot + 1 - o_begin;
-  score_span<DIM>(q_bf16, fold, qs.cache_k + cache, qs.cache_v + cache, o_begin, slot + 1, qs.scale,
+  score_span_bf16<DIM>(q_bf16, fold, qs.cache_k + cache, qs.cache_v + cache, o_begin, slot + 1, qs.scale,
                   scores + shared, span);
   float totals[16];  // fold <= 16 (checked by `attend`)
   for (int64_t f = 0; f < fold; ++f) {  // e^(s - max), kept unnormalised, rounded to bf16
@@ -400,9 +401,10 @@ void attend_head(const Queries<BFloat16>& qs, int64_t n, int64_t h, float* q, BF
   float sums[16 * DIM];
   std::fill(sums, sums + fold * DIM, 0.f);
   const auto groups = std::make_integer_sequence<int, HEADS_IN_REGISTERS<DIM>>();
-  if (qs.prompts) accumulate_heads<DIM, AccumulateSpan>(weights, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
-  accumulate_heads<DIM, AccumulateSpan>(weights + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1, sums,
-                                        groups);
+  if (qs.prompts)
+    accumulate_heads<DIM, AccumulateSpanBF16>(weights, fold, span, pv, p_begin, qs.prompt_len, sums, groups);
+  accumulate_heads<DIM, AccumulateSpanBF16>(weights + shared, fold, span, qs.cache_v + cache, o_begin, slot + 1,
+                                            sums, groups);
   BFloat16* out = qs.out + (n * qs.heads + h * fold) * DIM;
   // lanes of (low, high) (0-15 and 16-31) in dimension order: dim 8k + i is lane 4k + i of low, 8k + 4 + i of high
   const __m512i in_order[2] = {_mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
@@ -615,7 +617,7 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
       return [&qs, span, q = std::vector<float>(fold * DIM), scores = std::vector<float>(fold * span),
               q_bf16 = std::vector<BFloat16>(fold * DIM),
               weights = std::vector<BFloat16>(fold * span)](int64_t n, int64_t h) mutable {
-        attend_head<DIM>(qs, n, h, q.data(), q_bf16.data(), scores.data(), weights.data(), span);
+        attend_head_bf16<DIM>(qs, n, h, q.data(), q_bf16.data(), scores.data(), weights.data(), span);
       };
     };
   });
@@ -770,13 +772,13 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // pair layout `_mm512_dpbf16_ps` multiplies). A tile of up to 8 rows of x runs through a block with 24
 // accumulators: per input pair, three vector loads of W, one broadcast of each row's pair, 24 pair products
 // (an outer product; no horizontal sums). Each thread takes whole blocks, all tiles of x through a block while
-// it sits in cache, the next block prefetched during the first tile. The last block holds the N % 48 outputs
-// left (16 or 32).
+// it sits in cache, the next block prefetched in equal shares by the tiles (`each_row_tile`). The last block
+// holds the N % 48 outputs left (16 or 32).
 // Against oneDNN's linear on weights reordered once into its own layout, the 121 projections of one step with
 // the weights read from memory as a decode step reads them (benchmarks/projections.py): 1.6x at 1 row (96 % of
 // the copy bandwidth), 1.5-1.7x at 4-16 rows, 1.3x at 30-64 (83-96 % of the square matmul's rate), 1.04x at 2048
 // (the prompt pass).
-constexpr int64_t PAIR_BLOCK = 48, TILE_ROWS = 8;
+constexpr int64_t PAIR_BLOCK = 48, BF16_TILE_ROWS = 8;
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same packed
 // weight (`tile_linear`): 1.1-1.4x oneDNN's AMX matmul there and 1.25-6.8x the pair products (one thread, the
@@ -813,8 +815,8 @@ inline __m512 bias_floats(const BFloat16* bias, int64_t first) {
 // block's first output of row 0 (stride `out`). `next`: this tile's share of the next block to prefetch meanwhile,
 // or null.
 template <int ROWS, int V>
-void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next, PrefetchShare share,
-                 const BFloat16* bias, BFloat16* y, int64_t out) {
+void linear_tile_bf16(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next,
+                      PrefetchShare share, const BFloat16* bias, BFloat16* y, int64_t out) {
   __m512 acc[ROWS][V];
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -838,11 +840,11 @@ void linear_tile(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFl
 // Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares measured 1.00-1.03x here at
 // 16-64 rows, where the pair products, not memory, set the pace).
 template <int V, int... ROWS>
-void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
-                  const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+void linear_block_bf16(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
+                       const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
   using Tile = void (*)(const BFloat16*, int64_t, const BFloat16*, const BFloat16*, PrefetchShare, const BFloat16*,
                         BFloat16*, int64_t);
-  static constexpr Tile tiles[] = {linear_tile<ROWS + 1, V>...};  // tiles[r - 1]: r rows
+  static constexpr Tile tiles[] = {linear_tile_bf16<ROWS + 1, V>...};  // tiles[r - 1]: r rows
   each_row_tile(tiles, x, rows, in, pairs, next, in * V * 16, in / 2, bias, y, out);
 }
 #endif
@@ -1045,13 +1047,13 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   const BFloat16 *w_p = packed.data_ptr<BFloat16>(), *x_p = x.data_ptr<BFloat16>();
   const BFloat16* b_p = bias.numel() ? bias.data_ptr<BFloat16>() : nullptr;
   BFloat16* y_p = y.data_ptr<BFloat16>();
-  constexpr auto pair_rows = std::make_integer_sequence<int, TILE_ROWS>();
+  constexpr auto pair_rows = std::make_integer_sequence<int, BF16_TILE_ROWS>();
   each_block(PAIR_BLOCK, [&](int64_t begin, int64_t width, int64_t next) {
     const BFloat16 *pairs = w_p + begin * in, *ahead = next >= 0 ? w_p + next : nullptr;
     const BFloat16* b = b_p ? b_p + begin : nullptr;
-    if (width == 48) linear_block<3>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
-    else if (width == 32) linear_block<2>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
-    else linear_block<1>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
+    if (width == 48) linear_block_bf16<3>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
+    else if (width == 32) linear_block_bf16<2>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
+    else linear_block_bf16<1>(x_p, rows, in, pairs, ahead, b, y_p + begin, out, pair_rows);
   });
 #else
   TORCH_CHECK(false, "linear in bfloat16 needs avx512_bf16 (pack_weight returns an empty weight without it)");
