@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from dapo_suite.inference.fused_step import kernels
+from dapo_suite.inference.models import merged_weight
 
 # model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
 # pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
@@ -309,9 +310,11 @@ class StepperWeights:
                  and head_dim in FUSED_HEAD_DIMS else None)
         self.kernels = fused if fused is not None and (dtype == torch.float32 or fused.NATIVE_BF16) else None
         own = functools.partial(torch.Tensor.to, copy=True)  # a copy even where the dtype is the model's
-        self.embed, self.final_norm = own(inner.embed_tokens.weight, dtype), own(inner.norm.weight, torch.float32)
+        # LoRA layers (PEFT) are read with their adapters merged: the snapshot samples at the plain model's speed
+        weight = merged_weight
+        self.embed, self.final_norm = own(weight(inner.embed_tokens), dtype), own(inner.norm.weight, torch.float32)
         tied = model.lm_head.weight is inner.embed_tokens.weight
-        self.lm_head = Projection(self.embed if tied else own(model.lm_head.weight, dtype), kernels=self.kernels)
+        self.lm_head = Projection(self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -320,12 +323,12 @@ class StepperWeights:
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
             self.layers.append((
                 own(layer.input_layernorm.weight, torch.float32),
-                Projection(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).to(dtype), qkv_bias,
-                           self.kernels),
-                Projection(own(attn.o_proj.weight, dtype), kernels=self.kernels),
+                Projection(torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
+                           qkv_bias, self.kernels),
+                Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
                 own(layer.post_attention_layernorm.weight, torch.float32),
-                Projection(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).to(dtype), kernels=self.kernels),
-                Projection(own(mlp.down_proj.weight, dtype), kernels=self.kernels),
+                Projection(torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype), kernels=self.kernels),
+                Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
             ))
         if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops

