@@ -2,7 +2,9 @@
 
 `RUN/checkpoints/step-000012/` holds `model.safetensors`, `config.json`, the tokenizer and its chat template
 (so `from_pretrained`, `dapo-suite eval` and `dapo-suite serve` take it as is) and `trainer_state.pt`
-(optimizer, scheduler, RNG, data cursor, reused groups). It is written to a hidden temporary folder and renamed
+(optimizer, scheduler, RNG, data cursor, reused groups). A LoRA run's holds the adapter folder instead of the
+weights (`adapter_config.json`, `adapter_model.safetensors`: eval and serve load it over its base model), and
+its optimizer state covers the adapters only. `export_checkpoint` writes either as one plain Hugging Face folder. It is written to a hidden temporary folder and renamed
 into place, so a crash mid-write leaves the previous checkpoint intact; `RUN/checkpoint-last` names the newest.
 
 `checksums.json` records the SHA-256 and size of every file, and `--resume` checks them before loading, then
@@ -49,6 +51,25 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old)
     return final
+
+
+def export_checkpoint(checkpoint: Path, target: Path) -> Path:
+    """`checkpoint` as a plain Hugging Face folder at `target`: a LoRA checkpoint's adapters merged into its base
+    model, a full checkpoint's weights, config and tokenizer copied (its trainer state left behind)."""
+    from dapo_suite.inference.models import is_adapter_folder, merge_adapters
+
+    target = Path(target)
+    staging = target.parent / f".{target.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    if is_adapter_folder(checkpoint):
+        merge_adapters(checkpoint, staging)
+    else:
+        shutil.copytree(checkpoint, staging, ignore=shutil.ignore_patterns("trainer_state.pt", CHECKSUMS))
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    return target
 
 
 def _point_last(run_dir: Path, target: Path) -> None:

@@ -66,6 +66,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \\
           --train-file dapo-math-17k.parquet --out runs/dapo-32b --dry-run   # the paper's run on verl
       dapo-suite train export runs/dapo-32b              # verl FSDP checkpoint -> Hugging Face directory
+      dapo-suite train --set lora_rank=16 --set lora_alpha=32 --out runs/lora   # LoRA adapters on a frozen base
+      dapo-suite train export runs/lora                  # the adapters merged -> Hugging Face directory
 
     Presets: tiny-cpu, gsm8k-cpu (scale); grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss,
     dapo (ablation ladder); gspo, cispo, sapo, gmpo, clip-cov, kl-cov (successors).
@@ -184,20 +186,27 @@ def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, har
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), help="Target directory (default RUN_DIR/hf-export).")
 def export(run_dir: str, out: str | None) -> None:
-    """Merge the newest verl FSDP actor checkpoint of RUN_DIR into a Hugging Face model directory.
+    """Write the newest checkpoint of RUN_DIR as a Hugging Face model directory.
 
-    Runs verl's model merger (`python -m verl.model_merger merge --backend fsdp`); the result loads with
-    transformers and is what `dapo-suite eval --model DIR` and `dapo-suite serve --model DIR` take.
+    An embedded run: its last checkpoint, a LoRA run's adapters merged into the base model. A verl run: the newest
+    FSDP actor checkpoint through verl's model merger (`python -m verl.model_merger merge --backend fsdp`). The
+    result loads with transformers and is what `dapo-suite eval --model DIR` and `dapo-suite serve --model DIR`
+    take.
     """
     import subprocess
 
     from dapo_suite.train import verl as verl_backend
+    from dapo_suite.train.checkpoint import export_checkpoint, latest_checkpoint
 
+    target = Path(out) if out else Path(run_dir) / "hf-export"
+    if (checkpoint := latest_checkpoint(Path(run_dir))) is not None:
+        click.echo(f"exported {checkpoint} to {export_checkpoint(checkpoint, target)}", err=True)
+        click.echo(str(target))
+        return
     try:
         actor = verl_backend.latest_actor_dir(Path(run_dir))
     except FileNotFoundError as error:
-        raise click.UsageError(str(error)) from error
-    target = Path(out) if out else Path(run_dir) / "hf-export"
+        raise click.UsageError(f"{error}; nor an embedded run's checkpoints/step-N") from error
     argv = verl_backend.export_command(actor, target)
     click.echo(" ".join(argv), err=True)
     code = subprocess.call(argv)

@@ -57,6 +57,7 @@ RANGES: dict[str, tuple[str, str]] = {
     "val_n": ("[1, inf)", ""), "val_temperature": ("[0, inf)", "0 = greedy"), "val_top_p": ("(0, 1]", ""),
     "val_max_response_length": ("[1, inf)", "or null for max_response_length"),
     "save_every": ("[1, inf)", ""), "keep_checkpoints": ("[1, inf)", ""),
+    "lora_rank": ("[0, inf)", "0 = full fine-tuning"), "lora_alpha": ("(0, inf)", "adapter scale = lora_alpha / lora_rank"),
 }
 
 
@@ -133,6 +134,11 @@ class TrainConfig:
     # one forward/backward of 8 x 400 tokens on the embedded model, 6.2 -> 3.4 GB (docs/train.md).
     gradient_checkpointing: bool = False
     ppo_epochs: int = 1
+    # LoRA (PEFT): only low-rank adapters on the frozen base train (gradients, AdamW state); verl's
+    # actor_rollout_ref.model.lora_rank / lora_alpha / target_modules. 0 = full fine-tuning.
+    lora_rank: int = 0
+    lora_alpha: float = 16  # the adapters' output is scaled by lora_alpha / lora_rank
+    lora_targets: str = "all-linear"  # every linear layer but the output head, or module names: q_proj,v_proj
 
     # Budget, logging, checkpoints
     max_steps: int = 200
@@ -178,6 +184,8 @@ class TrainConfig:
             problems.append("backend must be 'embedded' or 'verl'")
         if self.rollout_engine not in ("auto", "hf", "vllm"):
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
+        if self.lora_rank and not self.lora_target_list:
+            problems.append("lora_targets must be all-linear or a comma list of module names (q_proj,v_proj)")
         if problems:
             raise UserError("invalid training config:\n  - " + "\n  - ".join(problems))
 
@@ -222,6 +230,13 @@ class TrainConfig:
     @property
     def updates_per_step(self) -> int:
         return self.ppo_epochs * self.train_batch_size // self.mini_batch_size
+
+    @property
+    def lora_target_list(self) -> str | list[str]:
+        """`lora_targets` as PEFT and verl take it: "all-linear" as is, else the list of module names."""
+        if self.lora_targets.strip() == "all-linear":
+            return "all-linear"
+        return [name.strip() for name in self.lora_targets.split(",") if name.strip()]
 
     @property
     def eval_max_tokens(self) -> int:

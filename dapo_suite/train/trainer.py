@@ -52,6 +52,7 @@ from dapo_suite.train.checkpoint import (
 )
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.evaluate import heldout_accuracy
+from dapo_suite.train.lora import ADAPTER_WEIGHTS, adapter_state, add_adapters, load_adapter_state
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
 from dapo_suite.train.rollout_correction import rollout_correction
 from dapo_suite.train.run_log import MetricsLogger, read_metrics
@@ -136,8 +137,12 @@ class DAPOTrainer:
         self.model.config.use_cache = True
         if config.gradient_checkpointing:  # in train mode only: sampling and evaluation run as before
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # LoRA: PEFT injects the adapters into self.model, which still runs every forward pass and feeds the
+        # sampler; `self.adapters` (the PEFT wrapper) saves and loads them. None: full fine-tuning.
+        self.adapters = add_adapters(self.model, config) if config.lora_rank else None
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.engine = make_engine(config, self.model, self.tokenizer)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.999),
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, betas=(0.9, 0.999),
                                            weight_decay=config.weight_decay, fused=True)
         warmup = max(config.warmup_steps, 0)
         # Constant learning rate after a linear warm-up over optimiser *steps* (rollout steps x updates).
@@ -367,7 +372,7 @@ class DAPOTrainer:
                         totals[key] = totals.get(key, 0.0) + value * micro_tokens
                     token_count += micro_tokens
                     trained_tokens += int(sum(r.prompt_ids.numel() + r.length for r in micro))
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)))
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip)))
                 self.optimizer.step()
                 self.scheduler.step()
         metrics = {key: value / max(token_count, 1) for key, value in totals.items()} | correction_metrics
@@ -449,7 +454,7 @@ class DAPOTrainer:
             "surplus": self.surplus,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
-        return save_checkpoint(self.run_dir, self.step_index, self.model, self.tokenizer, state,
+        return save_checkpoint(self.run_dir, self.step_index, self.adapters or self.model, self.tokenizer, state,
                                keep=self.config.keep_checkpoints)
 
     def _resume(self) -> None:
@@ -461,25 +466,33 @@ class DAPOTrainer:
         from safetensors.torch import load_file
 
         verify_checkpoint(checkpoint)
+        file = ADAPTER_WEIGHTS if self.adapters else "model.safetensors"
+        if not (checkpoint / file).is_file():
+            raise UserError(f"--resume: {checkpoint} holds no {file}: it was written by a "
+                            f"{'full fine-tuning' if self.adapters else 'LoRA'} run; resume with that run's "
+                            "lora_rank, or pick another --out for a new run.")
         try:
-            weights = load_file(checkpoint / "model.safetensors")
+            weights = load_file(checkpoint / file)
         except (SafetensorError, OSError) as error:
-            raise UserError(f"--resume: {checkpoint / 'model.safetensors'} cannot be read ({error}); move "
+            raise UserError(f"--resume: {checkpoint / file} cannot be read ({error}); move "
                             f"{checkpoint.name} out of {checkpoint.parent} and rerun with --resume to continue from "
                             "the checkpoint before it") from None
-        require_finite(checkpoint, "model.safetensors", weights)
-        own = self.model.state_dict()
+        require_finite(checkpoint, file, weights)
+        own = adapter_state(self.adapters) if self.adapters else self.model.state_dict()
         differ = [f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}" for name, tensor in weights.items()
                   if name in own and tensor.shape != own[name].shape]
         if differ:
             raise UserError(f"--resume: {checkpoint} was written by another model ({len(differ)} tensors differ in "
                             f"shape, e.g. {differ[0]}, checkpoint vs --model {self.config.model}); resume with that "
                             "run's --model, or pick another --out for a new run.")
-        # Tied embeddings are stored once; strict=False lets the tied lm_head keep pointing at them.
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("lm_head" not in key for key in missing):
-            raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, "
-                               f"unexpected {unexpected}")
+        if self.adapters:
+            load_adapter_state(self.adapters, weights)
+        else:
+            # Tied embeddings are stored once; strict=False lets the tied lm_head keep pointing at them.
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            if unexpected or any("lm_head" not in key for key in missing):
+                raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, "
+                                   f"unexpected {unexpected}")
         state = load_trainer_state(checkpoint)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
