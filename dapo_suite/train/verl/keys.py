@@ -32,6 +32,7 @@ OVERLONG_FILTER_LOSS = "dapo_overlong_filter"  # extensions registers it (that m
 ROLLOUT_CORRECTION = "algorithm.rollout_correction"
 MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
 ACTOR = "actor_rollout_ref.actor"
+MODEL = "actor_rollout_ref.model"
 ROLLOUT = "actor_rollout_ref.rollout"
 OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
 WORKER_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"  # environment variables Ray gives every worker of the job
@@ -131,6 +132,10 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("grad_clip", (f"{ACTOR}.grad_clip", f"{ACTOR}.optim.clip_grad")),
     VerlKey("mini_batch_size", (f"{ACTOR}.ppo_mini_batch_size",)),
     VerlKey("ppo_epochs", (f"{ACTOR}.ppo_epochs",)),
+    # LoRA: PEFT on the FSDP actor (verl's ModelConfig types lora_alpha as int, so a whole alpha goes as one)
+    VerlKey("lora_rank", (f"{MODEL}.lora_rank",)),
+    VerlKey("lora_alpha", (f"{MODEL}.lora_alpha",), lambda v, c: int(v) if float(v).is_integer() else v),
+    VerlKey("lora_targets", (f"{MODEL}.target_modules",), lambda v, c: c.lora_target_list),
     # budget, validation, checkpoints
     VerlKey("max_steps", ("trainer.total_training_steps",)),
     VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 else -1),

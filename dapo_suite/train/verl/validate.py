@@ -13,10 +13,14 @@ import re
 from pathlib import Path
 
 from dapo_suite.train.config import TrainConfig
-from dapo_suite.train.verl.keys import ROLLOUT_CORRECTION, Hardware, VerlConfigError
+from dapo_suite.train.verl.keys import MODEL, ROLLOUT_CORRECTION, Hardware, VerlConfigError
 
-# verl types these str | float: a "lower_upper" threshold is a string where verl's default is a number
-UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold")
+# verl types these as unions: a "lower_upper" threshold is a string where verl's default is a number (str | float),
+# target_modules a list where its default is "all-linear"
+UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold",
+                    f"{MODEL}.target_modules")
+# The largest LoRA rank vLLM serves: verl's own fallback list (Literal[1, 8, ..., 512]) where vLLM is not installed
+VLLM_MAX_LORA_RANK = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -184,6 +188,7 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     problems += types or resource_problems(config, hw, cfg)
     if not problems:
         problems += _verl_validate(cfg)
+    problems += lora_problems(config, hw, cfg)
     if cfg.reward.reward_manager.name == "dapo" and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None:
         problems.append("reward_model.overlong_buffer.* is the legacy key verl 0.9 ignores: use "
                         "reward.reward_kwargs.overlong_buffer_cfg.*")
@@ -192,15 +197,35 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     return cfg, warnings_for(config, cfg)
 
 
+def lora_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
+    """What stops a LoRA run before verl finds it: on the CPU path, vLLM-CPU's weight sync (docs/train-at-scale.md,
+    "LoRA")."""
+    merged = bool(cfg.actor_rollout_ref.model.get("lora", {}).get("merge", False))
+    if not config.lora_rank or hw.device != "cpu" or merged:
+        return []
+    return ["LoRA on verl's CPU path: verl 0.9.1 sends vLLM the adapters apart from the base weights, and vLLM-CPU "
+            "takes new weights only whole (reload_weights; dapo_suite/train/verl/cpu_rollout.py). Train LoRA on a "
+            "GPU (--device cuda), on the embedded backend, or add --set verl.actor_rollout_ref.model.lora.merge=True "
+            "(verl merges the adapters into the weights before each sync; not run on a CPU by this project)"]
+
+
 def _verl_validate(cfg) -> list[str]:
     """verl's own `validate_config` (the one main_ppo runs first), on a copy."""
     import contextlib
+    import importlib.util
     import io
 
     from omegaconf import OmegaConf
     from verl.utils.config import validate_config
 
     copy = OmegaConf.create(OmegaConf.to_container(cfg))
+    model = copy.actor_rollout_ref.model
+    if model.lora_rank > 0 and importlib.util.find_spec("vllm") is None:
+        # verl checks a LoRA rank against vLLM's by importing vLLM, which a driver need not have: checked here
+        if model.lora_rank > VLLM_MAX_LORA_RANK:
+            return [f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANK}, but got {model.lora_rank} "
+                    "(vLLM's largest LoRA rank)"]  # verl's own words
+        model.lora_rank = 0
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             validate_config(copy, use_reference_policy=False, use_critic=False)
