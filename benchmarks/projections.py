@@ -8,7 +8,7 @@ The embedded model's projections of one step (per layer q/k/v, o, gate/up and do
 projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
 (one layer's weights, reused, would sit in cache and flatter every kernel). One pass over all of them is timed
 for each implementation, the implementations taking turns, the best of `--repeats` each:
-  stepper  what the lean stepper runs (`decoding.Projection`): the fused `linear`, which on a CPU with AMX runs
+  stepper  what the lean stepper runs (`weights.Projection`): the fused `linear`, which on a CPU with AMX runs
            TILE_MIN_ROWS to 64 rows on the tile unit over the packed weight, and hands ONEDNN_MIN_ROWS rows or
            more to oneDNN on the weight in its blocked layout, reordered once
   vectors  the fused `linear`'s bf16 pair products on the vector units at every row count (`linear_on_vectors`)
@@ -50,9 +50,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
 
-    from dapo_suite.inference.decoding import Projection
     from dapo_suite.inference.fused_step import kernels
     from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.inference.weights import Projection
 
     fused = kernels()
     if fused is None or not fused.NATIVE_BF16:

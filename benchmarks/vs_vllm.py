@@ -77,9 +77,9 @@ class SamplerSide:
     def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
         import torch
 
-        from dapo_suite.inference.decoding import StepperWeights
         from dapo_suite.inference.engines import end_of_response_ids
         from dapo_suite.inference.sampling import sample_tokens
+        from dapo_suite.inference.weights import StepperWeights
 
         if dtype != self.dtype:  # the weights cast and packed once per dtype, as the engines do (vLLM's: below)
             self.weights, self.dtype = StepperWeights(self.model, getattr(torch, dtype)), dtype

@@ -145,10 +145,11 @@ def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_a
     decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same. The
     cache serves the stepper on torch's ops (no C++ compiler, a GPU); the fused kernels' packed prompt pass is
     their own, so this test takes the kernels away."""
-    import dapo_suite.inference.decoding as decoding
-    from dapo_suite.inference.decoding import PrefixCache, make_stepper
+    import dapo_suite.inference.weights as weights
+    from dapo_suite.inference.decoding import make_stepper
+    from dapo_suite.inference.prefill import PrefixCache
 
-    monkeypatch.setattr(decoding, "kernels", lambda: None)
+    monkeypatch.setattr(weights, "kernels", lambda: None)
     model, tokenizer = model_and_tokenizer
     tokenizer.padding_side = "left"
 

@@ -1,4 +1,5 @@
-"""The lean decode path (dapo_suite/inference/decoding.py) against transformers' own decode step."""
+"""The lean decode path (dapo_suite/inference/decoding.py, its weights, prefill and attention) against
+transformers' own decode step."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedde
     torch's ops, draws exactly the tokens that transformers' step draws, with the same log-probs to 1e-4, through
     row dropping and shared prompt prefixes."""
     import dapo_suite.inference.decoding as decoding
+    import dapo_suite.inference.weights as weights
     from dapo_suite.inference.models import load_model_and_tokenizer
 
     if path == "fused kernels":
         _fused()
     else:
-        monkeypatch.setattr(decoding, "kernels", lambda: None)
+        monkeypatch.setattr(weights, "kernels", lambda: None)
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
     assert decoding.lean_supported(model)
@@ -91,7 +93,7 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
     import itertools
     import random
 
-    from dapo_suite.inference.decoding import length_buckets
+    from dapo_suite.inference.prefill import length_buckets
 
     rng = random.Random(0)
     for _ in range(40):
@@ -110,8 +112,8 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
 def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir, prompts):
     """The prompts' keys and values from one pass per run of similar length, placed back into one left-padded
     cache, equal one padded pass over all prompts at every real position and in the prompts' order (float32)."""
-    from dapo_suite.inference.decoding import length_buckets, prefill
     from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.inference.prefill import length_buckets, prefill
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()
@@ -156,7 +158,7 @@ def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_m
 
 def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     """merge_attention(prompt part, own part) is softmax attention over the concatenated keys."""
-    from dapo_suite.inference.decoding import _attention_with_lse, merge_attention
+    from dapo_suite.inference.attention import _attention_with_lse, merge_attention
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 4, 8, generator=generator) for _ in range(3))
@@ -175,7 +177,7 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     against the float32 product, with and without a bias, at the decoder's widths and at widths that end in a
     block of 32 or 16 outputs; row counts across the tile edges. Weights it cannot pack (outputs % 16, inputs % 2)
     stay on aten's `F.linear`, bit for bit."""
-    from dapo_suite.inference.decoding import Projection
+    from dapo_suite.inference.weights import Projection
 
     fused = _native_bf16()
     generator = torch.Generator().manual_seed(rows)
@@ -204,7 +206,7 @@ def test_bf16_linear_on_amx_tiles_gives_each_row_the_same_bits_in_any_batch():
     order, whatever rows sit beside it: a response's projections do not change as other rows of its batch finish
     (8-64 rows, full tiles of 16 and a partial last tile), with and without a bias. Inputs that are not a multiple
     of 32 go to oneDNN, and the result stays within bf16 rounding."""
-    from dapo_suite.inference.decoding import Projection
+    from dapo_suite.inference.weights import Projection
 
     fused = _native_bf16()
     if not fused.TILE_MIN_ROWS:
@@ -228,7 +230,7 @@ def test_float32_linear_equals_aten_on_every_cpu(rows):
     products of float32 vectors) equals `F.linear` to float32 rounding, with and without a bias, at the decoder's
     widths, at widths that end in a narrower block, and at row counts across the tile edges (6 rows on AVX2, 8 on
     AVX-512). Weights with outputs that are not a whole number of vectors stay on `F.linear`, bit for bit."""
-    from dapo_suite.inference.decoding import Projection
+    from dapo_suite.inference.weights import Projection
 
     fused = _fused()
     block, lanes = fused.FLOAT32_BLOCK, fused.FLOAT32_LANES
@@ -273,7 +275,8 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, hea
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
     slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with a
     shared prompt, the prompt's valid positions and then the row's own); bf16 within its rounding, float32 to 1e-5."""
-    from dapo_suite.inference.decoding import LeanStepper, sdpa_with_lse
+    from dapo_suite.inference.attention import sdpa_with_lse
+    from dapo_suite.inference.decoding import LeanStepper
 
     fused = _native_bf16() if dtype == torch.bfloat16 else _fused()
     generator = torch.Generator().manual_seed(rows)
@@ -321,6 +324,7 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
     30 layers (measured: 1.4 % mean at the last layer, as autocast's prefill), zeros in the padding."""
     import dapo_suite.inference.decoding as decoding
     from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.inference.prefill import prefill
 
     _native_bf16()
     monkeypatch.setattr(decoding, "PREFILL_CHUNK_TOKENS", chunk_tokens)  # 40: one prompt per chunk, or two
@@ -329,7 +333,7 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
     encoded = _encoded(tokenizer)
     ids, mask = encoded["input_ids"][:, :-1], encoded["attention_mask"][:, :-1]
     with torch.no_grad():
-        reference = decoding.prefill(model, ids, mask, torch.float32)
+        reference = prefill(model, ids, mask, torch.float32)
         stepper = decoding.LeanStepper(model, encoded["input_ids"], encoded["attention_mask"], 4, torch.bfloat16)
         packed = stepper._packed_prefill(ids, mask)
     real = mask.bool()
@@ -480,6 +484,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
     -mno-avx512bf16, into a fresh extension cache."""
     import dapo_suite.inference.decoding as decoding
     import dapo_suite.inference.sampling as sampling
+    import dapo_suite.inference.weights as weights
     from dapo_suite.inference.fused_step import CFLAGS, SOURCE
     from dapo_suite.inference.models import load_model_and_tokenizer
 
@@ -491,7 +496,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
                                extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"], extra_ldflags=["-fopenmp"])
     assert plain.NATIVE_BF16 is False
     assert plain.pack_weight(torch.zeros(16, 64, dtype=torch.bfloat16)).numel() == 0
-    monkeypatch.setattr(decoding, "kernels", lambda: plain)
+    monkeypatch.setattr(weights, "kernels", lambda: plain)
     monkeypatch.setattr(sampling, "kernels", lambda: plain)
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
     model.eval()

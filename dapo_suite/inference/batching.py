@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dapo_suite.inference.decoding import PrefixCache, StepperWeights, lean_supported, make_stepper
+from dapo_suite.inference.decoding import lean_supported, make_stepper
+from dapo_suite.inference.prefill import PrefixCache
 from dapo_suite.inference.sampling import TokenLogProb, next_tokens, row_uniforms, scored_tokens
+from dapo_suite.inference.weights import StepperWeights
 
 # (kind, value): ("token", id) for every sampled token (the end-of-sequence token included), then one
 # ("end", "stop" | "length" | "cancelled") or ("error", message)

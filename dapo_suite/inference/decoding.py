@@ -9,12 +9,12 @@ one matmul each, and runs the Llama block as a handful of tensor operations. It 
 `LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
 
 On a CPU, in float32 everywhere and in bfloat16 where the CPU has avx512_bf16, the lean stepper's weights are
-packed once for the fused kernels' own matmul (`Projection`), and everything between the projections runs in the
-fused kernels of `fused_step` (RoPE, cache writes, attention over each row's valid positions, residual adds,
-RMSNorm, SiLU x up), the layer loop in one call per step. Its prompt pass is its own too
+packed once for the fused kernels' own matmul (`weights.StepperWeights`), and everything between the
+projections runs in the fused kernels of `fused_step` (RoPE, cache writes, attention over each row's valid
+positions, residual adds, RMSNorm, SiLU x up), the layer loop in one call per step. Its prompt pass is its own too
 (`LeanStepper._packed_prefill`): all prompt tokens packed without padding through the same layers, each attending
 to its own prompt. Elsewhere (bf16 without avx512_bf16, no C++ compiler, a GPU) the prompt runs through
-transformers' forward (`prefill`, in runs of similar length) and the lean step through torch's ops.
+transformers' forward (`prefill.prefill`, in runs of similar length) and the lean step through torch's ops.
 
 Measured in `benchmarks/sampler_bound.py` and `benchmarks/vs_vllm.py`; in float32 the tokens are transformers' for
 a seed and the log-probs equal theirs to 1e-4 (on either path), and the bf16 kernels equal their float32
@@ -23,19 +23,14 @@ references within bf16 rounding (tests/test_sampler.py).
 
 from __future__ import annotations
 
-import functools
-from types import ModuleType
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from dapo_suite.inference.fused_step import kernels
-from dapo_suite.inference.models import merged_weight
-
-# model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
-# pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
-LEAN_ARCHITECTURES = {"llama": False, "qwen2": True}
+from dapo_suite.inference.attention import merge_attention, sdpa_with_lse
+from dapo_suite.inference.prefill import PrefixCache, cached_prefill, prefill
+from dapo_suite.inference.weights import LEAN_ARCHITECTURES, StepperWeights
 
 
 class Stepper(Protocol):
@@ -65,43 +60,6 @@ class HFStepper:
         self.mask = self.mask[keep]
 
 
-class Projection:
-    """x W^T + b for a weight that stays fixed while the stepper lives.
-
-    Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
-    packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
-    the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
-    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, `linear`
-    runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from 65 rows (a prompt
-    pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout (`ONEDNN_MIN_ROWS`).
-    In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16,
-    inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses `F.linear`."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: ModuleType | None = None) -> None:
-        packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
-        self.kernels = kernels if packed.numel() else None
-        self.weight = packed if packed.numel() else weight
-        # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear` runs
-        # oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every call). The
-        # layout is picked for 64 rows; it gives the same bits at any row count.
-        keep_onednn = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
-        self.onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn
-                       else weight.new_empty(0))
-        # `linear` takes "no bias" as an empty tensor, made once (a slice per call costs ~10 us)
-        self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
-
-    @property
-    def packed(self) -> bool:
-        """Whether the fused `linear` applies it (the fused layer loop needs every layer's weights packed)."""
-        return self.kernels is not None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None:
-            return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.onednn)
-        return F.linear(x, self.weight, self.bias)
-
-
 def lean_supported(model) -> bool:
     """Whether `LeanStepper` implements this model's block exactly (plain Llama/Qwen2 block, default RoPE)."""
     config = model.config
@@ -110,238 +68,12 @@ def lean_supported(model) -> bool:
             and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
 
 
-def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                    lse_b: torch.Tensor) -> torch.Tensor:
-    """Softmax attention over the union of two disjoint key sets, from each set's output and log-sum-exp of its
-    scores (the split-KV merge of FlashDecoding, Dao et al. 2023; Juravsky et al., Hydragen, arXiv 2402.05099):
-        lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
-    out_*: (..., D); lse_*: (...) in float32."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    merged = out_a * (lse_a - lse).exp().unsqueeze(-1) + out_b * (lse_b - lse).exp().unsqueeze(-1)
-    return merged.to(out_a.dtype)
-
-
-# Attention that also returns the log-sum-exp of the scores, which `merge_attention` needs. The public
-# scaled_dot_product_attention returns the output only; this is the same CPU kernel it dispatches to.
-_attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-
-def sdpa_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`attention_with_lse` by PyTorch's CPU flash-attention kernel (what F.scaled_dot_product_attention runs)."""
-    return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
-
-
-# What one more prompt pass costs, in padded prompt tokens. Measured (bf16, 2 threads, the first 64 GSM8K prompts:
-# 148 tokens on average, 215 the longest): one padded pass 8.06 s; in runs, 4.49 s at 256 (4 runs), 4.36 s at 64
-# (7 runs), 4.50 s at 16 (14 runs). 16 prompts: 1.37 s in one pass, 1.09 s at 64 (3 runs).
-PREFILL_PASS_COST = 64
 # The lean stepper's packed prompt pass runs at most this many tokens at once (whole prompts): rows enough for
 # the projections to run near the matmul peak, outputs small enough to stay in cache (bf16 gate/up projection:
 # 902 GFLOP/s at 2048 rows, 717 at 8192; the 64 GSM8K prompts' pass 3.8 -> 2.8 s).
 PREFILL_CHUNK_TOKENS = 2048
-# The head sizes `attend` is compiled for (csrc/decode_step.cpp); other models decode with torch's ops.
-FUSED_HEAD_DIMS = (64, 128)
 
-
-def length_buckets(lengths: list[int], pass_cost: int = PREFILL_PASS_COST) -> list[list[int]]:
-    """Split prompts into runs of similar length, one prompt pass each, minimising the tokens computed: each run
-    pads to its longest prompt, and each pass costs `pass_cost` tokens more. Exact, by dynamic programming over
-    the prompts sorted longest first (a run is contiguous in that order). Returns indices into `lengths`."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    best = [0] + [None] * len(order)  # best[j]: cheapest split of the j longest prompts
-    start = [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        for first in range(end):
-            cost = best[first] + (end - first) * lengths[order[first]] + pass_cost
-            if best[end] is None or cost < best[end]:
-                best[end], start[end] = cost, first
-    runs, end = [], len(order)
-    while end:
-        runs.append(order[start[end] : end])
-        end = start[end]
-    return runs[::-1]
-
-
-@torch.no_grad()
-def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype):
-    """The KV cache of every prompt's prefix (its tokens but the last, left-padded), as one DynamicCache.
-
-    Prompts of a generation batch differ in length (64 GSM8K prompts: 148 tokens on average, 215 the longest), and
-    one padded pass computes the padding too (quadratically in attention). The pass runs instead once per run of
-    similar lengths (`length_buckets`), each cut to its own longest prefix, and the runs' keys and values are
-    placed back into one left-padded cache. Runs in `dtype` (autocast: bf16 matmuls on f32 weights) so a bf16
-    sampler does not spend its prompt pass at f32 speed."""
-    from transformers import DynamicCache
-
-    lengths = prefix_mask.sum(-1)
-    runs = length_buckets(lengths.tolist())
-    if len(runs) == 1:
-        runs = [list(range(prefix_ids.shape[0]))]  # one pass, rows in their own order (the cache is returned as is)
-    width, parts = prefix_ids.shape[1], []
-    with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
-        for run in runs:
-            index = torch.tensor(run, device=prefix_ids.device)
-            cut = width if len(runs) == 1 else max(1, int(lengths[index].max()))  # keep a 1-token prompt's column
-            ids, mask = prefix_ids[index, width - cut :], prefix_mask[index, width - cut :]
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                          logits_to_keep=1).past_key_values
-            parts.append((index, cut, cache))
-    if len(parts) == 1:
-        return parts[0][2]
-    merged = DynamicCache()
-    for layer in range(len(parts[0][2].layers)):
-        template = parts[0][2].layers[layer].keys  # (rows of the run, kv heads, cut, head dim)
-        keys = template.new_zeros(prefix_ids.shape[0], template.shape[1], width, template.shape[3])
-        values = torch.zeros_like(keys)
-        for index, cut, cache in parts:
-            keys[index, :, width - cut :] = cache.layers[layer].keys
-            values[index, :, width - cut :] = cache.layers[layer].values
-        merged.update(keys, values, layer)
-    return merged
-
-
-SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
 JOIN_HEADROOM_SLOTS = 128  # spare slots of a rebuilt cache: rows may join in place for this many steps
-
-
-def _shared_length(sequences: list[torch.Tensor]) -> int:
-    """How many leading tokens all of `sequences` have in common."""
-    shortest = min(sequence.numel() for sequence in sequences)
-    if shortest == 0:
-        return 0
-    stacked = torch.stack([sequence[:shortest] for sequence in sequences])
-    differs = (stacked != stacked[:1]).any(0).nonzero()
-    return int(differs[0]) if differs.numel() else shortest
-
-
-class PrefixCache:
-    """Keys and values of recent prompts' prefixes (one row each, float per layer), so that prompts that begin
-    alike (an endpoint's requests in one template: a system prompt, the DAPO instruction) compute their common
-    beginning once, across calls. An entry serves any prompt that shares at least SHARED_PREFIX_MIN_TOKENS of its
-    first tokens: attention is causal, so the first k slots of a prefix's cache are the cache of its first k tokens.
-    The `capacity` most recently stored entries are kept. It serves the stepper on torch's ops; with the fused
-    kernels (float32 on any CPU, bf16 with avx512_bf16) the packed prompt pass runs instead."""
-
-    def __init__(self, capacity: int = 8) -> None:
-        self.capacity = capacity
-        self.entries: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
-
-    def match(self, rows: list[torch.Tensor]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """(k, per-layer (keys, values) of the entry) with k the most leading tokens an entry shares with every
-        row; (0, None) when none shares SHARED_PREFIX_MIN_TOKENS."""
-        best, found = 0, None
-        for tokens, layers in self.entries:
-            shared = _shared_length([tokens, *rows])
-            if shared > best:
-                best, found = shared, layers
-        return (best, found) if best >= SHARED_PREFIX_MIN_TOKENS else (0, None)
-
-    def store(self, tokens: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.entries = [entry for entry in self.entries if not torch.equal(entry[0], tokens)]
-        self.entries = [(tokens, layers), *self.entries][: self.capacity]
-
-
-@torch.no_grad()
-def cached_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: torch.dtype,
-                   prefix_cache: PrefixCache):
-    """`prefill` for prompts that begin alike: their common beginning (found in `prefix_cache`, else common to the
-    prompts themselves) is computed once, then each prompt's remainder attends to it; the first prompt's cache is
-    stored for later calls. Returns (cache, mask) in the layout [common beginning | left-padded remainders], the
-    mask marking the padding between the two; the plain `prefill` layout when no beginning of
-    SHARED_PREFIX_MIN_TOKENS is shared. 16 DAPO-template prompts of ~95 tokens share ~85: ~6x fewer tokens
-    through the model, and a prompt that joins later computes only its ~10 own tokens."""
-    from transformers import DynamicCache
-
-    real = prefix_mask.bool()
-    rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
-    common, stored = prefix_cache.match(rows)
-    if stored is None and len(rows) > 1:
-        common = _shared_length(rows)
-    if common < SHARED_PREFIX_MIN_TOKENS:
-        cache, mask = prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
-    else:
-        count = len(rows)
-        rest_len = [row.numel() - common for row in rows]
-        rest_width = max(rest_len)
-        rest_ids = prefix_ids.new_zeros(count, rest_width)
-        rest_mask = prefix_mask.new_zeros(count, rest_width)
-        for index, (row, length) in enumerate(zip(rows, rest_len, strict=True)):
-            if length:
-                rest_ids[index, rest_width - length :] = row[common:]
-                rest_mask[index, rest_width - length :] = 1
-        mask = torch.cat([prefix_mask.new_ones(count, common), rest_mask], dim=1)
-        with torch.autocast(prefix_ids.device.type, dtype=dtype, enabled=dtype != model.dtype):
-            if stored is None:
-                cache = model(input_ids=rows[0][None, :common], use_cache=True, logits_to_keep=1).past_key_values
-                cache.batch_repeat_interleave(count)
-            else:
-                cache = DynamicCache()
-                for layer, (keys, values) in enumerate(stored):
-                    cache.update(keys[None, :, :common].expand(count, -1, -1, -1).contiguous(),
-                                 values[None, :, :common].expand(count, -1, -1, -1).contiguous(), layer)
-            if rest_width:
-                positions = common + (rest_mask.cumsum(-1) - 1).clamp(min=0)
-                cache = model(input_ids=rest_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                              use_cache=True, logits_to_keep=1).past_key_values
-    first = mask[0].bool()
-    prefix_cache.store(rows[0], [(layer.keys[0][:, first], layer.values[0][:, first]) for layer in cache.layers])
-    return cache, mask
-
-
-class StepperWeights:
-    """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused, each
-    projection packed for the fused kernels' `linear` where they apply (`Projection`).
-
-    Building one reads and rewrites every weight: for the embedded model ~0.2 s in bf16 and ~0.4 s in float32 on an
-    AMD EPYC, against ~1.8 s and ~3.3 s for a whole one-prompt, 200-token `sample_tokens` call. A caller whose weights stay fixed across calls builds it once and passes it
-    on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the model's
-    weights after that is not seen until a new snapshot is made. Every tensor in it is a copy (`.to(dtype)` of a
-    tensor already in that dtype would be the model's own), so an update in place leaves a snapshot whole."""
-
-    def __init__(self, model, dtype: torch.dtype | None = None) -> None:
-        config, inner = model.config, model.model
-        dtype = self.dtype = dtype or model.dtype
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16 dot
-        # products; elsewhere SDPA and aten's ops, what transformers runs
-        fused = (kernels() if dtype in (torch.float32, torch.bfloat16) and inner.embed_tokens.weight.device.type == "cpu"
-                 and head_dim in FUSED_HEAD_DIMS else None)
-        self.kernels = fused if fused is not None and (dtype == torch.float32 or fused.NATIVE_BF16) else None
-        own = functools.partial(torch.Tensor.to, copy=True)  # a copy even where the dtype is the model's
-        # LoRA layers (PEFT) are read with their adapters merged: the snapshot samples at the plain model's speed
-        weight = merged_weight
-        self.embed, self.final_norm = own(weight(inner.embed_tokens), dtype), own(inner.norm.weight, torch.float32)
-        tied = model.lm_head.weight is inner.embed_tokens.weight
-        self.lm_head = Projection(self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels)
-        self.layers = []
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv_bias = None
-            if LEAN_ARCHITECTURES[config.model_type]:
-                qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
-            self.layers.append((
-                own(layer.input_layernorm.weight, torch.float32),
-                Projection(torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
-                           qkv_bias, self.kernels),
-                Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
-                own(layer.post_attention_layernorm.weight, torch.float32),
-                Projection(torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype), kernels=self.kernels),
-                Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
-            ))
-        if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
-            self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
-        self.layer_tensors: list[list[torch.Tensor]] = []
-        if self.kernels is not None:
-            # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's
-            # input norm, or the final one)
-            norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
-            self.layer_tensors = [
-                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
-                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn]
-                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
-                                                                                   strict=True)]
 
 
 class LeanStepper:
@@ -621,3 +353,4 @@ def make_stepper(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     if group_size > 1:
         cache.batch_repeat_interleave(group_size)
     return HFStepper(model, cache, attention_mask.repeat_interleave(group_size, 0))
+

@@ -29,7 +29,7 @@ from dapo_suite.core.prompts import render_chat
 if TYPE_CHECKING:
     import torch
 
-    from dapo_suite.inference.decoding import StepperWeights
+    from dapo_suite.inference.weights import StepperWeights
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,12 @@ class HFEngine:
     def sync_weights(self) -> None:
         """The module's weights changed (the trainer calls this after each update): the next `generate` takes a new
         snapshot of them. Between two calls every batch samples from one snapshot, cast and packed once
-        (`decoding.StepperWeights`), not once per batch."""
+        (`weights.StepperWeights`), not once per batch."""
         self._weights = None
 
     def _stepper_weights(self) -> StepperWeights | None:
-        from dapo_suite.inference.decoding import StepperWeights, lean_supported
+        from dapo_suite.inference.decoding import lean_supported
+        from dapo_suite.inference.weights import StepperWeights
 
         if self._weights is None and lean_supported(self.model):
             self._weights = StepperWeights(self.model, self.sampling_dtype)

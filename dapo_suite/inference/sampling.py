@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_suite.inference.decoding import StepperWeights, make_stepper
+from dapo_suite.inference.decoding import make_stepper
 from dapo_suite.inference.fused_step import kernels
+from dapo_suite.inference.weights import StepperWeights
 
 
 @dataclass
@@ -136,7 +137,7 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     model's forward in runs of similar length) and the decode steps (`decoder="hf"` forces transformers' step).
     `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16 matmuls);
     the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot of the model's
-    weights in `dtype`, for a caller that samples many times between two updates (`decoding.StepperWeights`).
+    weights in `dtype`, for a caller that samples many times between two updates (`weights.StepperWeights`).
     """
     stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
                            weights=weights)

@@ -1,0 +1,112 @@
+"""The lean stepper's weights (`StepperWeights`): a snapshot of the model's, cast, fused and packed once, and
+`Projection`, one weight packed for the fused kernels' own matmul (`fused_step`)."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from dapo_suite.inference.fused_step import kernels
+from dapo_suite.inference.models import merged_weight
+
+# model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
+# pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
+LEAN_ARCHITECTURES = {"llama": False, "qwen2": True}
+
+# The head sizes `attend` is compiled for (csrc/decode_step.cpp); other models decode with torch's ops.
+FUSED_HEAD_DIMS = (64, 128)
+
+
+class Projection:
+    """x W^T + b for a weight that stays fixed while the stepper lives.
+
+    Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
+    packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
+    the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
+    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, `linear`
+    runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from 65 rows (a prompt
+    pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout (`ONEDNN_MIN_ROWS`).
+    In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16,
+    inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses `F.linear`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 kernels: ModuleType | None = None) -> None:
+        packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
+        self.kernels = kernels if packed.numel() else None
+        self.weight = packed if packed.numel() else weight
+        # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear` runs
+        # oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every call). The
+        # layout is picked for 64 rows; it gives the same bits at any row count.
+        keep_onednn = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
+        self.onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn
+                       else weight.new_empty(0))
+        # `linear` takes "no bias" as an empty tensor, made once (a slice per call costs ~10 us)
+        self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
+
+    @property
+    def packed(self) -> bool:
+        """Whether the fused `linear` applies it (the fused layer loop needs every layer's weights packed)."""
+        return self.kernels is not None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.onednn)
+        return F.linear(x, self.weight, self.bias)
+
+
+class StepperWeights:
+    """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused, each
+    projection packed for the fused kernels' `linear` where they apply (`Projection`).
+
+    Building one reads and rewrites every weight: for the embedded model ~0.2 s in bf16 and ~0.4 s in float32 on an
+    AMD EPYC, against ~1.8 s and ~3.3 s for a whole one-prompt, 200-token `sample_tokens` call. A caller whose weights stay fixed across calls builds it once and passes it
+    on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the model's
+    weights after that is not seen until a new snapshot is made. Every tensor in it is a copy (`.to(dtype)` of a
+    tensor already in that dtype would be the model's own), so an update in place leaves a snapshot whole."""
+
+    def __init__(self, model, dtype: torch.dtype | None = None) -> None:
+        config, inner = model.config, model.model
+        dtype = self.dtype = dtype or model.dtype
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16 dot
+        # products; elsewhere SDPA and aten's ops, what transformers runs
+        fused = (kernels() if dtype in (torch.float32, torch.bfloat16) and inner.embed_tokens.weight.device.type == "cpu"
+                 and head_dim in FUSED_HEAD_DIMS else None)
+        self.kernels = fused if fused is not None and (dtype == torch.float32 or fused.NATIVE_BF16) else None
+        own = functools.partial(torch.Tensor.to, copy=True)  # a copy even where the dtype is the model's
+        # LoRA layers (PEFT) are read with their adapters merged: the snapshot samples at the plain model's speed
+        weight = merged_weight
+        self.embed, self.final_norm = own(weight(inner.embed_tokens), dtype), own(inner.norm.weight, torch.float32)
+        tied = model.lm_head.weight is inner.embed_tokens.weight
+        self.lm_head = Projection(self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels)
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_bias = None
+            if LEAN_ARCHITECTURES[config.model_type]:
+                qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
+            self.layers.append((
+                own(layer.input_layernorm.weight, torch.float32),
+                Projection(torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
+                           qkv_bias, self.kernels),
+                Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
+                own(layer.post_attention_layernorm.weight, torch.float32),
+                Projection(torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype), kernels=self.kernels),
+                Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
+            ))
+        if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
+            self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
+        self.layer_tensors: list[list[torch.Tensor]] = []
+        if self.kernels is not None:
+            # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's
+            # input norm, or the final one)
+            norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
+            self.layer_tensors = [
+                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
+                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn]
+                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
+                                                                                   strict=True)]
+
