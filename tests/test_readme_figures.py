@@ -277,9 +277,15 @@ def test_readme_figure_is_what_the_committed_output_gives(name: str) -> None:
 COMMIT_HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
 
 
-@pytest.mark.parametrize("path", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+READER_DOCS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+               "docs/results/README.md",
+               *sorted(str(p.relative_to(ROOT)) for p in RESULTS.glob("*/README.md"))]  # not the history.md files
+
+
+@pytest.mark.parametrize("path", READER_DOCS)
 def test_no_commit_hash_in_the_reader_docs(path: str) -> None:
-    """Commit hashes are history: they belong in docs/results/<topic>/history.md, not in what a reader reads first."""
+    """Commit hashes are history: they belong in docs/results/<topic>/history.md, not in what a reader reads first
+    (README.md, docs/*.md, and each results folder's README.md)."""
     text = (ROOT / path).read_text(encoding="utf-8")
     text = re.sub(r"\]\([^)]*\)", "]()", text)  # a link's target may name a file that carries a hash
     assert not COMMIT_HASH.findall(text), COMMIT_HASH.findall(text)
