@@ -132,3 +132,51 @@ def _wilson_interval(share: float, samples: int, z: float = 1.96) -> tuple[float
     centre = (share + z * z / (2 * samples)) / (1 + z * z / samples)
     half = z / (1 + z * z / samples) * (share * (1 - share) / samples + z * z / (4 * samples * samples)) ** 0.5
     return centre - half, centre + half
+
+
+def test_the_openai_clients_checks_pass_against_serve_api_over_vllm(tmp_path):
+    """`serve api --engine vllm`: the front's one request check (the sampler server's too) before vLLM sees a
+    request, the model listed by name and accepted by name or path, and log-probs passed through in OpenAI's shape."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    from dapo_suite.core.ports import free_port
+    from dapo_suite.inference.models import embedded_model_path
+
+    port = free_port()
+    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), "--engine",
+                            "vllm", "--dtype", "float32", "--startup-timeout", "900"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in cli.stdout:
+            lines.append(line)
+            if "model:" in line or len(lines) > 2000:
+                break
+        text = "".join(lines)
+        assert "base URL" in text, text[-3000:]
+        client = openai.OpenAI(base_url=re.search(r"base URL: (\S+)", text)[1], api_key="unused", max_retries=0,
+                               timeout=300)
+        assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
+        for name in ("SmolLM2-135M-Instruct", str(embedded_model_path())):
+            reply = client.chat.completions.create(model=name, max_tokens=4, temperature=0, logprobs=True,
+                                                   top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
+            entries = reply.choices[0].logprobs.content
+            assert entries and all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in entries)
+        for fields, param in (({"messages": []}, "messages"),
+                              ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role")):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(**{"model": "SmolLM2-135M-Instruct", "max_tokens": 2, **fields})
+            assert caught.value.body["param"] == param
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-4", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        try:
+            cli.wait(60)
+        except subprocess.TimeoutExpired:
+            cli.kill()
