@@ -29,10 +29,8 @@ import subprocess
 import sys
 import threading
 
-# Measured (docs/eval.md, "Symbolic time limits"): a comparison of MATH-500 answers or of the grader-agreement
-# cases uses at most 0.46 s of CPU in a fork of the warm worker (`[\pi^2/8, 5\pi^2/4]`: ANTLR's full-context
-# prediction; median 0.03 s). 1.0 s of CPU leaves twice that; 1.2 s of wall time gives it 0.8 s of CPU with both
-# cores busy, and with the fork and the kill keeps every call under 1.5 s.
+# About twice the CPU of the slowest comparison measured (docs/eval.md, "Symbolic time limits"); the wall limit
+# keeps every call, fork and kill included, under 1.5 s with both cores busy.
 SYMBOLIC_CPU_LIMIT_S = 1.0
 SYMBOLIC_WALL_LIMIT_S = 1.2
 CPU_POLL_S = 0.02  # how often the worker reads a comparison's CPU time (/proc has 10 ms resolution)
