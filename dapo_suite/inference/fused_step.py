@@ -87,7 +87,10 @@ def kernels():
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         arch, flags = build_flags()
-        name = f"dapo_decode_step_{cpu_tag()}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
+        # The source's hash in the name: two checkouts of different versions on one machine (a fresh clone beside a
+        # working tree) build in folders of their own instead of rebuilding over each other under one lock.
+        source_tag = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:8]
+        name = f"dapo_decode_step_{cpu_tag()}_{source_tag}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
         clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
