@@ -6,7 +6,7 @@ copies the whole cache once per layer (at 64 rows x 300 tokens that is ~0.9 GB p
 and runs ~70 module calls per layer. `LeanStepper` preallocates the cache once (keys and values of every layer
 in one tensor, so dropping finished rows moves each kept row once), fuses the q/k/v and gate/up projections into
 one matmul each, and runs the Llama block as a handful of tensor operations. It is used for the architectures in
-`LEAN_ARCHITECTURES`; any other model decodes through `HFStepper`.
+`LEAN_ARCHITECTURES` (`lean_refusal`); any other model decodes through `HFStepper`, with a warning naming why.
 
 On a CPU, in float32 everywhere and in bfloat16 where the CPU has avx512_bf16, the lean stepper's weights are
 packed once for the fused kernels' own matmul (`weights.StepperWeights`), and everything between the
@@ -23,6 +23,7 @@ references within bf16 rounding (tests/test_sampler.py).
 
 from __future__ import annotations
 
+import warnings
 from typing import Protocol
 
 import torch
@@ -60,12 +61,38 @@ class HFStepper:
         self.mask = self.mask[keep]
 
 
-def lean_supported(model) -> bool:
-    """Whether `LeanStepper` implements this model's block exactly (plain Llama/Qwen2 block, default RoPE)."""
+def lean_refusal(model) -> str | None:
+    """Why `LeanStepper` does not implement this model's block exactly, or None where it does: the pre-norm
+    Llama/Qwen2/Qwen3 block, full attention, SiLU, and RoPE frequencies that stay fixed (the lean stepper takes the
+    model's own `rotary_emb.inv_freq` and `attention_scaling`, so "llama3", "linear", "yarn" are exact)."""
     config = model.config
-    rope = getattr(config, "rope_parameters", None) or {}
-    return (config.model_type in LEAN_ARCHITECTURES and rope.get("rope_type", "default") == "default"
-            and not getattr(config, "use_sliding_window", False) and config.hidden_act == "silu")
+    if config.model_type not in LEAN_ARCHITECTURES:
+        return f"model_type {config.model_type!r} is not one of the lean stepper's {', '.join(LEAN_ARCHITECTURES)}"
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if "dynamic" in rope_type or rope_type == "longrope":  # transformers recomputes these frequencies per length
+        return f"rope_type {rope_type!r} changes its frequencies with the sequence length"
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if getattr(config, "use_sliding_window", False) or layer_types != {"full_attention"}:
+        return f"sliding-window attention (layer types {', '.join(sorted(layer_types))})"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r} (the lean stepper's MLP is SiLU-gated)"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):  # Qwen2's own are q/k/v only
+        return "biases on the output or MLP projections (only Qwen2's q/k/v biases are implemented)"
+    return None
+
+
+_WARNED_REFUSALS: set[str] = set()  # each reason is said once per process, not at every call
+
+
+def lean_supported(model) -> bool:
+    """Whether `LeanStepper` implements this model's block exactly (`lean_refusal`); where not, warns once with
+    the reason that the model decodes through transformers' step."""
+    reason = lean_refusal(model)
+    if reason is not None and reason not in _WARNED_REFUSALS:
+        _WARNED_REFUSALS.add(reason)
+        warnings.warn(f"{type(model).__name__} decodes with transformers' step (slower), not the lean stepper: "
+                      f"{reason}", stacklevel=2)
+    return reason is None
 
 
 # The lean stepper's packed prompt pass runs at most this many tokens at once (whole prompts): rows enough for
@@ -80,8 +107,10 @@ class LeanStepper:
     """Decode steps for a Llama-style model with a preallocated cache.
 
     Per layer (pre-norm; RMSNorm(x) = w * x / sqrt(mean(x^2) + eps)):
-        q, k, v = split(RMSNorm(h) W_qkv^T);  q, k = RoPE(q, pos), RoPE(k, pos)
+        q, k, v = split(RMSNorm(h) W_qkv^T + b_qkv);  q, k = RoPE(q, pos), RoPE(k, pos)
         h = h + Attn(q, K[:t], V[:t]) W_o^T;  g, u = split(RMSNorm(h) W_gu^T);  h = h + (silu(g) * u) W_down^T
+    b_qkv: Qwen2's biases, else 0; Qwen3 RMSNorms each head of q and k (over D, its q_norm / k_norm) before RoPE.
+    RoPE's frequencies and scale are the model's rotary module's (`rotary_emb`: Llama 3's `llama3` scaling too).
     Grouped-query attention reads K and V once per key/value head: the H/H_kv query heads of a group are folded
     into the query axis, (B, H, D) -> (B, H_kv, H/H_kv, D), exactly as `models.grouped_query_sdpa` does.
 
@@ -114,7 +143,7 @@ class LeanStepper:
         elif weights.dtype != dtype:
             raise ValueError(f"the weights snapshot is in {weights.dtype}, the stepper samples in {dtype}")
         self.kernels, self.embed, self.final_norm = weights.kernels, weights.embed, weights.final_norm
-        self.lm_head, self.layers = weights.lm_head, weights.layers
+        self.lm_head, self.layers, self.qk_norms = weights.lm_head, weights.layers, weights.qk_norms
         self.layer_tensors = weights.layer_tensors
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
@@ -263,8 +292,11 @@ class LeanStepper:
         heads_qk = self.heads + self.kv_heads
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
             qkv = qkv_proj(self._norm(hidden, norm_in))
+            qk = qkv[:, : q_size + kv_size].view(batch, heads_qk, self.head_dim)
+            if self.qk_norms[index] is not None:  # Qwen3: each head's q and k RMSNorm-ed before RoPE
+                qk = (F.rms_norm(qk.float(), (self.head_dim,), eps=self.eps) * self.qk_norms[index]).to(self.dtype)
             # queries and keys rotate together: one RoPE for both instead of one each
-            qk = self._rotate(qkv[:, : q_size + kv_size].view(batch, heads_qk, self.head_dim), cos, sin)
+            qk = self._rotate(qk, cos, sin)
             self.kv[0, index, :, :, slot] = qk[:, self.heads :]
             self.kv[1, index, :, :, slot] = qkv[:, q_size + kv_size :].view(batch, self.kv_heads, self.head_dim)
             q = qk[:, : self.heads].view(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.models import merged_weight
 
-# model_type -> whether its attention projections carry biases (Qwen2: q, k and v do). Both are the plain
-# pre-norm Llama block with default RoPE; models with other RoPE scalings fall back to HFStepper.
-LEAN_ARCHITECTURES = {"llama": False, "qwen2": True}
+# The model types whose block the lean stepper implements: the pre-norm Llama block, with q/k/v biases where the
+# model has them (Qwen2) and Qwen3's per-head RMSNorm of q and k before RoPE (`qk_norm`); their RoPE frequencies
+# are the model's own rotary module's (any static rope_type: `decoding.lean_refusal` says which fall back).
+LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 # The head sizes `attend` is compiled for (csrc/decode_step.cpp); other models decode with torch's ops.
 FUSED_HEAD_DIMS = (64, 128)
@@ -83,11 +84,18 @@ class StepperWeights:
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels)
         self.layers = []
+        # per layer, Qwen3's q/k RMSNorm weights, one row per head the projection gives (H query heads, then H_kv
+        # key heads: (H + H_kv, D) float32), or None where the block has none
+        self.qk_norms: list[torch.Tensor | None] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv_bias = None
-            if LEAN_ARCHITECTURES[config.model_type]:
+            if attn.q_proj.bias is not None:  # Qwen2's q, k and v biases (o_proj has none: `lean_refusal`)
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+            self.qk_norms.append(None if q_norm is None else torch.cat([
+                q_norm.weight.float().expand(config.num_attention_heads, -1),
+                k_norm.weight.float().expand(config.num_key_value_heads, -1)]).contiguous())
             self.layers.append((
                 own(layer.input_layernorm.weight, torch.float32),
                 Projection(torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
@@ -101,12 +109,13 @@ class StepperWeights:
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
         self.layer_tensors: list[list[torch.Tensor]] = []
         if self.kernels is not None:
-            # the fused layer loop's weights: each layer's, and the norm its MLP half ends with (the next layer's
-            # input norm, or the final one)
+            # the fused layer loop's weights: each layer's, the norm its MLP half ends with (the next layer's
+            # input norm, or the final one), and its q/k norm (or empty)
             norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
             self.layer_tensors = [
                 [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
-                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn]
-                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after in zip(self.layers, norms_after,
-                                                                                   strict=True)]
+                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn,
+                 qk_norm if qk_norm is not None else self.final_norm.new_empty(0)]
+                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after, qk_norm
+                in zip(self.layers, norms_after, self.qk_norms, strict=True)]
 

@@ -10,6 +10,7 @@
 //   attend          RoPE of q and k, the step's k and v written into the cache, grouped-query attention over the
 //                   row's valid cache positions only (left padding is skipped, not masked)
 //   add_rms_norm    h += x;  y = w * h / sqrt(mean(h^2) + eps), stored in the sampling dtype
+//   qk_rms_norm     Qwen3's RMSNorm of each query and key head, in place, before `attend`'s RoPE
 //   silu_mul        y = silu(g) * u for [g, u] = x
 //   linear          x W^T + b for any number of rows, W packed once in blocks of outputs (`pack_weight`): bf16,
 //                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows), or
@@ -1061,15 +1062,39 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   return y;
 }
 
+// Qwen3's RMSNorm of each query and key head before RoPE, in place: qkv (N, (H + 2 H_kv) D) bf16 or float32;
+//   for each of the first H + H_kv heads j (queries, then keys), x_j = w[j] * x_j / sqrt(mean(x_j^2) + eps),
+//   computed in float32; weight (H + H_kv, D) float32 (the q norm's weight on the query rows, the k norm's after).
+void qk_rms_norm(at::Tensor qkv, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(qkv.is_contiguous() && weight.is_contiguous() && weight.scalar_type() == at::kFloat,
+              "qk_rms_norm: contiguous qkv, float32 weight");
+  const int64_t heads = weight.size(0), dim = weight.size(1), width = qkv.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "qk_rms_norm", [&] {
+    scalar_t* x_p = qkv.data_ptr<scalar_t>();
+    const float* w_p = weight.data_ptr<float>();
+    at::parallel_for(0, qkv.size(0) * heads, 16, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        scalar_t* x = x_p + (i / heads) * width + (i % heads) * dim;
+        const float* w = w_p + (i % heads) * dim;
+        float squares = 0.f;
+        for (int64_t d = 0; d < dim; ++d) squares += float(x[d]) * float(x[d]);
+        const float inverse = 1.f / std::sqrt(squares / dim + float(eps));
+        for (int64_t d = 0; d < dim; ++d) x[d] = scalar_t(w[d] * (float(x[d]) * inverse));
+      }
+    });
+  });
+}
+
 // Every layer of a Llama-style block for N tokens, one call from Python (at one row, ~240 Python calls per
 // step cost more than the step's arithmetic besides the weight reads):
-//   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T)) W_o^T;  x = RMSNorm(h);  h += (silu(g) * u) W_down^T
-//   for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm after the last).
+//   x = RMSNorm(h);  per layer: h += Attn(RoPE(x W_qkv^T + b_qkv)) W_o^T;  x = RMSNorm(h);
+//   h += (silu(g) * u) W_down^T for [g, u] = x W_gu^T;  x = RMSNorm(h) with the next layer's norm (the final norm
+//   after the last). Qwen3's q and k are RMSNorm-ed per head before RoPE (`qk_rms_norm`).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post, W_gu,
-// W_down, norm_after, then the four W in oneDNN's layout (or empty: `linear`'s `onednn`)}, each W from
-// pack_weight; cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv,
-// T, D) or empty; every tensor but hidden and the norms in the cache's dtype (bf16 or float32). Returns x after
-// the last layer's norm, (N, C) in that dtype.
+// W_down, norm_after, then the four W in oneDNN's layout (or empty: `linear`'s `onednn`), then the q/k norms'
+// weight (H + H_kv, D) or empty (`qk_rms_norm`: Qwen3)}, each W from pack_weight; cache (2, layers, R, H_kv, S,
+// D); prompt_kv (2, layers, P, H_kv, T, D) or empty; every tensor but hidden and the norms in the cache's dtype
+// (bf16 or float32). Returns x after the last layer's norm, (N, C) in that dtype.
 at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, at::Tensor cos,
                       at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache, at::Tensor cache_start,
                       at::Tensor prompt_kv, at::Tensor prompt_start, at::Tensor row_prompt, int64_t heads,
@@ -1080,8 +1105,10 @@ at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tenso
   at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps, dtype);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];
+    const at::Tensor qkv = linear(x, w[1], w[2], w[8]);
+    if (w[12].numel()) qk_rms_norm(qkv, w[12], eps);  // Qwen3: q and k normed per head before `attend`'s RoPE
     const at::Tensor attended = attend(
-        linear(x, w[1], w[2], w[8]), cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
+        qkv, cos, sin, rows, slots, cache[0][i], cache[1][i], cache_start,
         shared ? prompt_kv[0][i] : empty, shared ? prompt_kv[1][i] : empty, prompt_start, row_prompt, heads, scale);
     x = add_rms_norm(hidden, linear(attended, w[3], empty, w[9]), w[4], eps, dtype);
     x = add_rms_norm(hidden, linear(silu_mul(linear(x, w[5], empty, w[10])), w[6], empty, w[11]), w[7], eps, dtype);
@@ -1095,6 +1122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("silu_mul", &silu_mul);
   module.def("sample_next", &sample_next);
   module.def("run_layers", &run_layers);
+  module.def("qk_rms_norm", &qk_rms_norm);
   module.def("pack_weight", &pack_weight);
   module.def("linear", &linear);
   module.def("linear_on_vectors", &linear_on_vectors);
