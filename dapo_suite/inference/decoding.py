@@ -96,8 +96,7 @@ def lean_supported(model) -> bool:
 
 
 # The lean stepper's packed prompt pass runs at most this many tokens at once (whole prompts): rows enough for
-# the projections to run near the matmul peak, outputs small enough to stay in cache (bf16 gate/up projection:
-# 902 GFLOP/s at 2048 rows, 717 at 8192; the 64 GSM8K prompts' pass 3.8 -> 2.8 s).
+# the projections to run near the matmul peak, outputs small enough to stay in cache (measured: docs/benchmarks.md).
 PREFILL_CHUNK_TOKENS = 2048
 
 JOIN_HEADROOM_SLOTS = 128  # spare slots of a rebuilt cache: rows may join in place for this many steps
@@ -351,8 +350,7 @@ class LeanStepper:
 
     def select(self, keep: torch.Tensor) -> None:
         # Compacted in place, filled slots only: row keep[i] moves to row i, in ascending i (keep is sorted, so
-        # keep[i] >= i and no row is overwritten before it has moved). index_select copied every slot of every
-        # kept row, the empty tail too: 0.42 s of a 9.5 s run of 64 rows x 256 tokens.
+        # keep[i] >= i and no row is overwritten before it has moved); index_select would copy the empty tail too.
         for row, source in enumerate(keep.tolist()):
             if row != source:
                 self.kv[:, :, row, :, : self.length] = self.kv[:, :, source, :, : self.length]

@@ -6,7 +6,7 @@ kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache wr
 over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
 `add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`). The
 projections are the module's own `linear` over weights packed once (`pack_weight`, blocks of 48 outputs in bf16
-pair order): 1.3-1.7x oneDNN's linear at 1-64 rows, 1.04x at a prompt pass's 2048 (benchmarks/projections.py).
+pair order), faster than oneDNN's linear at a decode step's rows (benchmarks/projections.py, docs/benchmarks.md).
 On a CPU with AMX, `linear` runs 8-64 rows through the tile unit on the same packed weight (`TILE_MIN_ROWS`) and
 more rows through oneDNN's AMX matmul (`ONEDNN_MIN_ROWS`).
 `decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and `linear`

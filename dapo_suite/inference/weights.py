@@ -26,8 +26,8 @@ class Projection:
 
     Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
     packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
-    the decoder runs, it is 1.3-1.7x oneDNN's linear and 2-3.8x aten's at 1-64 rows (a decode step), 1.04x and
-    1.2x at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py); with AMX, `linear`
+    the decoder runs, it is faster than oneDNN's and aten's linear at 1-64 rows (a decode step) and on par at 2048
+    (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py, docs/benchmarks.md); with AMX, `linear`
     runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from 65 rows (a prompt
     pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout (`ONEDNN_MIN_ROWS`).
     In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16,
@@ -62,8 +62,8 @@ class StepperWeights:
     """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused, each
     projection packed for the fused kernels' `linear` where they apply (`Projection`).
 
-    Building one reads and rewrites every weight: for the embedded model ~0.2 s in bf16 and ~0.4 s in float32 on an
-    AMD EPYC, against ~1.8 s and ~3.3 s for a whole one-prompt, 200-token `sample_tokens` call. A caller whose weights stay fixed across calls builds it once and passes it
+    Building one reads and rewrites every weight, a sizeable share of a short `sample_tokens` call (docs/benchmarks.md).
+    A caller whose weights stay fixed across calls builds it once and passes it
     on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the model's
     weights after that is not seen until a new snapshot is made. Every tensor in it is a copy (`.to(dtype)` of a
     tensor already in that dtype would be the model's own), so an update in place leaves a snapshot whole."""

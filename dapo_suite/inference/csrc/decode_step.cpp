@@ -69,11 +69,8 @@ inline void prefetch_step(const T* next, PrefetchShare share, int64_t step) {
 
 // How a lone row tile (1 row up to a tile's rows: it reads each block once, so the weight is one sequential stream)
 // prefetches, by CPU vendor: `bytes` ahead in its own stream from `min_rows` rows (fewer: the hardware prefetchers
-// alone), or (not named here) the whole next block. Measured on the step's 121 projections from memory, one thread,
-// the variants taking turns in rotating order, bf16 and float32: on an AMD EPYC (Zen 5, 48 KB L1) the next block,
-// 55-295 KB ahead, ran 1.04-1.13x slower than 8 KB ahead at 1-8 rows (2 KB 0.93-1.03x, 4-32 KB 1.03-1.11x), and
-// at 1-2 rows no software prefetch ran 1.06-1.16x faster still (0.88-1.03x at 4-8 rows); on an Intel Xeon with AMX
-// the next block was kept (1 row at 96 % of the copy bandwidth; no prefetch 0.78x).
+// alone), or (not named here) the whole next block: each vendor's choice is the one that measured fastest on its
+// CPUs (docs/benchmarks.md; AMD's L1 is smaller than a whole next block).
 struct StreamAhead {
   const char* vendor;  // what cpuid leaf 0 reports
   int64_t bytes, min_rows;
