@@ -122,7 +122,7 @@ def main(debug: bool) -> None:
               help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the training run (held-out split, prompts, samples); docs/results/demo/ has ten.")
+              help="Seed of the training run (held-out split, prompts, samples); docs/results/demo/ compares seeds.")
 @click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
 @click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
