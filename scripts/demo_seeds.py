@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from dapo_suite.train.run_log import read_metrics
 
 PRECISIONS = {"bf16": [], "float32": ["--set", "sampling_dtype=null", "--set", "autocast_dtype=null"]}
 TARGET_ACC, TARGET_RISE = 0.50, 0.30  # issue's target: >= 50 % held-out and >= 30 points above the start
@@ -64,8 +67,7 @@ def run_all(out: Path, seeds: list[int], precisions: list[str], parallel: int, t
 
 def run_row(run: Path, seed: int, precision: str) -> dict:
     summary = json.loads((run / "summary.json").read_text())
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [s for s in steps if "sampling/groups_kept" in s]
+    steps = [s for s in read_metrics(run) if "sampling/groups_kept" in s]
     mixed = [s["step"] for s in steps if s["sampling/groups_mixed"] > 0]
     config = (run / "config.yaml").read_text()
     before, after = summary["before"]["acc"], summary["after"]["acc"]
@@ -104,7 +106,7 @@ def write_table(out: Path, table_dir: Path, machine: str) -> None:
         group = sorted(r["after"] for r in rows if r["precision"] == precision)
         if group:
             met = sum(r["meets_target"] for r in rows if r["precision"] == precision)
-            median = group[len(group) // 2] if len(group) % 2 else (group[len(group) // 2 - 1] + group[len(group) // 2]) / 2
+            median = statistics.median(group)
             lines.append(f"- {precision}: target met in {met} of {len(group)} seeds; held-out after: median "
                          f"{100 * median:.1f} %, range {100 * group[0]:.1f}-{100 * group[-1]:.1f} %")
     (table_dir / "seeds.md").write_text("\n".join(lines) + "\n")
