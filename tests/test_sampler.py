@@ -477,6 +477,33 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_instead_of_waited_on(tmp
     clear_stale_lock(lock)  # no lock: nothing happens
 
 
+def test_a_build_lock_that_turns_stale_while_waited_on_is_removed_and_the_wait_ends(tmp_path, monkeypatch):
+    """torch's FileBaton waits on a lock forever. A lock made by a build that was killed just now (young, so not
+    removed up front) is watched during the wait: the waiter says what it waits on, and the wait ends once the lock
+    is older than STALE_LOCK_SECONDS."""
+    import time
+    import warnings
+
+    from torch.utils.file_baton import FileBaton
+
+    from dapo_suite.inference import fused_step
+
+    monkeypatch.setattr(fused_step, "STALE_LOCK_SECONDS", 2)
+    lock = tmp_path / "lock"
+    lock.write_text("")  # the killed build's
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fused_step.waiting_on_lock(lock, poll_seconds=0.2):
+            baton = FileBaton(str(lock), wait_seconds=0.1)
+            assert not baton.try_acquire()
+            baton.wait()  # returns once the watcher removed the stale lock
+    assert not lock.exists() and time.monotonic() - start < 30
+    messages = [str(w.message) for w in caught]
+    assert any("waiting for another process's build" in m for m in messages)
+    assert any("stale build lock" in m for m in messages)
+
+
 def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torch_ops(embedded_model_dir, tmp_path,
                                                                                       monkeypatch):
     """On a CPU without avx512_bf16 the module builds without the attention and linear kernels (NATIVE_BF16 false):

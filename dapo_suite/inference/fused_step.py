@@ -25,12 +25,15 @@ samples up to rounding).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import shutil
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
@@ -57,7 +60,7 @@ def cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-STALE_LOCK_SECONDS = 900  # a build takes ~20-60 s; a lock this old was left by a build that was killed
+STALE_LOCK_SECONDS = 600  # a build takes ~20-60 s (a few minutes on a busy machine); a lock this old was left by a killed one
 
 
 def clear_stale_lock(lock: Path) -> None:
@@ -73,6 +76,29 @@ def clear_stale_lock(lock: Path) -> None:
         warnings.warn(f"removing a stale build lock ({lock}, {age / 60:.0f} minutes old: a build was killed)",
                       stacklevel=3)
         lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def waiting_on_lock(lock: Path, poll_seconds: float = 10.0) -> Iterator[None]:
+    """While torch waits on another process's build lock (it waits forever), say so once, and remove the lock when
+    it turns stale. Watches only a lock that was there before this process started: never its own build's."""
+    if not lock.exists():
+        yield
+        return
+    warnings.warn(f"waiting for another process's build of the sampler's kernels ({lock}); a lock left by a killed "
+                  f"build is removed {STALE_LOCK_SECONDS // 60} minutes after it was made", stacklevel=3)
+    done = threading.Event()
+
+    def watch() -> None:
+        while lock.exists() and not done.wait(poll_seconds):
+            clear_stale_lock(lock)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 @functools.cache
@@ -91,8 +117,10 @@ def kernels():
         # working tree) build in folders of their own instead of rebuilding over each other under one lock.
         source_tag = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:8]
         name = f"dapo_decode_step_{cpu_tag()}_{source_tag}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
-        clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock")
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"])
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        clear_stale_lock(lock)
+        with waiting_on_lock(lock):
+            return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         first_line = (str(error).strip().splitlines() or [""])[0]
         target = "" if build_flags()[0] == "native" else f" for ${ARCH_VARIABLE}={build_flags()[0]}"

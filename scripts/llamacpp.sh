@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# llama.cpp for this CPU, the peer of benchmarks/vs_llamacpp.py: the llama.cpp tree vendored in the
+# llama-cpp-python sdist on PyPI (CPU only, -march=native), built into $1 (default .llamacpp). Only the package
+# registry is needed; a rerun with the tools in place does nothing.
+#   bash scripts/llamacpp.sh [DIR]     -> DIR/bin/llama-batched-bench, DIR/bin/llama-bench, DIR/src (the tree)
+set -euo pipefail
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+DIR="${1:-.llamacpp}"
+PIP="${PIP:-.venv/bin/pip}"
+if [ -x "$DIR/bin/llama-batched-bench" ] && [ -x "$DIR/bin/llama-bench" ]; then
+  echo "llama.cpp: $DIR/bin is built"; exit 0
+fi
+mkdir -p "$DIR"
+if [ ! -f "$DIR/src/CMakeLists.txt" ]; then
+  "$PIP" download "llama-cpp-python==$VERSION" --no-deps --no-binary :all: -d "$DIR" -q
+  tar xzf "$DIR/llama_cpp_python-$VERSION.tar.gz" -C "$DIR"
+  rm -rf "$DIR/src"
+  mv "$DIR/llama_cpp_python-$VERSION/vendor/llama.cpp" "$DIR/src"
+  rm -rf "$DIR/llama_cpp_python-$VERSION" "$DIR/llama_cpp_python-$VERSION.tar.gz"
+fi
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+cmake -S "$DIR/src" -B "$DIR/build" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build "$DIR/build" --target llama-batched-bench llama-bench -j "${JOBS:-$(nproc)}"
+mkdir -p "$DIR/bin"
+cp "$DIR/build/bin/llama-batched-bench" "$DIR/build/bin/llama-bench" "$DIR/bin/"
+echo "llama.cpp: built $DIR/bin (llama-cpp-python $VERSION's vendored tree, -march=native)"
