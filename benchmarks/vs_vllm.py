@@ -74,7 +74,8 @@ class SamplerSide:
         built = f"kernels -march={build_flags()[0]}: float32 {fused.FLOAT32_VECTORS}, bf16 {bf16}"
         return f"dapo-suite sampler, torch {torch.__version__}, {built}"
 
-    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
+    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int,
+            ignore_eos: bool = False) -> dict:
         import torch
 
         from dapo_suite.inference.engines import end_of_response_ids
@@ -93,7 +94,8 @@ class SamplerSide:
         start, cpu = time.perf_counter(), cpu_seconds()
         with torch.no_grad():
             sampled = sample_tokens(self.model, ids, mask, max_tokens, 1.0, 0.7,
-                                    end_of_response_ids(self.model, self.tokenizer), pad, samples_per_prompt=group,
+                                    set() if ignore_eos else end_of_response_ids(self.model, self.tokenizer), pad,
+                                    samples_per_prompt=group,
                                     generator=torch.Generator().manual_seed(0), dtype=getattr(torch, dtype),
                                     weights=self.weights)
         return {"seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu,
@@ -131,11 +133,11 @@ class VLLMSide:
 SIDES = {"dapo-suite": SamplerSide, "vLLM": VLLMSide}
 
 
-def serve_requests(side: str, path: str) -> None:
+def serve_requests(side: str, path: str, threads: int = 1) -> None:
     """The worker's loop: build the side, say what it is, then answer each request line."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     runner = SIDES[side](path)
     print(RESULT + json.dumps({"describe": runner.describe()}), flush=True)
     for line in sys.stdin:
@@ -146,12 +148,13 @@ def serve_requests(side: str, path: str) -> None:
 class Worker:
     """One side's worker process; `ask` sends a request and waits for its answer."""
 
-    def __init__(self, side: str, python: str, path: str, env: dict[str, str]) -> None:
-        self.side = side
-        self.process = subprocess.Popen([python, __file__, "--worker", side, "--model-path", path],
+    def __init__(self, side: str, python: str, path: str, env: dict[str, str], cores: set[int] | None = None) -> None:
+        self.side, cores = side, cores or {CORE}
+        self.process = subprocess.Popen([python, __file__, "--worker", side, "--model-path", path,
+                                         "--worker-threads", str(len(cores))],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, **env})
-        os.sched_setaffinity(self.process.pid, {CORE})
+        os.sched_setaffinity(self.process.pid, cores)
         self.description = self._answer()["describe"]
 
     def _answer(self) -> dict:
@@ -205,9 +208,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--worker", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        serve_requests(args.worker, args.model_path)
+        serve_requests(args.worker, args.model_path, args.worker_threads)
         return
     if not Path(args.vllm_python).is_file():
         parser.error(f"--vllm-python {args.vllm_python}: not found; `make vllm-env` builds the vLLM environment")

@@ -7,6 +7,8 @@ set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 DIR="${1:-.llamacpp}"
 PIP="${PIP:-.venv/bin/pip}"
+# llama.cpp's convert_hf_to_gguf.py (benchmarks/vs_llamacpp.py runs it in this venv) imports sentencepiece
+"$(dirname "$PIP")/python" -c "import sentencepiece" 2>/dev/null || "$PIP" install -q sentencepiece
 if [ -x "$DIR/bin/llama-batched-bench" ] && [ -x "$DIR/bin/llama-bench" ]; then
   echo "llama.cpp: $DIR/bin is built"; exit 0
 fi
