@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dapo_suite.core.threads import FreeCores, free_cores
 from dapo_suite.inference.decoding import lean_supported, make_stepper
 from dapo_suite.inference.prefill import PrefixCache
 from dapo_suite.inference.sampling import TokenLogProb, next_tokens, row_uniforms, scored_tokens
@@ -170,13 +171,13 @@ class BatchDecoder:
             if not jobs:
                 continue
             try:
-                with torch.inference_mode():
-                    self._decode(jobs)
+                with torch.inference_mode(), free_cores.sampling() as cores:
+                    self._decode(jobs, cores)
             except Exception as error:  # noqa: BLE001 - the thread must outlive a failed batch; its jobs get the error
                 for job in jobs:
                     job.emit(("error", f"{type(error).__name__}: {error}"))
 
-    def _decode(self, jobs: list[GenerationJob]) -> None:
+    def _decode(self, jobs: list[GenerationJob], cores: FreeCores | None = None) -> None:
         """Decode `jobs` (a list this method extends and shrinks in place) until every row has ended."""
         ids, mask = self._left_padded(jobs)
         stepper = make_stepper(self.model, ids, mask, max(job.max_tokens for job in jobs), self.dtype,
@@ -185,6 +186,8 @@ class BatchDecoder:
         width = ids.shape[1] + max(job.max_tokens for job in jobs)
         since_join = 0
         while jobs:
+            if cores:
+                cores.adapt()
             sampled = self._sample(stepper.step(step_input, positions), jobs)
             keep = []
             for row, (job, token) in enumerate(zip(jobs, sampled.tolist(), strict=True)):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dapo_suite.core.threads import free_cores
 from dapo_suite.inference.decoding import make_stepper
 from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.weights import StepperWeights
@@ -139,35 +140,38 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot of the model's
     weights in `dtype`, for a caller that samples many times between two updates (`weights.StepperWeights`).
     """
-    stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
-                           weights=weights)
-    input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
-    attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
-    count, device = input_ids.shape[0], input_ids.device
-    tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    log_probs = torch.zeros(count, max_new_tokens, device=device)
-    lengths = torch.zeros(count, dtype=torch.long, device=device)
-    stopped = torch.zeros(count, dtype=torch.bool, device=device)
-    positions = attention_mask.sum(-1) - 1  # position of each row's last prompt token
-    eos = torch.tensor(sorted(eos_ids), device=device)
-    rows = torch.arange(count, device=device)  # which output row each batch row is
-    alive = torch.ones(count, dtype=torch.bool, device=device)
-    step_input = input_ids[:, -1]
-    for step in range(max_new_tokens):
-        sampled, step_log_probs = next_tokens(stepper.step(step_input, positions), temperature, top_p, generator)
-        live_rows = rows[alive]
-        tokens[live_rows, step] = sampled[alive]
-        log_probs[live_rows, step] = step_log_probs[alive]
-        lengths[live_rows] += 1
-        ended = alive & torch.isin(sampled, eos)
-        stopped[rows[ended]] = True
-        alive &= ~ended
-        if not alive.any():
-            break
-        if (~alive).sum() * 4 >= alive.numel():
-            keep = alive.nonzero().squeeze(-1)
-            stepper.select(keep)
-            rows, alive, sampled, positions = rows[keep], alive[keep], sampled[keep], positions[keep]
-        step_input = sampled
-        positions = positions + 1
-    return SampledBatch(tokens, log_probs, lengths, stopped)
+    with free_cores.sampling() as cores:  # threads on the cores other programs leave free (core/threads.py)
+        stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
+                               weights=weights)
+        input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
+        attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
+        count, device = input_ids.shape[0], input_ids.device
+        tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros(count, max_new_tokens, device=device)
+        lengths = torch.zeros(count, dtype=torch.long, device=device)
+        stopped = torch.zeros(count, dtype=torch.bool, device=device)
+        positions = attention_mask.sum(-1) - 1  # position of each row's last prompt token
+        eos = torch.tensor(sorted(eos_ids), device=device)
+        rows = torch.arange(count, device=device)  # which output row each batch row is
+        alive = torch.ones(count, dtype=torch.bool, device=device)
+        step_input = input_ids[:, -1]
+        for step in range(max_new_tokens):
+            if cores:
+                cores.adapt()
+            sampled, step_log_probs = next_tokens(stepper.step(step_input, positions), temperature, top_p, generator)
+            live_rows = rows[alive]
+            tokens[live_rows, step] = sampled[alive]
+            log_probs[live_rows, step] = step_log_probs[alive]
+            lengths[live_rows] += 1
+            ended = alive & torch.isin(sampled, eos)
+            stopped[rows[ended]] = True
+            alive &= ~ended
+            if not alive.any():
+                break
+            if (~alive).sum() * 4 >= alive.numel():
+                keep = alive.nonzero().squeeze(-1)
+                stepper.select(keep)
+                rows, alive, sampled, positions = rows[keep], alive[keep], sampled[keep], positions[keep]
+            step_input = sampled
+            positions = positions + 1
+        return SampledBatch(tokens, log_probs, lengths, stopped)
