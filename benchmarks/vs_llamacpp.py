@@ -102,6 +102,7 @@ def main() -> None:
     from serve_throughput import cpu_line
     from vs_vllm import Worker
 
+    from dapo_suite.core.threads import THREADS_VARIABLE
     from dapo_suite.inference.models import embedded_gguf_path, embedded_model_path, load_model_and_tokenizer
 
     path = str(embedded_model_path())
@@ -119,7 +120,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         bandwidth = copy_bandwidth()
         print(f"\n== {threads} thread(s) on cores {cores}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
-        worker = Worker("dapo-suite", sys.executable, path, {}, set(cores))
+        worker = Worker("dapo-suite", sys.executable, path, {THREADS_VARIABLE: str(threads)}, set(cores))
         for dtype in args.dtypes.split(","):
             flops = matmul_flops(getattr(torch, dtype))
             itemsize = getattr(torch, dtype).itemsize

