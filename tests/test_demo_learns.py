@@ -41,7 +41,8 @@ def test_the_demos_training_learns_on_two_seeds(demo_data, tmp_path):
         out = tmp_path / f"seed{seed}"
         result = subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--preset", "dapo",
                                  "--train-file", str(demo_data), "--seed", str(seed), "--out", str(out)],
-                                capture_output=True, text=True, timeout=3000, env=os.environ.copy())
+                                capture_output=True, text=True, timeout=3000,
+                                env={**os.environ, "OMP_NUM_THREADS": "2"})  # the table's runs: 2 threads each
         assert result.returncode == 0, result.stderr[-3000:]
         summaries[seed] = json.loads((out / "summary.json").read_text())
     report = {seed: f"{100 * s['before']['acc']:.1f} -> {100 * s['after']['acc']:.1f} % ({s['verdict']['text']})"
