@@ -171,16 +171,17 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         urls = {engine: stack.enter_context(served(engine, args.model, args.dtype, args.vllm_python))
                 for engine in engines}
-        for url in urls.values():  # warm-up: one short request each
+        names = {engine: served_name(url) for engine, url in urls.items()}
+        for engine, url in urls.items():  # warm-up: one short request each
             httpx.post(url + "/chat/completions", timeout=600, json={
-                "model": served_name(url), "messages": [{"role": "user", "content": "Hi"}],
+                "model": names[engine], "messages": [{"role": "user", "content": "Hi"}],
                 "max_tokens": 8}).raise_for_status()
         for clients in counts:
             windows: dict[str, list[dict]] = {engine: [] for engine in engines}
             for window in range(args.windows):
                 for engine in engines if window % 2 == 0 else engines[::-1]:
                     windows[engine].append(asyncio.run(measure(urls[engine], clients, args.max_tokens,
-                                                               args.duration, served_name(urls[engine]))))
+                                                               args.duration, names[engine])))
             for engine in engines:
                 ranked = sorted(windows[engine], key=lambda w: w["tokens_per_s"])
                 row = {"engine": engine, **ranked[len(ranked) // 2],
