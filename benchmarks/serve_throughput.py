@@ -9,7 +9,8 @@ model. Targets (2 CPU cores): >= 1.5x vLLM's aggregate tokens/s and a lower firs
 
 Each measurement runs `--duration` seconds with a fixed number of clients, each sending streamed chat requests
 back to back (a two-step word problem in the DAPO prompt, numbers varying by request; T 1.0, top_p 0.7 as the
-paper evaluates; a seed per request), as serving benchmarks hold a concurrency level. Figures: tokens received
+paper evaluates; a seed per request; `ignore_eos` where the server has it, the sampler's and vLLM's, so each of their
+requests is exactly --max-tokens long), as serving benchmarks hold a concurrency level. Figures: tokens received
 per second of the window (completion tokens from the server's usage for finished requests, streamed pieces for
 those cut by the end of the window), time to first token, p50 and p95 over the requests sent (one still
 waiting at the end counts as waiting until then: a lower bound, and the count is printed), and the p95 of the gaps
@@ -42,6 +43,7 @@ from dapo_suite.core.provenance import cpu_description  # noqa: E402
 from dapo_suite.inference.endpoint import Endpoint, stop_process, wait_healthy  # noqa: E402
 
 PEERS = ("vllm", "transformers")  # what the sampler's endpoint is measured against
+IGNORES_EOS = {"sampler", "vllm"}  # run every request to --max-tokens (vLLM's field); `transformers serve` has none
 
 
 def cpu_line() -> str:
@@ -83,7 +85,7 @@ def served(engine: str, model: str | None, dtype: str = "auto", vllm_python: str
 
 
 async def client_loop(client: httpx.AsyncClient, url: str, index: int, max_tokens: int, deadline: float,
-                      requests: list[dict], model: str | None = None) -> None:
+                      requests: list[dict], model: str | None = None, ignore_eos: bool = False) -> None:
     """One client: streamed chat requests back to back until `deadline`, each recorded in `requests` as it goes
     (sent, first-token time, tokens so far), so a request cut by the deadline still counts what it received."""
     for number in range(10**6):
@@ -95,7 +97,8 @@ async def client_loop(client: httpx.AsyncClient, url: str, index: int, max_token
                     f"sell?")
         body = {"messages": [{"role": "user", "content": format_prompt(question)}], "max_tokens": max_tokens,
                 "temperature": 1.0, "top_p": 0.7, "seed": seed, "stream": True,
-                "stream_options": {"include_usage": True}, **({"model": model} if model else {})}
+                "stream_options": {"include_usage": True}, **({"model": model} if model else {}),
+                **({"ignore_eos": True} if ignore_eos else {})}
         record = {"sent": time.perf_counter(), "first": None, "last": None, "gaps": [], "tokens": 0, "done": False}
         requests.append(record)
         async with client.stream("POST", url + "/chat/completions", json=body) as response:
@@ -115,7 +118,8 @@ async def client_loop(client: httpx.AsyncClient, url: str, index: int, max_token
                     record["tokens"], record["done"] = chunk["usage"]["completion_tokens"], True
 
 
-async def measure(url: str, clients: int, max_tokens: int, duration_s: float, model: str | None = None) -> dict:
+async def measure(url: str, clients: int, max_tokens: int, duration_s: float, model: str | None = None,
+                  ignore_eos: bool = False) -> dict:
     """`clients` clients running back to back for `duration_s`: tokens received per second of the window, and
     time to first token over the requests sent in it (a request still without one at the end counts as waiting
     until the end: its figure is a lower bound)."""
@@ -123,7 +127,8 @@ async def measure(url: str, clients: int, max_tokens: int, duration_s: float, mo
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=clients + 4)) as client:
         start = time.perf_counter()
         deadline = start + duration_s
-        tasks = [asyncio.create_task(client_loop(client, url, index, max_tokens, deadline, requests, model))
+        tasks = [asyncio.create_task(client_loop(client, url, index, max_tokens, deadline, requests, model,
+                                                 ignore_eos))
                  for index in range(clients)]
         await asyncio.wait(tasks, timeout=duration_s)
         end = time.perf_counter()
@@ -181,7 +186,8 @@ def main() -> None:
             for window in range(args.windows):
                 for engine in engines if window % 2 == 0 else engines[::-1]:
                     windows[engine].append(asyncio.run(measure(urls[engine], clients, args.max_tokens,
-                                                               args.duration, names[engine])))
+                                                               args.duration, names[engine],
+                                                               engine in IGNORES_EOS)))
             for engine in engines:
                 ranked = sorted(windows[engine], key=lambda w: w["tokens_per_s"])
                 row = {"engine": engine, **ranked[len(ranked) // 2],

@@ -68,5 +68,5 @@ def test_an_engine_without_log_probs_refuses_them_by_name(tokenizer):
                               (True, {"messages": HI, "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
                               (False, {"prompt": "1,", "echo": True}, "echo")):
         with pytest.raises(RequestFieldError) as caught:
-            parse_request(body, chat, tokenizer, 8192, logprobs_available=False)
+            parse_request(body, chat, tokenizer, 8192, token_engine=False)
         assert caught.value.param == param

@@ -380,6 +380,31 @@ def test_stop_strings_end_the_reply_before_them(api, request):
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_ignore_eos_generates_exactly_max_tokens_as_vllms_field_does(api, request):
+    """vLLM's `ignore_eos` (what serving benchmarks send for equal work per request): a greedy reply that ends
+    early without it runs to max_tokens with it, as one response and as a stream."""
+    base_url, model, _ = api
+    client = _client(base_url)
+    ask = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "temperature": 0, "max_tokens": 48}
+    if request.node.callspec.params["api"] != "sampler":
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+        assert caught.value.body["param"] == "ignore_eos"
+        return
+    short = client.chat.completions.create(**ask)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 48
+    full = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 48
+    stream = client.chat.completions.create(**ask, extra_body={"ignore_eos": True}, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 48
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**ask, extra_body={"ignore_eos": "yes"})
+    assert caught.value.body["param"] == "ignore_eos"
+
+
 def test_a_wrong_model_is_404_before_any_stream_and_errors_have_openais_shape(api):
     base_url, _, _ = api
     client = _client(base_url)

@@ -47,6 +47,7 @@ class GenerationJob:
     seed: int | None = None
     emit: Callable[[Event], None] = field(default=lambda event: None, repr=False)
     top_logprobs: int | None = None
+    ignore_eos: bool = False  # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
     cancelled: bool = False
     logprobs: list[TokenLogProb] = field(default_factory=list, repr=False)
     produced: int = 0
@@ -193,7 +194,7 @@ class BatchDecoder:
             for row, (job, token) in enumerate(zip(jobs, sampled.tolist(), strict=True)):
                 job.produced += 1
                 job.emit(("token", token))
-                finish = ("stop" if token in self.eos_ids else "length" if job.produced >= job.max_tokens
+                finish = ("stop" if token in self.eos_ids and not job.ignore_eos else "length" if job.produced >= job.max_tokens
                           else "cancelled" if job.cancelled else None)
                 if finish is None:
                     keep.append(row)

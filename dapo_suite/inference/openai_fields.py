@@ -5,7 +5,7 @@ and `serve api`'s front answer the same request the same way, 400 with OpenAI's 
 What is checked, as OpenAI checks it: `messages` (a non-empty list; roles system, developer, user, assistant;
 content a string or a list of text parts) or `prompt` (a string, a list of strings, a list of token ids or a list
 of such lists); the sampling fields `n`, `temperature` (0-2), `top_p` (0-1), `seed`; `max_tokens` /
-`max_completion_tokens` against the model's context; `stop`; `logprobs` and `top_logprobs` (chat: a bool and 0-20;
+`max_completion_tokens` against the model's context; `stop`; vLLM's `ignore_eos` (exactly max_tokens tokens); `logprobs` and `top_logprobs` (chat: a bool and 0-20;
 completions: an int 0-5 and `echo`); and every other field: one this server does not implement gets 400 unless
 it is one that cannot change the reply (`user`, `metadata`, ...) or has its neutral value (`presence_penalty: 0`,
 `tools: []`, ...).
@@ -32,7 +32,7 @@ NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_b
            "response_format": ({"type": "text"},), "best_of": (1,), "suffix": ("",), "modalities": (["text"],)}
 FIELDS = {True: {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
           False: {"prompt", "logprobs", "echo"}}
-COMMON = {"max_tokens", "n", "temperature", "top_p", "seed", "stop"}
+COMMON = {"max_tokens", "n", "temperature", "top_p", "seed", "stop", "ignore_eos"}  # ignore_eos: vLLM's extension
 
 
 class RequestFieldError(ValueError):
@@ -63,6 +63,7 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None
     echo: bool = False
+    ignore_eos: bool = False  # generate max_tokens whatever the model samples (vLLM's field): benchmarks' equal work
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
@@ -163,7 +164,7 @@ def prompt_ids(prompt: Any, tokenizer) -> list[list[int]]:
     return [one(prompt)]
 
 
-def _top_logprobs(body: dict, chat: bool, logprobs_available: bool) -> int | None:
+def _top_logprobs(body: dict, chat: bool, token_engine: bool) -> int | None:
     """How many alternatives each token's log-prob lists (None: no log-probs asked for)."""
     limit = MAX_TOP_LOGPROBS[chat]
     if chat:
@@ -180,17 +181,19 @@ def _top_logprobs(body: dict, chat: bool, logprobs_available: bool) -> int | Non
         if count is not None and (not _is_int(count) or not 0 <= count <= limit):
             raise RequestFieldError(f"logprobs={count!r}: must be an integer from 0 to {limit}", "logprobs")
         param = "logprobs"
-    if count is not None and not logprobs_available:
+    if count is not None and not token_engine:
         raise RequestFieldError(f"{param}: this server's model engine does not give log-probs (start it with "
                                 "`--engine sampler` or `vllm`)", param)
     return count
 
 
 def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tokens: int | None = None,
-                  logprobs_available: bool = True) -> ParsedRequest:
+                  token_engine: bool = True) -> ParsedRequest:
     """`body` of /v1/chat/completions (`chat`) or /v1/completions, checked and tokenized; RequestFieldError (400,
     naming the field) for anything OpenAI would refuse or this server cannot honour. `context`: the model's window
-    in tokens; a prompt longer than `max_prompt_tokens` (default: context - max_tokens) is refused."""
+    in tokens; a prompt longer than `max_prompt_tokens` (default: context - max_tokens) is refused. `token_engine`:
+    the engine behind the server samples token by token (the sampler, vLLM), so log-probs, echo and ignore_eos are
+    there; False for `transformers serve`."""
     from dapo_suite.core.prompts import render_chat
 
     if not isinstance(body, dict):
@@ -199,12 +202,18 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise RequestFieldError(f"model={body['model']!r}: must be a string", "model")
     sampling = sampling_fields(body)
-    top_logprobs = _top_logprobs(body, chat, logprobs_available)
+    top_logprobs = _top_logprobs(body, chat, token_engine)
     echo = body.get("echo") is True
     if body.get("echo") not in (None, True, False):
         raise RequestFieldError(f"echo={body['echo']!r}: must be true or false", "echo")
-    if echo and not logprobs_available:
+    if echo and not token_engine:
         raise RequestFieldError("echo: this server's model engine does not echo the prompt", "echo")
+    ignore_eos = body.get("ignore_eos") is True
+    if body.get("ignore_eos") not in (None, True, False):
+        raise RequestFieldError(f"ignore_eos={body['ignore_eos']!r}: must be true or false", "ignore_eos")
+    if ignore_eos and not token_engine:
+        raise RequestFieldError("ignore_eos: this server's model engine does not implement it (start it with "
+                                "`--engine sampler` or `vllm`)", "ignore_eos")
 
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = DEFAULT_MAX_TOKENS if body.get(key) is None else body[key]
@@ -241,6 +250,6 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
         raise RequestFieldError(f"the prompt is {longest} tokens; this server takes at most {limit} (context "
                                 f"{context} - {key} {max_tokens}). Shorten the prompt or lower {key}.", field_name)
     return ParsedRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, sampling=sampling, stop=stops,
-                         top_logprobs=top_logprobs, echo=echo, stream=bool(body.get("stream")),
+                         top_logprobs=top_logprobs, echo=echo, ignore_eos=ignore_eos, stream=bool(body.get("stream")),
                          include_usage=bool((options or {}).get("include_usage")), model=body.get("model"),
                          messages=messages)

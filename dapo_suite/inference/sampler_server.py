@@ -233,6 +233,7 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
         seed, n = fields.seed, fields.n
         jobs = [GenerationJob(ids, parsed.max_tokens, fields.temperature, fields.top_p,
                               None if seed is None else seed + choice, top_logprobs=parsed.top_logprobs,
+                              ignore_eos=parsed.ignore_eos,
                               emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
                                   events.put_nowait, (index, event)))
                 for prompt, ids in enumerate(parsed.prompts) for choice in range(n)]
