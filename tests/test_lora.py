@@ -169,3 +169,29 @@ def test_same_seed_same_adapters_and_config_checks(tmp_path):
     assert resolve_config([], {"lora_targets": "q_proj, v_proj"}).lora_target_list == ["q_proj", "v_proj"]
     with pytest.raises(UserError, match="lora_targets"):
         lora_trainer(tmp_path / "c", lora_targets="no_such_proj")
+
+
+@pytest.mark.slow  # one LoRA step
+def test_a_bf16_base_stays_frozen_while_float32_adapters_learn(tmp_path):
+    """dtype auto: a LoRA run's base in bf16 where bf16 is native (half the memory; it is only read), float32 where
+    it is not or where AdamW updates it; the adapters and their AdamW state float32 either way."""
+    from dapo_suite.inference.models import native_bf16
+    from dapo_suite.train.trainer import weights_dtype
+
+    assert weights_dtype("auto", True, "cpu") == ("bfloat16" if native_bf16("cpu") else "float32")
+    assert weights_dtype("auto", False, "cpu") == "float32" and weights_dtype("float16", True, "cpu") == "float16"
+    trainer = lora_trainer(tmp_path / "run", dtype="bfloat16", autocast_dtype="bfloat16")
+    assert "dtype: bfloat16" in (tmp_path / "run" / "config.yaml").read_text()
+    assert trainer.corrects_rollouts()  # the sampler's bf16 kernels round otherwise than the trainer's
+    base, adapters = split_parameters(trainer.model)
+    assert {p.dtype for p in base.values()} == {torch.bfloat16}
+    assert {p.dtype for p in adapters.values()} == {torch.float32}
+    groups, _ = trainer.collect()
+    for group in groups:
+        for index, rollout in enumerate(group):
+            rollout.advantage = 1.0 if index % 2 else -1.0
+    assert trainer.update(groups)["actor/grad_norm"] > 0
+    base_after, adapters_after = split_parameters(trainer.model)
+    assert all(torch.equal(base[name], base_after[name]) for name in base)
+    assert any(not torch.equal(adapters[name], adapters_after[name]) for name in adapters if ".lora_B." in name)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state_dict()["state"].values())

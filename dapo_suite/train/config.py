@@ -116,7 +116,7 @@ class TrainConfig:
 
     # Rollout correction: importance weights between the sampler's log-probs and the trainer's recomputed pi_old
     # (verl's algorithm.rollout_correction.*; see dapo_suite/train/rollout_correction.py).
-    rollout_correction: str = "auto"  # "auto": on when sampling runs in another dtype than training; "on"; "off"
+    rollout_correction: str = "auto"  # "auto": on when sampling runs in another or a reduced dtype, or on vLLM; "on"; "off"
     rollout_is: str | None = "token"  # weights per "token" or per "sequence"; null = rejection only
     rollout_is_threshold: str = "2.0"  # TIS upper bound C, or "lower_upper" (e.g. 0.5_5.0) for IcePop / MIS
     rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
@@ -150,7 +150,9 @@ class TrainConfig:
     save_every: int = 1  # checkpoint every N steps (1 = a crash loses at most one step)
     keep_checkpoints: int = 2  # the newest and the one before it: a damaged newest one leaves a step to resume from
     wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
-    dtype: str = "float32"  # "bfloat16" on GPUs; float32 is faster on most CPUs
+    # The weights' dtype. "auto": bfloat16 for a LoRA run's frozen base where bf16 is native (it is only read: half
+    # the memory), else float32 (AdamW updates it, and bf16 would round small updates away). Adapters stay float32.
+    dtype: str = "auto"
     # Rollouts in another precision than training (e.g. "bfloat16" on CPUs with native bf16 matmuls); null =
     # dtype; "auto" = bfloat16 where bf16 is native (AVX-512 BF16 / AMX CPUs, bf16 GPUs), else null: on an AVX2
     # CPU bf16 sampling measured slower (docs/benchmarks.md). The run's config.yaml records the value used.
@@ -211,6 +213,8 @@ class TrainConfig:
         elif self.adv_norm is not None and self.adv_norm not in estimator.norms:
             problems.append(f"adv_norm {self.adv_norm!r}: adv_estimator {self.adv_estimator} normalises only as "
                             f"{' / '.join(estimator.norms)} (or null for its own)")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append(f"dtype {self.dtype!r} must be auto, float32, bfloat16 or float16")
         if self.sampling_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             problems.append("sampling_dtype must be null (= dtype), auto, float32, bfloat16 or float16")
         if self.autocast_dtype not in (None, "auto", "bfloat16", "float16"):

@@ -60,6 +60,7 @@ from dapo_suite.train.tasks import train_and_heldout
 from dapo_suite.train.verdict import learning_verdict
 
 log = logging.getLogger("dapo_suite.train")
+REDUCED_PRECISIONS = ("bfloat16", "float16")  # sampled in these, log-probs differ from the trainer's by rounding
 
 
 @dataclass
@@ -84,6 +85,13 @@ class PromptSampler:
 def padded(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Unpadded (T_i,) rows -> (B, max T_i), right-padded with 0, on `device`."""
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
+
+
+def weights_dtype(dtype: str, lora: bool, device_type: str) -> str:
+    """`dtype` as loaded: "auto" is bfloat16 for a LoRA run's frozen base where bf16 is native, else float32."""
+    if dtype != "auto":
+        return dtype
+    return (resolve_precision("auto", device_type) or "float32") if lora else "float32"
 
 
 def prompt_segments(rollouts: list[Rollout]) -> list[list[Rollout]]:
@@ -145,13 +153,14 @@ class DAPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        device = None if config.device == "auto" else config.device
-        self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
+        device = config.device if config.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        device_type = torch.device(device).type
         # "auto" precisions become what this machine runs (and config.yaml records that).
-        device_type = self.model.device.type
         self.config = config = replace(
-            config, sampling_dtype=resolve_precision(config.sampling_dtype, device_type),
+            config, dtype=weights_dtype(config.dtype, config.lora_rank > 0, device_type),
+            sampling_dtype=resolve_precision(config.sampling_dtype, device_type),
             autocast_dtype=resolve_precision(config.autocast_dtype, device_type))
+        self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
         self.model.config.use_cache = True
         if config.gradient_checkpointing:  # in train mode only: sampling and evaluation run as before
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -339,12 +348,13 @@ class DAPOTrainer:
                           logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
 
     def corrects_rollouts(self) -> bool:
-        """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's (another
-        sampling dtype, or vLLM's kernels)."""
+        """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's: another
+        sampling dtype, a reduced one (the sampler's bf16 kernels round otherwise than the trainer's, even over a
+        bf16 LoRA base), or vLLM's kernels."""
         if self.config.rollout_correction != "auto":
             return self.config.rollout_correction == "on"
-        return (self.config.sampling_dtype not in (None, self.config.dtype)
-                or self.engine.name == "vllm")
+        sampling = self.config.sampling_dtype or self.config.dtype
+        return sampling != self.config.dtype or sampling in REDUCED_PRECISIONS or self.engine.name == "vllm"
 
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:
