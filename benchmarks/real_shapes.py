@@ -24,8 +24,9 @@ Parts (`--parts`):
   clip 0.2/0.28, overlong filtering) over synthetic rollouts: `--step-samples` responses in groups of
   `--group-size` (one mini-batch: one AdamW step), prompts of `--step-prompt-len` random tokens, every response
   exactly `--step-tokens` tokens ending in end-of-sequence (none truncated, so all train), rewards +-1 mixed in
-  every group; micro-batches of `--micro-batch`. float32 weights (`--autocast bfloat16` for bf16 autocast with
-  float32 master weights). Modes (`--modes`): full fine-tuning, and LoRA (PEFT, rank `--lora-rank` 16, alpha
+  every group; micro-batches of `--micro-batch`; a group's prompt runs once per micro-batch (the trainer's shared
+  prompt). Weights as the trainer's `dtype: auto` loads them: float32 for full fine-tuning, a LoRA base in bf16
+  where the CPU has native bf16 (`--autocast bfloat16` for bf16 matmuls over float32 master weights). Modes (`--modes`): full fine-tuning, and LoRA (PEFT, rank `--lora-rank` 16, alpha
   `--lora-alpha` 32, all linear layers). log pi_old comes from the trainer's own forward pass
   (`fill_old_log_probs`, timed apart); then `--step-warmup` unmeasured updates and `--step-reps` timed ones
   (median). The trainer's model loader is replaced by the random-weight model; the tokenizer (pad and
@@ -230,15 +231,16 @@ def sampler_worker(job: dict) -> dict:
 def step_worker(job: dict) -> dict:
     """One DAPO update (`DAPOTrainer.update`) of a random-weight model, full fine-tuning or LoRA."""
     import torch
+    from train_step import synthetic_groups
     from transformers import AutoTokenizer
 
     import dapo_suite.train.trainer as trainer_module
     from dapo_suite.inference.models import embedded_model_path
-    from dapo_suite.train.algorithm import group_advantages
     from dapo_suite.train.config import resolve_config
-    from dapo_suite.train.rollout import Rollout
 
-    model = build_model(job["shape"], torch.float32, job["seed"])
+    lora = job["mode"] == "lora"
+    weights = trainer_module.weights_dtype("auto", lora, "cpu")  # a LoRA base in bf16 where native, as the trainer
+    model = build_model(job["shape"], getattr(torch, weights), job["seed"])
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())  # pad and end-of-sequence ids only
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -246,32 +248,18 @@ def step_worker(job: dict) -> dict:
     trainer_module.load_model_and_tokenizer = lambda *args, **kwargs: (model, tokenizer)
     samples, group, tokens = job["samples"], job["group_size"], job["tokens"]
     prompts = samples // group
-    lora = job["mode"] == "lora"
     with tempfile.TemporaryDirectory() as tmp:
         config = resolve_config(["dapo"], {
             "out": tmp, "model": f"random-weights:{job['shape']}", "seed": job["seed"], "train_batch_size": prompts,
             "mini_batch_size": prompts, "micro_batch_size": job["micro_batch"], "group_size": group,
             "max_response_length": tokens, "overlong_buffer_len": max(1, tokens // 4), "warmup_steps": 0,
-            "dtype": "float32", "autocast_dtype": job["autocast"], "device": "cpu", "rollout_engine": "hf",
+            "dtype": weights, "autocast_dtype": job["autocast"], "device": "cpu", "rollout_engine": "hf",
             "gradient_checkpointing": job["gradient_checkpointing"], "lora_rank": job["lora_rank"] if lora else 0,
             "lora_alpha": job["lora_alpha"], "lora_targets": "all-linear"})
         trainer = trainer_module.DAPOTrainer(config)
-        generator = torch.Generator().manual_seed(job["seed"] + 2)
-        vocab, eos = model.config.vocab_size, tokenizer.eos_token_id
-        groups = []
-        for g in range(prompts):
-            prompt = torch.randint(0, vocab, (job["prompt_len"],), generator=generator)
-            members = []
-            for i in range(group):
-                response = torch.randint(0, vocab, (tokens,), generator=generator)
-                response[-1] = eos
-                members.append(Rollout(group=g, prompt_ids=prompt, response_ids=response, old_log_prob=None,
-                                       truncated=False, text="", score=1.0 if i % 2 else -1.0))
-            groups.append(members)
+        groups = synthetic_groups(prompts, group, job["prompt_len"], tokens, model.config.vocab_size,
+                                  tokenizer.eos_token_id, job["seed"] + 2, min_response_len=tokens)
         flat = [r for members in groups for r in members]
-        advantages = group_advantages(torch.tensor([r.score for r in flat]), [r.group for r in flat])
-        for rollout, advantage in zip(flat, advantages.tolist(), strict=True):
-            rollout.reward, rollout.advantage = rollout.score, advantage
         start = time.perf_counter()
         trainer.fill_old_log_probs(flat)
         old_seconds = time.perf_counter() - start

@@ -55,20 +55,24 @@ from dapo_suite.train.algorithm import group_advantages  # noqa: E402
 from dapo_suite.train.rollout import Rollout  # noqa: E402
 
 
-def make_rollouts(args, eos_id: int, vocab_size: int) -> list[list[Rollout]]:
-    """Random prompts and responses (token content does not change the cost); advantages from +-1 rewards with
-    every group mixed. old_log_prob is filled in later."""
-    gen = torch.Generator().manual_seed(args.seed)
+def synthetic_groups(prompts: int, group_size: int, prompt_len: int, response_len: int, vocab_size: int,
+                     eos_id: int, seed: int, prompt_jitter: int = 0, truncated_fraction: float = 0.0,
+                     min_response_len: int | None = None) -> list[list[Rollout]]:
+    """Random prompts and responses (token content does not change the cost): prompts of prompt_len +- jitter
+    tokens, responses of min_response_len (default response_len // 2) to response_len tokens ending at EOS, or
+    truncated at response_len without it; advantages from +-1 rewards with every group mixed. old_log_prob is
+    filled in later."""
+    gen = torch.Generator().manual_seed(seed)
+    shortest = response_len // 2 if min_response_len is None else min_response_len
     groups = []
-    for g in range(args.prompts):
-        prompt_len = args.prompt_len + int(torch.randint(-args.prompt_jitter, args.prompt_jitter + 1, (1,), generator=gen))
-        prompt = torch.randint(100, vocab_size, (prompt_len,), generator=gen)
+    for g in range(prompts):
+        length = prompt_len + int(torch.randint(-prompt_jitter, prompt_jitter + 1, (1,), generator=gen))
+        prompt = torch.randint(100, vocab_size, (length,), generator=gen)
         group = []
-        for i in range(args.group_size):
-            truncated = bool(torch.rand((), generator=gen) < args.truncated_fraction)
-            length = (args.response_len if truncated
-                      else int(torch.randint(args.response_len // 2, args.response_len + 1, (1,), generator=gen)))
-            response = torch.randint(100, vocab_size, (length,), generator=gen)
+        for i in range(group_size):
+            truncated = bool(torch.rand((), generator=gen) < truncated_fraction)
+            size = response_len if truncated else int(torch.randint(shortest, response_len + 1, (1,), generator=gen))
+            response = torch.randint(100, vocab_size, (size,), generator=gen)
             if not truncated:
                 response[-1] = eos_id
             group.append(Rollout(group=g, prompt_ids=prompt, response_ids=response, old_log_prob=None,
@@ -200,7 +204,9 @@ def main() -> None:
             "dtype": "float32", "autocast_dtype": "bfloat16" if args.bf16 else None, "device": "cpu"})
         ours = DAPOTrainer(config)
         tokenizer = ours.tokenizer
-        groups = make_rollouts(args, tokenizer.eos_token_id, ours.model.config.vocab_size)
+        groups = synthetic_groups(args.prompts, args.group_size, args.prompt_len, args.response_len,
+                                  ours.model.config.vocab_size, tokenizer.eos_token_id, args.seed,
+                                  args.prompt_jitter, args.truncated_fraction)
         fill_old_log_probs(ours, groups, args.micro_batch, args.noise, args.seed)
         trainer = build_trl(args, model_path, f"{tmp}/trl", num_micro, args.bf16)
         micro_inputs = trl_inputs(groups, args.micro_batch, tokenizer.pad_token_id, trainer.eos_token_ids)
