@@ -5,7 +5,7 @@ updates; evaluation excluded), on the built-in arithmetic task with the embedded
 environment with TRL (it breaks verl's model building: pyproject.toml, the `bench` extra):
 
     bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'
-    .venv-bench/bin/python benchmarks/time_to_accuracy.py                   # 3 seeds each, 1 thread, pinned
+    .venv-bench/bin/python benchmarks/time_to_accuracy.py                   # 5 seeds a side, 1 thread, pinned
     .venv-bench/bin/python benchmarks/time_to_accuracy.py --seeds 1 --steps 4 --budget-minutes 3 --out /tmp/tta
     .venv-bench/bin/python benchmarks/time_to_accuracy.py --summary-only     # tables and plot from --results
 
@@ -22,6 +22,9 @@ learned to answer short and wrong: docs/results/time-to-accuracy/README.md).
 - ours: `dapo-suite train --preset dapo` as a user runs it (dynamic sampling: up to 2 generation batches of 8
   prompts to find 4 with mixed outcomes; truncated responses filtered). Training time = the sum of its steps'
   `perf/step_seconds` (sampling, reward, update; evaluation and checkpoints excluded).
+- ours with TRL's settings (`ours-trl-settings`): the same command with one generation batch of the 4 trained
+  prompts, no dynamic sampling and no soft overlong penalty (`trl_settings`), so it differs from TRL in the
+  trainer and sampler only, and from `ours` in DAPO's sampling and reward only.
 - TRL: `GRPOTrainer(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=10, mask_truncated_completions=True,
   beta=0)`, per_device_train_batch_size 16, gradient_accumulation_steps 2, steps_per_generation 4 (one generation
   batch of 4 prompts x 16 = 2 optimiser updates, as ours), its own `generate` sampling, no gradient checkpointing.
@@ -36,8 +39,8 @@ started again (ours resumes from its last checkpoint). TRL runs until it reaches
 `--budget-minutes` of training time; ours runs `--steps` rollout batches.
 
 Prints the CPU's flags and load with each run, then per seed the training time to first reach `--target`
-held-out accuracy, the accuracy each side has when the faster one's run ends, and the ratio of mean times
-(target: ours >= 3x sooner). Writes curves.jsonl (every evaluation of every run), summary.json, summary.txt and
+held-out accuracy, the accuracy each side has when the fastest run ends, and for each dapo-suite arm against TRL
+the per-seed ratios, their median and the ratio of mean times (target: ours >= 3x sooner). `--sides` picks arms. Writes curves.jsonl (every evaluation of every run), summary.json, summary.txt and
 time_to_accuracy.png into `--results`; `--summary-only` rebuilds those from curves.jsonl.
 """
 
@@ -60,8 +63,11 @@ from serve_throughput import cpu_line  # noqa: E402
 
 from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
 
-SIDES = ("ours", "trl")
-LABELS = {"ours": "dapo-suite (dapo preset)", "trl": "TRL GRPOTrainer (loss_type=dapo)"}
+SIDES = ("ours", "ours-trl-settings", "trl")
+LABELS = {"ours": "dapo-suite (dapo preset)",
+          "ours-trl-settings": "dapo-suite with TRL's settings (no dynamic sampling, no overlong penalty)",
+          "trl": "TRL GRPOTrainer (loss_type=dapo)"}
+SHORT = {"ours": "ours", "ours-trl-settings": "ours as TRL", "trl": "TRL"}
 
 
 def shared_config(seed: int, out: str, eval_every: int) -> TrainConfig:
@@ -72,13 +78,22 @@ def shared_config(seed: int, out: str, eval_every: int) -> TrainConfig:
 # ---- the runs --------------------------------------------------------------------------------------------------
 
 
-def run_ours(args, seed: int, run_dir: Path) -> None:
+def run_ours(args, seed: int, run_dir: Path, settings: tuple[str, ...] = ()) -> None:
     """`dapo-suite train --preset dapo` in a process of its own; resumes a run an earlier call left unfinished."""
     resume = ["--resume"] if any(run_dir.glob("checkpoint-*")) else []
     command = [str(Path(sys.executable).parent / "dapo-suite"), "train", "--preset", "dapo", "--out", str(run_dir),
                "--max-steps", str(args.steps), "--set", f"seed={seed}", "--set", f"eval_every={args.eval_every}",
-               "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *resume]
+               "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *settings, *resume]
     subprocess.run(command, check=True, env=thread_env(args.threads))
+
+
+def trl_settings(config: TrainConfig) -> tuple[str, ...]:
+    """What makes dapo-suite sample and reward as TRL does: one generation batch of the trained prompts, every group
+    trains (no dynamic sampling), correctness alone (no soft overlong penalty); truncated responses stay masked
+    (TRL's mask_truncated_completions). The trainer and sampler are dapo-suite's: the arm isolates them."""
+    values = {"dynamic_sampling": "false", "overlong_penalty": "false", "max_num_gen_batches": 1,
+              "gen_batch_size": config.train_batch_size}
+    return tuple(flag for key, value in values.items() for flag in ("--set", f"{key}={value}"))
 
 
 def run_trl(args, seed: int, run_dir: Path) -> None:
@@ -227,51 +242,62 @@ def accuracy_at(curve: list[dict], seconds: float) -> float:
     return [point["acc"] for point in curve if point["seconds"] <= seconds][-1]
 
 
+def speedup(rows: list[dict], side: str) -> dict:
+    """`side` against TRL over the seeds in `rows`: per-seed ratios of TRL's time to the target over the side's,
+    their median, and the ratio of mean times. Where TRL never reached the target its run's end stands in, and the
+    ratio is a lower bound (`lower_bound`); where the side never reached it, there is no ratio."""
+    times = [row["time_to_target"][side] for row in rows]
+    if any(value is None for value in times):
+        return {"reached": sum(value is not None for value in times), "seeds": len(times)}
+    trl = [row["time_to_target"]["trl"] or row["end_seconds"]["trl"] for row in rows]
+    ratios = [theirs / ours for theirs, ours in zip(trl, times, strict=True)]
+    return {"mean_seconds": statistics.mean(times), "trl_mean_seconds": statistics.mean(trl),
+            "ratio": statistics.mean(trl) / statistics.mean(times), "per_seed": ratios,
+            "median": statistics.median(ratios),
+            "lower_bound": any(row["time_to_target"]["trl"] is None for row in rows)}
+
+
 def summarize(curves: dict[str, dict[int, list[dict]]], target: float) -> dict:
     seeds = sorted(set(curves["ours"]) & set(curves["trl"]))
     rows = []
     for seed in seeds:
-        ours, theirs = curves["ours"][seed], curves["trl"][seed]
-        common = min(ours[-1]["seconds"], theirs[-1]["seconds"])
-        rows.append({"seed": seed, "start_acc": {"ours": ours[0]["acc"], "trl": theirs[0]["acc"]},
-                     "time_to_target": {"ours": time_to(ours, target), "trl": time_to(theirs, target)},
-                     "end_seconds": {"ours": ours[-1]["seconds"], "trl": theirs[-1]["seconds"]},
+        present = {side: curves[side][seed] for side in SIDES if seed in curves[side]}
+        common = min(curve[-1]["seconds"] for curve in present.values())
+        rows.append({"seed": seed, "start_acc": {side: c[0]["acc"] for side, c in present.items()},
+                     "time_to_target": {side: time_to(c, target) for side, c in present.items()},
+                     "end_seconds": {side: c[-1]["seconds"] for side, c in present.items()},
                      "common_seconds": common,
-                     "acc_at_common": {"ours": accuracy_at(ours, common), "trl": accuracy_at(theirs, common)}})
-    summary: dict = {"target": target, "seeds": rows}
-    if rows:
-        reached = {side: [row["time_to_target"][side] for row in rows] for side in SIDES}
-        if all(value is not None for value in reached["ours"]):
-            ours_mean = statistics.mean(reached["ours"])
-            summary["ours_mean_seconds"] = ours_mean
-            if all(value is not None for value in reached["trl"]):
-                summary["trl_mean_seconds"] = statistics.mean(reached["trl"])
-                summary["ratio"] = summary["trl_mean_seconds"] / ours_mean
-            else:  # TRL's time is at least its budget where it did not reach the target
-                bound = statistics.mean(value if value is not None else row["end_seconds"]["trl"]
-                                        for value, row in zip(reached["trl"], rows, strict=True))
-                summary["ratio_at_least"] = bound / ours_mean
-    return summary
+                     "acc_at_common": {side: accuracy_at(c, common) for side, c in present.items()}})
+    versus = {side: speedup([row for row in rows if side in row["time_to_target"]], side)
+              for side in SIDES if side != "trl" and any(side in row["time_to_target"] for row in rows)}
+    return {"target": target, "seeds": rows, "vs_trl": versus}
 
 
 def summary_text(summary: dict) -> str:
     target = summary["target"]
     minutes = lambda value: "not reached" if value is None else f"{value / 60:.1f} min"  # noqa: E731
-    lines = [f"time to {target:.0%} held-out accuracy (training time, evaluation excluded)",
-             f"{'seed':>4}  {'start ours/TRL':>15}  {'ours':>12}  {'TRL':>12}  {'at the same time: ours / TRL':>34}"]
+    sides = [side for side in SIDES if any(side in row["time_to_target"] for row in summary["seeds"])]
+    lines = [f"time to {target:.0%} held-out accuracy (training time, evaluation excluded); "
+             + "; ".join(f"{SHORT[side]} = {LABELS[side]}" for side in sides),
+             f"{'seed':>4}  " + "".join(f"{SHORT[side]:>14}" for side in sides) + "   held-out at the same time"]
     for row in summary["seeds"]:
-        start, reach, same = row["start_acc"], row["time_to_target"], row["acc_at_common"]
-        lines.append(f"{row['seed']:>4}  {start['ours']:>6.1%} / {start['trl']:>6.1%}  {minutes(reach['ours']):>12}  "
-                     f"{minutes(reach['trl']):>12}  {same['ours']:>8.1%} / {same['trl']:>6.1%} at "
-                     f"{row['common_seconds'] / 60:.1f} min")
-    if "ratio" in summary:
-        lines.append(f"mean time to {target:.0%}: ours {summary['ours_mean_seconds'] / 60:.1f} min, TRL "
-                     f"{summary['trl_mean_seconds'] / 60:.1f} min: ours {summary['ratio']:.2f}x sooner (target >= 3x: "
-                     f"{'PASS' if summary['ratio'] >= 3 else 'FAIL'})")
-    elif "ratio_at_least" in summary:
-        lines.append(f"TRL did not reach {target:.0%} in every seed within its budget: ours >= "
-                     f"{summary['ratio_at_least']:.2f}x sooner (a lower bound; target >= 3x: "
-                     f"{'PASS' if summary['ratio_at_least'] >= 3 else 'not shown'})")
+        reach, same = row["time_to_target"], row["acc_at_common"]
+        lines.append(f"{row['seed']:>4}  " + "".join(f"{minutes(reach.get(side)):>14}" for side in sides)
+                     + "   " + " / ".join(f"{same[side]:.1%}" for side in sides if side in same)
+                     + f" at {row['common_seconds'] / 60:.1f} min")
+    for side, versus in summary["vs_trl"].items():
+        if "ratio" not in versus:
+            lines.append(f"{SHORT[side]}: reached {target:.0%} in {versus['reached']} of {versus['seeds']} seeds: "
+                         "no ratio")
+            continue
+        bound = "at least " if versus["lower_bound"] else ""
+        verdict = "PASS" if versus["ratio"] >= 3 else ("not shown" if versus["lower_bound"] else "FAIL")
+        lines.append(f"{SHORT[side]} against TRL: {bound}{versus['ratio']:.2f}x sooner in mean time "
+                     f"({versus['mean_seconds'] / 60:.1f} against {bound}{versus['trl_mean_seconds'] / 60:.1f} min); "
+                     f"per seed {', '.join(f'{r:.2f}x' for r in versus['per_seed'])}, median {bound}"
+                     f"{versus['median']:.2f}x (target >= 3x: {verdict})"
+                     + ("; TRL missed the target in some seed, its run's end counted: a lower bound"
+                        if versus["lower_bound"] else ""))
     return "\n".join(lines)
 
 
@@ -283,8 +309,8 @@ def plot(curves: dict[str, dict[int, list[dict]]], target: float, path: Path) ->
 
     figure, axes = plt.subplots(figsize=(7, 4))
     seeds = sorted(set(curves["ours"]) & set(curves["trl"]))  # the seeds the summary compares
-    for side, color in zip(SIDES, ("tab:blue", "tab:orange"), strict=True):
-        for index, curve in enumerate(curves[side][seed] for seed in seeds):
+    for side, color in zip(SIDES, ("tab:blue", "tab:green", "tab:orange"), strict=True):
+        for index, curve in enumerate(curves[side][seed] for seed in seeds if seed in curves[side]):
             axes.plot([p["seconds"] / 60 for p in curve], [p["acc"] for p in curve], color=color, marker="o",
                       markersize=3, alpha=0.8, label=LABELS[side] if index == 0 else None)
     axes.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:.0%}")
@@ -322,7 +348,8 @@ def record_curve(results: Path, side: str, seed: int, curve: list[dict]) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for each side")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 for each side")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma list of {', '.join(SIDES)}")
     parser.add_argument("--steps", type=int, default=20, help="ours: rollout batches (DAPO steps) per run")
     parser.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N rollout batches")
     parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy whose time is compared")
@@ -343,22 +370,30 @@ def main() -> None:
     if args.side == "trl":
         train_trl(args)
         return
+    sides = [side for side in args.sides.split(",") if side]
+    if set(sides) - set(SIDES):
+        parser.error(f"--sides: {', '.join(sorted(set(sides) - set(SIDES)))} not one of {', '.join(SIDES)}")
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     if not args.summary_only:
         for seed in range(args.seeds):
-            for side in SIDES:
+            for side in sides:
                 run_dir = Path(args.out) / side / f"seed-{seed}"
                 if not finished(side, run_dir):
                     print(f"[time-to-accuracy] {side} seed {seed}: {cpu_line()}", flush=True)
-                    (run_ours if side == "ours" else run_trl)(args, seed, run_dir)
-                curve = (ours_curve(run_dir) if side == "ours"
+                    RUNNERS[side](args, seed, run_dir)
+                curve = (ours_curve(run_dir) if side != "trl"
                          else [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()])
                 record_curve(results, side, seed, curve)
                 for checkpoint in run_dir.glob("checkpoint-*"):  # GBs each; the curve is what is kept
                     checkpoint.unlink() if checkpoint.is_symlink() else shutil.rmtree(checkpoint)
         print(f"[time-to-accuracy] done: {cpu_line()}")
     print(write_results(results, args.target))
+
+
+RUNNERS = {"ours": run_ours, "trl": run_trl,
+           "ours-trl-settings": lambda args, seed, run_dir: run_ours(
+               args, seed, run_dir, trl_settings(shared_config(seed, str(run_dir), args.eval_every)))}
 
 
 def finished(side: str, run_dir: Path) -> bool:

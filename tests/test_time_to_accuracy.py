@@ -41,10 +41,31 @@ def test_ratio_of_mean_times_to_the_first_evaluation_at_the_target(tmp_path):
     summary = summarize(tmp_path / "r")
     assert [row["time_to_target"] for row in summary["seeds"]] == [{"ours": 120, "trl": 600},
                                                                    {"ours": 240, "trl": 900}]
-    assert summary["ratio"] == pytest.approx((600 + 900) / 2 / ((120 + 240) / 2))
+    versus = summary["vs_trl"]["ours"]
+    assert versus["ratio"] == pytest.approx((600 + 900) / 2 / ((120 + 240) / 2))
+    assert versus["per_seed"] == pytest.approx([5.0, 3.75]) and versus["median"] == pytest.approx(4.375)
+    assert not versus["lower_bound"] and list(summary["vs_trl"]) == ["ours"]  # no third arm in these curves
     # accuracy at the end of the shorter run: ours at 180 s (0.4) against TRL's last point at or before it (0.0)
     assert summary["seeds"][0]["acc_at_common"] == {"ours": 0.4, "trl": 0.0}
     assert "PASS" in (tmp_path / "r" / "summary.txt").read_text()
+
+
+def test_the_arm_with_trls_settings_is_compared_with_trl_seed_by_seed(tmp_path):
+    """The third arm (dapo-suite with TRL's sampling and reward) gets its own ratios; one that misses the target
+    in a seed gets none, said in the text."""
+    write_curves(tmp_path / "r", {
+        ("ours", 0): [(0, 0.0), (100, 0.6)], ("ours-trl-settings", 0): [(0, 0.0), (200, 0.5)],
+        ("trl", 0): [(0, 0.0), (800, 0.5)],
+        ("ours", 1): [(0, 0.0), (100, 0.6)], ("ours-trl-settings", 1): [(0, 0.0), (500, 0.5)],
+        ("trl", 1): [(0, 0.0), (1000, 0.5)],
+        ("ours", 2): [(0, 0.0), (100, 0.6)], ("ours-trl-settings", 2): [(0, 0.0), (400, 0.3)],
+        ("trl", 2): [(0, 0.0), (600, 0.5)]})
+    summary = summarize(tmp_path / "r")
+    assert summary["vs_trl"]["ours"]["per_seed"] == pytest.approx([8.0, 10.0, 6.0])
+    assert summary["vs_trl"]["ours-trl-settings"] == {"reached": 2, "seeds": 3}
+    assert summary["seeds"][2]["common_seconds"] == 100 and summary["seeds"][2]["acc_at_common"]["ours"] == 0.6
+    text = (tmp_path / "r" / "summary.txt").read_text()
+    assert "ours as TRL: reached 50% in 2 of 3 seeds" in text and "median 8.00x" in text
 
 
 def test_trl_that_never_reaches_the_target_gives_a_lower_bound(tmp_path):
@@ -53,7 +74,8 @@ def test_trl_that_never_reaches_the_target_gives_a_lower_bound(tmp_path):
         ("trl", 0): [(0, 0.0), (1000, 0.2), (2000, 0.3)]})
     summary = summarize(tmp_path / "r", "--target", "0.5")
     assert summary["seeds"][0]["time_to_target"] == {"ours": 100, "trl": None}
-    assert "ratio" not in summary and summary["ratio_at_least"] == pytest.approx(20.0)
+    versus = summary["vs_trl"]["ours"]
+    assert versus["lower_bound"] and versus["ratio"] == pytest.approx(20.0)
     assert "lower bound" in (tmp_path / "r" / "summary.txt").read_text()
 
 
