@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -156,25 +158,45 @@ def serve_requests(side: str, path: str, threads: int = 1) -> None:
         print(RESULT + json.dumps(runner.run(**request)), flush=True)
 
 
-class Worker:
-    """One side's worker process; `ask` sends a request and waits for its answer."""
+class TimedOut(Exception):
+    """A worker that gave no answer within its time limit (it is killed)."""
 
-    def __init__(self, side: str, python: str, path: str, env: dict[str, str], cores: set[int] | None = None) -> None:
+
+class Worker:
+    """One side's worker process; `ask` sends a request and waits for its answer, at most `limit_s` seconds (a side
+    that collapses beside a neighbour is recorded as too slow instead of holding the whole run)."""
+
+    def __init__(self, side: str, python: str, path: str, env: dict[str, str], cores: set[int] | None = None,
+                 limit_s: float = 900.0) -> None:
         """cores: pin the worker there with one thread per core; None: the side's defaults, unpinned."""
-        self.side = side
+        self.side, self.limit_s = side, limit_s
         self.process = subprocess.Popen([python, __file__, "--worker", side, "--model-path", path,
                                          "--worker-threads", str(len(cores or ()))],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, **env})
         if cores:
             os.sched_setaffinity(self.process.pid, cores)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
         self.description = self._answer()["describe"]
 
-    def _answer(self) -> dict:
+    def _read(self) -> None:
         for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _answer(self) -> dict:
+        deadline = time.monotonic() + self.limit_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                self.process.kill()
+                raise TimedOut(f"{self.side}: no answer within {self.limit_s:.0f} s") from None
+            if line is None:
+                raise SystemExit(f"the {self.side} worker exited (code {self.process.wait()}); its errors are above")
             if line.startswith(RESULT):
                 return json.loads(line[len(RESULT):])
-        raise SystemExit(f"the {self.side} worker exited (code {self.process.wait()}); its errors are above")
 
     def ask(self, **request) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")
@@ -182,8 +204,9 @@ class Worker:
         return self._answer()
 
     def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
 
 
 # ---- the driver -------------------------------------------------------------------------------------------------
@@ -248,6 +271,9 @@ def main() -> None:
                         help="another program running through the whole benchmark (benchmarks/neighbour.py)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per sample, on both sides (no early stop)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--limit", type=float, default=900.0,
+                        help="seconds a side may take to start or to answer one call; past it the side is killed "
+                             "and recorded as too slow (vLLM beside a busy neighbour did not start in 15 min)")
     parser.add_argument("--sampler-arch", default="native",
                         help="-march target of the sampler's kernels (x86-64-v3: AVX2 without AVX-512)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the Python of the vLLM environment")
@@ -284,11 +310,15 @@ def main() -> None:
             torch.set_num_threads(len(cores or available))
             bandwidth, reading = copy_bandwidth(), read_bandwidth()
             print(f"\n== {label}: copy bandwidth {bandwidth / 1e9:.1f} GB/s, read bandwidth {reading / 1e9:.1f} GB/s")
-            workers = {side: Worker(side, sys.executable if side == "dapo-suite" else args.vllm_python, path,
-                                    side_env(side, cores, args.sampler_arch), cores)
-                       for side in ["dapo-suite", *peers]}
-            for side, worker in workers.items():
-                print(f"{side}: {worker.description}")
+            workers, failed = {}, {}
+            for side in ["dapo-suite", *peers]:
+                try:
+                    workers[side] = Worker(side, sys.executable if side == "dapo-suite" else args.vllm_python,
+                                           path, side_env(side, cores, args.sampler_arch), cores, args.limit)
+                    print(f"{side}: {workers[side].description}")
+                except TimedOut as error:
+                    failed[side] = f"did not start within {args.limit:.0f} s"
+                    print(f"{side}: {failed[side]} ({error})", flush=True)
             for dtype in args.dtypes.split(","):
                 flops = matmul_flops(getattr(torch, dtype))
                 weights_ceiling = reading / (params * getattr(torch, dtype).itemsize)
@@ -299,12 +329,16 @@ def main() -> None:
                     prompt_ids = prompts(tokenizer, count)
                     request = dict(dtype=dtype, prompt_ids=prompt_ids, group=group, ignore_eos=True)
                     best: dict[str, dict] = {}
-                    for worker in workers.values():  # warm-up: first-call costs (a build, a compile) not measured
-                        worker.ask(**request, max_tokens=4)
-                    for _ in range(args.repeats):
-                        for side, worker in workers.items():
-                            result = worker.ask(**request, max_tokens=args.max_tokens)
-                            if side not in best or result["seconds"] < best[side]["seconds"]:
+                    for call in range(1 + args.repeats):  # call 0: a 4-token warm-up (a build, a compile), not kept
+                        for side, worker in list(workers.items()):
+                            try:
+                                result = worker.ask(**request, max_tokens=args.max_tokens if call else 4)
+                            except TimedOut:
+                                failed[side] = f"no answer within {args.limit:.0f} s at {dtype} {shape}"
+                                print(f"{side}: {failed[side]}", flush=True)
+                                del workers[side]
+                                continue
+                            if call and (side not in best or result["seconds"] < best[side]["seconds"]):
                                 best[side] = result
                     line = [f"{dtype:<8} {shape:>5}"]
                     for side, result in best.items():
@@ -318,9 +352,10 @@ def main() -> None:
                                       bound_share=bound / result["seconds"])
                         line.append(f"{side}: {result['tokens_per_s']:6.1f} tok/s ({tokens} tokens, "
                                     f"{100 * result['bound_share']:3.0f} % of bound)")
-                    ratios = {peer: best["dapo-suite"]["tokens_per_s"] / best[peer]["tokens_per_s"] for peer in peers}
+                    ratios = {peer: best["dapo-suite"]["tokens_per_s"] / best[peer]["tokens_per_s"]
+                              for peer in peers if peer in best and "dapo-suite" in best}
                     rows.append({"threads": label, "neighbour": args.neighbour, "dtype": dtype, "shape": shape,
-                                 "ratios": ratios,
+                                 "ratios": ratios, "failed": dict(failed),
                                  **{side: {k: v for k, v in result.items() if k != "lengths"}
                                     for side, result in best.items()}})
                     print("  ".join(line) + "  ratio " + ", ".join(f"{r:.2f}x over {p}" for p, r in ratios.items()),
