@@ -141,8 +141,11 @@ def estimated_bytes(shape: str, params: int, mode: str, args: argparse.Namespace
     """Rough peak memory of one update: weights (+ gradients and AdamW state for full fine-tuning), one
     micro-batch's saved activations (~6 hidden + 4 intermediate floats per token per layer) and logits (three
     float32 copies: logits, log-softmax, their gradient), and 1 GiB for the interpreter, torch and transformers."""
+    from dapo_suite.train.trainer import weights_dtype
+
     _, fields = SHAPES[shape]
-    per_param = 16 if mode == "full" else 4
+    # full: float32 weights, gradients and AdamW's two moments; LoRA: the frozen base as the trainer loads it
+    per_param = 16 if mode == "full" else 2 if weights_dtype("auto", True, "cpu") == "bfloat16" else 4
     tokens = args.micro_batch * (args.step_prompt_len + args.step_tokens)
     activations = tokens * fields["num_hidden_layers"] * (6 * fields["hidden_size"] + 4 * fields["intermediate_size"]) * 4
     logits = args.micro_batch * (args.step_tokens + 1) * fields["vocab_size"] * 4 * 3
