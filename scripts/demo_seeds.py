@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,15 +61,19 @@ def launch(run: Path, data: Path, seed: int, arm: str, threads: int) -> subproce
 def run_all(out: Path, seeds: list[int], arms: list[str], parallel: int, threads: int) -> None:
     data = build_data(out)
     queue = [(seed, arm) for arm in arms for seed in seeds if not finished(out / arm / f"seed{seed}")]
-    running: list[tuple[subprocess.Popen, str]] = []
+    running: list[tuple[subprocess.Popen, str, Path]] = []
     while queue or running:
         while queue and len(running) < parallel:
             seed, arm = queue.pop(0)
-            running.append((launch(out / arm / f"seed{seed}", data, seed, arm, threads), f"{arm} seed {seed}"))
+            run = out / arm / f"seed{seed}"
+            running.append((launch(run, data, seed, arm, threads), f"{arm} seed {seed}", run))
         time.sleep(5)
-        for process, name in [r for r in running if r[0].poll() is not None]:
-            running.remove((process, name))
+        for process, name, run in [r for r in running if r[0].poll() is not None]:
+            running.remove((process, name, run))
             print(f"{name}: exit {process.returncode}", flush=True)
+            if finished(run):  # the table reads metrics and summary; ~1.6 GB of checkpoints a run would fill a disk
+                shutil.rmtree(run / "checkpoints", ignore_errors=True)
+                (run / "checkpoint-last").unlink(missing_ok=True)
 
 
 def run_row(run: Path, seed: int, arm: str) -> dict:
