@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
+import re
 
 import click
 
@@ -67,9 +69,9 @@ class StageGroup(click.Group):
         except Exception as error:
             if ctx.params.get("debug"):
                 raise
-            if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRORS:
-                where = error.filename or _output_folder(ctx)
-                raise click.ClickException(f"{where}: {error.strerror}. {ENVIRONMENT_ERRORS[error.errno]} Files "
+            if (code := environment_errno(error)) is not None:
+                where = getattr(error, "filename", None) or _output_folder(ctx)
+                raise click.ClickException(f"{where}: {os.strerror(code)}. {ENVIRONMENT_ERRORS[code]} Files "
                                            "already written are kept; rerun the same command to resume.") from None
             raise click.ClickException(
                 f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your input: rerun "
@@ -80,6 +82,20 @@ class StageGroup(click.Group):
         rows += [(name, self.commands[name].get_short_help_str(80)) for name in sorted(self.commands)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def environment_errno(error: BaseException) -> int | None:
+    """The errno of a failure of the machine (ENVIRONMENT_ERRORS): an OSError's, one's in the exception's chain, or
+    the `(os error N)` that Rust-backed libraries (safetensors, tokenizers) put in their own exceptions' messages."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in ENVIRONMENT_ERRORS:
+            return seen.errno
+        found = re.search(r"\(os error (\d+)\)", str(seen))
+        if found and int(found[1]) in ENVIRONMENT_ERRORS:
+            return int(found[1])
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _output_folder(ctx: click.Context) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from scripted_server import ScriptedServer
+from test_train import TINY
 
 from dapo_suite.core.ports import free_port
 
@@ -162,3 +164,38 @@ def test_a_bug_is_one_line_pointing_at_debug_and_debug_shows_its_traceback() -> 
         assert isinstance(debug.exception, ZeroDivisionError)
     finally:
         main.commands.pop("explode")
+
+
+FILE_SIZE_LIMIT = 20 * 2**20  # a file system that refuses files over 20 MB (RLIMIT_FSIZE), SIGXFSZ ignored: EFBIG
+
+
+def _small_file_system() -> None:
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+
+
+def test_a_rust_librarys_os_error_is_a_failure_of_the_machine_not_a_bug(tmp_path: Path) -> None:
+    """safetensors (Rust) raises its own exception with `(os error N)` in the message, not an OSError; it is read
+    as the errno it carries."""
+    script = ("import torch; from safetensors.torch import save_file; from dapo_suite.cli import environment_errno\n"
+              "try:\n    save_file({'x': torch.zeros(2**23)}, 'big.safetensors')\n"
+              "except Exception as error:\n    print(type(error).__name__, environment_errno(error))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            preexec_fn=_small_file_system)
+    assert result.stdout.split() == ["SafetensorError", str(errno.EFBIG)], result.stdout + result.stderr
+
+
+@pytest.mark.slow  # one tiny training step
+def test_a_checkpoint_the_file_system_refuses_is_reported_as_the_machines_failure_with_what_to_do(tmp_path: Path):
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY,
+                             "--max-steps", "1"],
+                            capture_output=True, text=True, timeout=600, preexec_fn=_small_file_system,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "File too large" in result.stderr and "refuses a file this large" in result.stderr, result.stderr[-2000:]
+    assert "bug" not in result.stderr and "Traceback" not in result.stderr
+    assert (out / "metrics.jsonl").is_file()  # what was written before stays
