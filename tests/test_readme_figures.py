@@ -74,15 +74,18 @@ def check_demo(row: dict[str, str]) -> None:
         pytest.skip("docs/results/demo/seeds.json is not committed yet (scripts/demo_seeds.py writes it); "
                     "the demo row says 'being re-measured' until then")
     data = json.loads(seeds.read_text())
-    runs = [run for run in data["runs"] if run["precision"] == "bf16"]
-    after = [100 * run["after"] for run in runs]
-    median, low, high, met, total = figures(
-        row["result"], r"bf16: median ([\d.]+) % \(range ([\d.]+)-([\d.]+) %\), target met in (\d+) of (\d+)")
-    assert int(total) == len(runs) and shows(median, statistics.median(after))
-    assert shows(low, min(after)) and shows(high, max(after))
-    assert int(met) == sum(bool(run["meets_target"]) for run in runs)
+    shown = re.findall(r"([\w-]+): median ([\d.]+) % \(range ([\d.]+)-([\d.]+) %\), target met in (\d+) of (\d+)",
+                       row["result"])
+    assert "bf16" in {arm for arm, *_ in shown}, row["result"]  # the demo's default, always stated
+    for arm, median, low, high, met, total in shown:
+        runs = [run for run in data["runs"] if run["arm"] == arm]
+        after = [100 * run["after"] for run in runs]
+        assert int(total) == len(runs) and shows(median, statistics.median(after)), arm
+        assert shows(low, min(after)) and shows(high, max(after)), arm
+        assert int(met) == sum(bool(run["meets_target"]) for run in runs), arm
+        assert re.search(rf"\b{len(runs)} seeds? {re.escape(arm)}\b", row["measured"]), (arm, row["measured"])
+    assert {run["arm"] for run in data["runs"]} == {arm for arm, *_ in shown}  # no arm left out of the row
     assert row["cpu"] in (data["machine"], cpu_name(data["machine"])), (row["cpu"], data["machine"])
-    assert re.search(rf"\b{len(runs)} seeds?\b", row["measured"]), row["measured"]
 
 
 def check_gsm8k(row: dict[str, str]) -> None:
