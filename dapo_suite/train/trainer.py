@@ -295,11 +295,11 @@ class DAPOTrainer:
         autocast = self.config.autocast_dtype
         with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
                             enabled=autocast is not None):
-            if self.model.is_gradient_checkpointing:  # checkpointed layers keep no cache to share a prompt through
-                logits = self._padded_logits(rollouts, response_len)
-            else:
+            if self.shares_prompts:
                 logits = torch.cat([self._shared_prompt_logits(segment, response_len)
                                     for segment in prompt_segments(rollouts)])
+            else:
+                logits = self._padded_logits(rollouts, response_len)
         logits = logits.float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
@@ -309,6 +309,12 @@ class DAPOTrainer:
         with torch.no_grad():
             entropy = entropy_from_logits(logits)
         return log_prob, entropy, mask
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether the forward pass runs a group's prompt once: not under gradient checkpointing, whose layers keep
+        no cache to share a prompt through."""
+        return not self.model.is_gradient_checkpointing
 
     def _shared_prompt_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
         """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt: the
@@ -429,7 +435,7 @@ class DAPOTrainer:
                     for key, value in metrics.items():
                         totals[key] = totals.get(key, 0.0) + value * micro_tokens
                     token_count += micro_tokens
-                    trained_tokens += forward_tokens(micro, shared=not self.model.is_gradient_checkpointing)
+                    trained_tokens += forward_tokens(micro, shared=self.shares_prompts)
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip)))
                 self.optimizer.step()
                 self.scheduler.step()
