@@ -98,7 +98,7 @@ def run_row(run: Path, seed: int, arm: str) -> dict:
 
 
 def write_table(out: Path, table_dir: Path, machine: str) -> None:
-    rows = [run_row(out / arm / run.name, int(run.name[4:]), arm)
+    rows = [run_row(run, int(run.name[4:]), arm)
             for arm in ARMS if (out / arm).is_dir()
             for run in sorted((out / arm).glob("seed*"), key=lambda r: int(r.name[4:])) if finished(run)]
     table_dir.mkdir(parents=True, exist_ok=True)
