@@ -21,9 +21,10 @@ def lora_trainer(out: Path, resume: bool = False, **overrides):
     from dapo_suite.train.config import resolve_config
     from dapo_suite.train.trainer import DAPOTrainer
 
-    # float32 throughout (tiny-cpu's `auto` would pick bf16 on an AVX-512 BF16 CPU): exact comparisons below
+    # float32 throughout (tiny-cpu's `auto` would pick a bf16 base and bf16 sampling on a CPU with native bf16, whose
+    # rounding differs between AMX and AVX-512 BF16): the comparisons below are exact
     config = resolve_config(["+token-loss"], {"out": str(out), **TINY_VALUES, **LORA},
-                            {"sampling_dtype": None, "autocast_dtype": None, **overrides})
+                            {"dtype": "float32", "sampling_dtype": None, "autocast_dtype": None, **overrides})
     return DAPOTrainer(config, resume=resume)
 
 
