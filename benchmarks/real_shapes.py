@@ -36,8 +36,8 @@ Protocol: each (shape, part, mode) runs in a child process of its own (this file
 RSS (the child's ru_maxrss from wait4: model building included) is that configuration's alone, and one that dies
 (out of memory) is reported, not fatal. Children run `--threads` threads (default: the cores this process may
 use; DAPO_SUITE_THREADS is set, so the sampler does not adapt its thread count to other load). A configuration
-whose estimated memory (weights, gradients and AdamW state: 16 bytes per parameter for full fine-tuning, 4 for
-LoRA's frozen float32 base, plus a rough estimate of the saved activations and logits of one micro-batch)
+whose estimated memory (weights, gradients and AdamW state: 16 bytes per parameter for full fine-tuning, 2 for
+LoRA's frozen base in bf16 (4 in float32), plus a rough estimate of the saved activations and logits of one micro-batch)
 exceeds `--memory-limit-gb` (default: the machine's total RAM) is skipped and said so. Seeded: weights
 (`--seed`), prompts and rollouts.
 

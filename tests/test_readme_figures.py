@@ -247,6 +247,18 @@ def check_reward(row: dict[str, str]) -> None:
     assert cpus == {row["cpu"]}, cpus
 
 
+def check_real_shapes(row: dict[str, str]) -> None:
+    folder = RESULTS / "real-shapes"
+    small = json.loads((folder / "amd-epyc-step-qwen2.5-0.5b.json").read_text())
+    large = json.loads((folder / "amd-epyc-step-qwen2.5-1.5b-mb2.json").read_text())
+    rss, speedup = figures(row["result"], r"peak RSS \*\*([\d.]+) GB\*\* \(target 12\); 0\.5B: LoRA's update ([\d.]+)x")
+    step = large["shapes"]["qwen2.5-1.5b"]["step"]["lora"]
+    assert shows(rss, step["peak_rss"] / 1e9) and int(large["args"]["micro_batch"]) == int(
+        figures(row["measured"], r"micro-batch (\d+)")[0])
+    assert shows(speedup, small["shapes"]["qwen2.5-0.5b"]["lora_speedup"])
+    assert {cpu_name(small["cpu"]), cpu_name(large["cpu"])} == {row["cpu"]}
+
+
 CHECKS = {
     "demo": check_demo,
     "GSM8K": check_gsm8k,
@@ -259,6 +271,7 @@ CHECKS = {
     "vs vLLM-CPU": check_vs_vllm,
     "endpoint": check_endpoint,
     "reward": check_reward,
+    "real model shapes": check_real_shapes,
 }
 
 
