@@ -186,14 +186,16 @@ def test_lora_keys_map_to_verls_model_config(values, expected, data, tmp_path):
     assert isinstance(cfg.actor_rollout_ref.model.lora_alpha, int)  # verl's ModelConfig types it int
 
 
-def test_lora_on_verls_cpu_path_says_what_blocks_it_unless_the_adapters_are_merged(data, tmp_path):
+def test_lora_on_verls_cpu_path_merges_the_adapters_and_says_what_blocks_it_unmerged(data, tmp_path):
     config = _config(data, tmp_path, lora_rank=16)
-    hw = vb.Hardware(nnodes=1, gpus_per_node=1, device="cpu")
-    with pytest.raises(vb.VerlConfigError) as error:
-        vb.validate(config, hw, vb.build_overrides(config, hw))
-    assert "vLLM-CPU takes new weights only whole" in str(error.value) and "--device cuda" in str(error.value)
-    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw, ["actor_rollout_ref.model.lora.merge=True"]))
+    cpu, gpu = vb.Hardware(nnodes=1, gpus_per_node=1, device="cpu"), vb.Hardware(nnodes=1, gpus_per_node=8)
+    cfg, _ = vb.validate(config, cpu, vb.build_overrides(config, cpu))
     assert cfg.actor_rollout_ref.model.lora_rank == 16 and cfg.actor_rollout_ref.model.lora.merge
+    with pytest.raises(vb.VerlConfigError) as error:
+        vb.validate(config, cpu, vb.build_overrides(config, cpu, ["actor_rollout_ref.model.lora.merge=False"]))
+    assert "vLLM-CPU takes new weights only whole" in str(error.value) and "--device cuda" in str(error.value)
+    # on GPUs verl's default stays: adapters synced apart from the base weights
+    assert not vb.validate(config, gpu, vb.build_overrides(config, gpu))[0].actor_rollout_ref.model.lora.merge
 
 
 BAD_INPUTS = [

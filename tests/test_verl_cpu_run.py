@@ -97,3 +97,27 @@ def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
     assert result.exit_code == 1, result.output
     assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
     assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
+
+
+def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_path):
+    """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU sync (the
+    default there); the export's adapter folder loads over its base and holds trained (non-zero) B matrices."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.train.cli import train
+
+    run = tmp_path / "run"
+    result = _train(run, "--max-steps", "1", "--set", "lora_rank=16", "--set", "lora_alpha=32")
+    assert result.exit_code == 0, result.output
+    first = {record["step"]: record for record in _steps(run)}[1]
+    assert first["actor/grad_norm"] > 0 and "timing_s/update_weights" in first  # an update, then a sync to vLLM
+    assert OmegaConf.load(run / "verl_config.yaml").actor_rollout_ref.model.lora.merge
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    adapters = load_file(run / "hf-export" / "lora_adapter" / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapters.items())
+    model, tokenizer = load_model_and_tokenizer(str(run / "hf-export" / "lora_adapter"), dtype="float32", device="cpu")
+    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]

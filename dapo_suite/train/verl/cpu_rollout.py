@@ -29,7 +29,8 @@ class ReloadWeightsWorkerExtension(vLLMColocateWorkerExtension):
     def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False,
                                 use_shm: bool = False) -> None:
         if peft_config:
-            raise NotImplementedError("LoRA weight sync is not supported on vLLM-CPU: train without LoRA on a CPU")
+            raise NotImplementedError("vLLM-CPU takes LoRA adapters only merged into the weights: set "
+                                      "actor_rollout_ref.model.lora.merge=True")
         if self.device is None:
             self.device = torch.device("cpu")
         received: list[tuple[str, torch.Tensor]] = []

