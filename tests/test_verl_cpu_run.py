@@ -35,6 +35,15 @@ def _train(out: Path, *flags: str):
                                       str(out), *SMALL, *flags], catch_exceptions=False)
 
 
+def _generates(folder: Path) -> bool:
+    """Whether the model folder (or adapter folder over its base) loads and greedily extends a prompt."""
+    from dapo_suite.inference.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(folder), dtype="float32", device="cpu")
+    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+    return model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+
+
 def _steps(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -78,11 +87,7 @@ def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
     target = verl_run / "hf-export"
     record = json.loads((target / "dapo_suite_export.json").read_text())
     assert record["step"] == 2
-    from dapo_suite.inference.models import load_model_and_tokenizer
-
-    model, tokenizer = load_model_and_tokenizer(str(target), dtype="float32", device="cpu")
-    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
-    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+    assert _generates(target)
 
 
 def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
@@ -106,7 +111,6 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
-    from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.train.cli import train
 
     run = tmp_path / "run"
@@ -119,6 +123,4 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
     assert export.exit_code == 0, export.output
     adapters = load_file(run / "hf-export" / "lora_adapter" / "adapter_model.safetensors")
     assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapters.items())
-    model, tokenizer = load_model_and_tokenizer(str(run / "hf-export" / "lora_adapter"), dtype="float32", device="cpu")
-    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
-    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+    assert _generates(run / "hf-export" / "lora_adapter")
