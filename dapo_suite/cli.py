@@ -142,10 +142,13 @@ def main(debug: bool) -> None:
 @click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
 @click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
+                   "float32; float32 runs as a CPU without native bf16 does.")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
-         assignments: tuple[str, ...]) -> None:
+         dtype: str, assignments: tuple[str, ...]) -> None:
     """The whole chain on the embedded model on a CPU (`make demo`: a few minutes on 2 cores with native bf16,
     several times longer in float32).
 
@@ -164,7 +167,7 @@ def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_ma
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     given = dict(aime_n=aime_n, aime_max_tokens=aime_max_tokens, aime_limit=aime_limit)
-    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, seed=seed, train_overrides=overrides,
+    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, seed=seed, dtype=dtype, train_overrides=overrides,
                                   **{key: value for key, value in given.items() if value is not None}))
     click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
                f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}")

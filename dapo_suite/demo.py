@@ -23,6 +23,10 @@ import click
 from dapo_suite.core.lock import output_lock
 from dapo_suite.train.report import CHAIN_FILE, package_versions, write_report
 
+# The training fields each demo precision sets (`auto`: the preset's own, bf16 where native).
+DEMO_DTYPES = {"auto": {}, "float32": {"sampling_dtype": None, "autocast_dtype": None},
+               "bfloat16": {"sampling_dtype": "bfloat16", "autocast_dtype": "bfloat16"}}
+
 
 @dataclass
 class DemoConfig:
@@ -35,6 +39,13 @@ class DemoConfig:
     aime_n: int = 2  # samples per AIME problem (the paper: 32)
     aime_max_tokens: int = 256  # per AIME sample (the paper: 20480)
     aime_limit: int | None = None  # first N AIME problems (default all 30)
+    # one precision for every stage: "auto" (bf16 where the CPU has it natively), or float32 / bfloat16 everywhere,
+    # e.g. float32 to run as a CPU without native bf16 does
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DEMO_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: choose one of {', '.join(DEMO_DTYPES)}.")
 
 
 class Chain:
@@ -84,22 +95,24 @@ def _run_chain(config: DemoConfig, out: Path) -> Path:
 
     def aime(model: str | None, name: str) -> None:
         eval_config = EvalConfig(benchmark="aime24", model=model, n=config.aime_n, max_tokens=config.aime_max_tokens,
-                                 limit=config.aime_limit, out=str(out / "eval" / name))
+                                 limit=config.aime_limit, dtype=config.dtype, out=str(out / "eval" / name))
         results = run_eval(eval_config)
         click.echo(f"AIME 2024 avg@{config.aime_n}: {100 * results['avg@k']:.1f} %")
 
     aime_flags = f"--n {config.aime_n} --max-tokens {config.aime_max_tokens}"
     aime_flags += f" --limit {config.aime_limit}" if config.aime_limit else ""
+    aime_flags += f" --dtype {config.dtype}" if config.dtype != "auto" else ""
     chain.run("eval before", f"dapo-suite eval aime24 {aime_flags} --out {out / 'eval/aime24-before'}",
               lambda: aime(None, "aime24-before"))
 
+    train_settings = {**DEMO_DTYPES[config.dtype], **config.train_overrides}
     train_config = resolve_config([config.preset], {"max_steps": config.max_steps, "seed": config.seed,
                                                     "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)},
-                                  config.train_overrides)
+                                  train_settings)
     train_flags = f" --max-steps {config.max_steps}" if config.max_steps else ""
     train_flags += f" --seed {config.seed}" if config.seed else ""
     train_flags += "".join(f" --set {key}={'null' if value is None else value}"
-                           for key, value in config.train_overrides.items())
+                           for key, value in train_settings.items())
 
     def train() -> None:
         resume = (train_dir / "metrics.jsonl").is_file()

@@ -16,7 +16,7 @@ from toy import TOY_FLAGS, dapo_suite
 def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("chain") / "demo"
     result = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-n", "1", "--aime-max-tokens", "4",
-                        *TOY_FLAGS)
+                        "--dtype", "float32", *TOY_FLAGS)
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
 
@@ -37,6 +37,17 @@ def test_demo_runs_every_stage_and_says_how_to_chat(demo_run):
     assert [s["name"] for s in chain["stages"]] == ["data", "eval before", "train", "eval after", "report"]
     assert "--set group_size=2" in chain["stages"][2]["command"]
     assert f"dapo-suite serve --model {out / 'train' / 'checkpoint-last'}" in result.stdout
+
+
+def test_demo_dtype_sets_the_precision_of_every_stage(demo_run):
+    """`--dtype float32` (what a CPU without native bf16 runs) reaches both evaluations and the training run."""
+    out, _ = demo_run
+    for name in ("aime24-before", "aime24-after"):
+        assert json.loads((out / "eval" / name / "config.json").read_text())["config"]["dtype"] == "float32"
+    train = (out / "train" / "config.yaml").read_text()
+    assert "sampling_dtype: null" in train and "autocast_dtype: null" in train
+    stages = json.loads((out / "chain.json").read_text())["stages"]
+    assert "--dtype float32" in stages[1]["command"] and "--set sampling_dtype=null" in stages[2]["command"]
 
 
 def test_report_tables_plots_data_and_provenance(demo_run):
@@ -62,7 +73,7 @@ def test_a_rerun_of_the_demo_resumes_instead_of_redoing(demo_run):
     metrics_before = (out / "train" / "metrics.jsonl").read_text()
     generations = (out / "eval" / "aime24-before" / "generations.jsonl").read_text()
     again = dapo_suite("demo", "--out", str(out), "--max-steps", "1", "--aime-limit", "2", "--aime-n", "1", "--aime-max-tokens", "4",
-                       *TOY_FLAGS)
+                       "--dtype", "float32", *TOY_FLAGS)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "All 2 samples are on disk" in again.stdout
     assert (out / "train" / "metrics.jsonl").read_text() == metrics_before
