@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 
 venv: $(STAMP)
 
+# DEMO_FLAGS: more `dapo-suite demo` flags, e.g. DEMO_FLAGS="--dtype float32 --seed 3" (dapo-suite demo --help)
 demo: $(STAMP)
-	$(BIN)/dapo-suite demo
+	$(BIN)/dapo-suite demo $(DEMO_FLAGS)
 
 # The README's GSM8K before/after result (about 30 min on 2 quiet cores with native bf16; reruns resume): scripts/gsm8k.sh
 gsm8k: $(STAMP)
