@@ -35,8 +35,8 @@ Held-out accuracy: both sides measured by the same code (`heldout_accuracy`: the
 current weights, avg@2 over the 100 held-out problems, T 1.0, top_p 0.7, seeded by the run's seed) before training
 and every `--eval-every` rollout batches; the two sides' step-0 figures must agree (same weights, same seed). Each
 run is a process of its own with `--threads` threads; sides alternate by seed. A side's run that is interrupted is
-started again (ours resumes from its last checkpoint). TRL runs until it reaches `--target` or spends
-`--budget-minutes` of training time; ours runs `--steps` rollout batches.
+started again (ours resumes from its last checkpoint). Each side stops at its first evaluation at or above `--target`:
+TRL after `--budget-minutes` of training time at most, ours after `--steps` rollout batches.
 
 Prints the CPU's flags and load with each run, then per seed the training time to first reach `--target`
 held-out accuracy, the accuracy each side has when the fastest run ends, and for each dapo-suite arm against TRL
@@ -64,6 +64,7 @@ from serve_throughput import cpu_line  # noqa: E402
 from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
 
 SIDES = ("ours", "ours-trl-settings", "trl")
+REACHED = "reached"  # in an ours run directory: stopped at --target
 LABELS = {"ours": "dapo-suite (dapo preset)",
           "ours-trl-settings": "dapo-suite with TRL's settings (no dynamic sampling, no overlong penalty)",
           "trl": "TRL GRPOTrainer (loss_type=dapo)"}
@@ -79,12 +80,23 @@ def shared_config(seed: int, out: str, eval_every: int) -> TrainConfig:
 
 
 def run_ours(args, seed: int, run_dir: Path, settings: tuple[str, ...] = ()) -> None:
-    """`dapo-suite train --preset dapo` in a process of its own; resumes a run an earlier call left unfinished."""
+    """`dapo-suite train --preset dapo` in a process of its own, stopped at its first held-out evaluation at or above
+    `--target` (as TRL's run is; REACHED marks it); resumes a run an earlier call left unfinished."""
     resume = ["--resume"] if any(run_dir.glob("checkpoint-*")) else []
     command = [str(Path(sys.executable).parent / "dapo-suite"), "train", "--preset", "dapo", "--out", str(run_dir),
                "--max-steps", str(args.steps), "--set", f"seed={seed}", "--set", f"eval_every={args.eval_every}",
                "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *settings, *resume]
-    subprocess.run(command, check=True, env=thread_env(args.threads))
+    process = subprocess.Popen(command, env=thread_env(args.threads))
+    while process.poll() is None:
+        time.sleep(2.0)
+        if (run_dir / "metrics.jsonl").is_file() and any(
+                point["batches"] > 0 and point["acc"] >= args.target for point in ours_curve(run_dir)):
+            process.terminate()
+            process.wait()
+            (run_dir / REACHED).write_text("")
+            return
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command)
 
 
 def trl_settings(config: TrainConfig) -> tuple[str, ...]:
@@ -400,7 +412,7 @@ def finished(side: str, run_dir: Path) -> bool:
     if side == "trl":
         return (run_dir / "done").is_file()
     summary = run_dir / "summary.json"
-    return summary.is_file() and "after" in json.loads(summary.read_text())
+    return (run_dir / REACHED).is_file() or (summary.is_file() and "after" in json.loads(summary.read_text()))
 
 
 if __name__ == "__main__":
