@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# OpenMP threads that wait for work sleep instead of spinning. On a machine whose cores are busy with other work (a
-# training run beside the suite), spinning threads of the test process and of the servers it starts take turns
-# with each other: a serve test measured 84 s with spinning threads against 13 s without, beside one training run.
+# OpenMP threads that wait for work sleep instead of spinning, for the peers and the test process, not the product:
+# beside a training run, the endpoint's tests took 406-461 s with spinning threads against 172-176 s without, mostly
+# in those running `transformers serve` (one: 109 s against 20 s); the sampler's own took 131-134 s against 110 s,
+# as it leaves busy cores alone (dapo_suite/core/threads.py). docs/results/serve/omp-wait-policy-ab.txt.
 # Set before torch loads its OpenMP runtime; the subprocesses the tests start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
