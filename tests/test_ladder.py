@@ -146,8 +146,9 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     out = tmp_path / "ladder"
     args = ["train", "ladder", "--out", str(out), "--presets", "grpo,dapo", "--seeds", "2", "--max-steps", "1",
             *TOY_FLAGS]
-    result = dapo_suite(*args)
+    result = dapo_suite(*args, "--keep-checkpoints")
     assert result.returncode == 0, result.stderr[-4000:]
+    assert all((run_path(out, rung, seed) / "checkpoint-last").is_dir() for rung in ("grpo", "dapo") for seed in (0, 1))
     summaries = {(rung, seed): json.loads((run_path(out, rung, seed) / "summary.json").read_text())
                  for rung in ("grpo", "dapo") for seed in (0, 1)}
     # "before" measured once per seed and shared; the seeds split and sample differently
@@ -171,6 +172,10 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     third = dapo_suite(*args)
     assert third.returncode == 0, third.stderr[-4000:]
     assert third.stdout.count("finished earlier, skipped") == 3 and "resumed from" in third.stderr
+    # without --keep-checkpoints, the run it finished gives its checkpoints up; those finished earlier keep theirs
+    assert "[4/4] dapo seed 1: checkpoints deleted (" in third.stdout
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "checkpoint-last").is_symlink()
+    assert (run_path(out, "dapo", 0) / "checkpoint-last").is_dir()
     after = json.loads((run_dir / "summary.json").read_text())["after"]
     assert after.pop("seconds") > 0 and after == {k: v for k, v in summaries["dapo", 1]["after"].items() if k != "seconds"}
     assert json.loads((out / "ladder.json").read_text())["missing"] == []

@@ -81,6 +81,17 @@ def _point_last(run_dir: Path, target: Path) -> None:
     os.replace(temporary, link)
 
 
+def remove_checkpoints(run_dir: Path) -> int:
+    """Delete a run's checkpoints and its `checkpoint-last` link (its metrics, summary and config stay); returns the
+    bytes freed."""
+    root, link = checkpoint_dir(run_dir), Path(run_dir) / LAST
+    freed = sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root.is_dir() else 0
+    shutil.rmtree(root, ignore_errors=True)
+    if link.is_symlink():
+        link.unlink()
+    return freed
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint (partial writes are ignored), or None."""
     complete = [p for p in sorted(checkpoint_dir(run_dir).glob("step-*")) if (p / "trainer_state.pt").is_file()]

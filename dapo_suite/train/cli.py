@@ -236,8 +236,11 @@ def export(run_dir: str, out: str | None) -> None:
 @click.option("--report-only", is_flag=True,
               help="Train nothing: rebuild the table, tests and plots from OUT's ladder_plan.json and the runs' "
                    "metrics.jsonl (--presets and --seeds, if given, pick a subset).")
+@click.option("--keep-checkpoints", is_flag=True,
+              help="Keep each finished run's checkpoints (by default deleted once the run finishes: the table "
+                   "needs the metrics alone, and each run of the embedded model holds ~3 GB of them).")
 def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int | None, model: str | None,
-           scale: str | None, assignments, report_only: bool) -> None:
+           scale: str | None, assignments, report_only: bool, keep_checkpoints: bool) -> None:
     """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by default.
 
     \b
@@ -283,7 +286,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
             overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides,
-                               scale)
+                               scale, keep_checkpoints)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint

@@ -6,7 +6,8 @@ step budget and seeds, then one table, seed-level paired tests and plots.
 
 OUT holds:
 - `ladder_plan.json`: the presets, seeds and shared overrides of the command;
-- `<rung>/seed-<s>/`: one training run per (rung, seed), with its metrics.jsonl, summary.json and checkpoints;
+- `<rung>/seed-<s>/`: one training run per (rung, seed), with its metrics.jsonl, summary.json and config; its
+  checkpoints (1.6 GB each for the embedded model) are deleted once it finishes unless `keep_checkpoints`;
 - `ladder.md`, `ladder.json`, `ladder.csv`, `ladder_dynamics.png`: rebuilt from the plan and the runs'
   metrics.jsonl alone (`write_ladder_outputs`), so committing those files is enough to reproduce the table.
 
@@ -34,6 +35,7 @@ import click
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.lock import FolderBusy, output_lock
 from dapo_suite.core.stats import mean_and_std, paired_t_test, sign_flip_test
+from dapo_suite.train.checkpoint import remove_checkpoints
 from dapo_suite.train.config import TrainConfig, load_preset, resolve_config
 from dapo_suite.train.run_log import read_metrics
 
@@ -116,11 +118,13 @@ def check_overrides(presets: list[str], overrides: dict[str, Any]) -> None:
 
 
 def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any],
-               scale: str | None = None) -> Path:
+               scale: str | None = None, keep_checkpoints: bool = False) -> Path:
     """Train every (preset, seed) into out/<rung>/seed-<s>, seed after seed (so a partial ladder already has
     whole seeds), leaving the runs another worker holds to it, then write the table, tests and plots (of the runs
     finished so far); return the table's path. `scale`: a scale preset under
-    every rung (by default tiny-cpu applies only to the embedded model, not to a checkpoint trained from it)."""
+    every rung (by default tiny-cpu applies only to the embedded model, not to a checkpoint trained from it).
+    A finished run's checkpoints are deleted unless `keep_checkpoints`: the table needs its metrics alone, and 18
+    runs of the embedded model would otherwise hold ~56 GB."""
     rungs = [rung_name(preset) for preset in presets]
     if len(set(rungs)) < len(rungs):
         raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
@@ -138,7 +142,7 @@ def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[
         run_dir, label = Path(config.out), f"[{index}/{len(configs)}] {rung_name(preset)} seed {seed}"
         try:
             with output_lock(run_dir):  # several workers on one OUT: each run goes to the first that claims it
-                summary = train_run(config, label, befores)
+                summary = train_run(config, label, befores, keep_checkpoints)
         except FolderBusy as busy:
             click.echo(f"{label}: another worker is training it ({busy.holder}), left to it")
             continue
@@ -167,9 +171,10 @@ def write_plan(out: Path, plan: dict[str, Any]) -> None:
     plan_path.write_text(json.dumps(plan, indent=2) + "\n")
 
 
-def train_run(config: TrainConfig, label: str, befores: dict[tuple, dict]) -> dict:
+def train_run(config: TrainConfig, label: str, befores: dict[tuple, dict], keep_checkpoints: bool = False) -> dict:
     """Train one (rung, seed) unless it finished earlier (then its summary as it is); a run that another of the
-    same held-out setting measured before training gets that measurement instead of repeating it."""
+    same held-out setting measured before training gets that measurement instead of repeating it. The checkpoints
+    of a run it finishes are deleted unless `keep_checkpoints`."""
     from dapo_suite.train.trainer import DAPOTrainer
 
     run_dir = Path(config.out)
@@ -182,7 +187,10 @@ def train_run(config: TrainConfig, label: str, befores: dict[tuple, dict]) -> di
     if key in befores and "before" not in summary:
         summary_path.write_text(json.dumps({"before": befores[key]}, indent=2))
     click.echo(f"{label}: {config.max_steps} steps -> {run_dir}")
-    return DAPOTrainer(config, resume=(run_dir / "metrics.jsonl").is_file()).fit()
+    summary = DAPOTrainer(config, resume=(run_dir / "metrics.jsonl").is_file()).fit()
+    if not keep_checkpoints and (freed := remove_checkpoints(run_dir)):
+        click.echo(f"{label}: checkpoints deleted ({freed / 2**30:.1f} GiB; --keep-checkpoints keeps them)")
+    return summary
 
 
 def heldout_key(config: TrainConfig) -> tuple:
