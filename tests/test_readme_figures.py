@@ -118,13 +118,18 @@ def paired(folder: str, a: str, b: str, measure: str) -> dict:
 
 def check_ladder(row: dict[str, str]) -> None:
     test = paired("ladder", "+token-loss", "dapo", "heldout_acc")
-    delta, same, n, p = figures(row["result"], r"\*\*\+([\d.]+) points\*\*, same sign in (\d) of (\d) seeds, p ([\d.]+)")
+    delta, same, n, p = figures(row["result"], r"\*\*([+-][\d.]+) points\*\*, same sign in (\d) of (\d) seeds, p ([\d.]+)")
     rows = {r["rung"]: r for r in json.loads((RESULTS / "ladder" / "ladder.json").read_text())["rows"]}
     diffs = [b - a for a, b in zip(rows["+token-loss"]["heldout_acc"]["per_seed"],
                                    rows["dapo"]["heldout_acc"]["per_seed"], strict=True)]
     assert shows(delta, 100 * test["t_test"]["delta"]) and shows(p, test["t_test"]["p_value"])
-    assert int(n) == test["t_test"]["n"] == len(diffs) and int(same) == sum(d > 0 for d in diffs)
-    assert "direction only" in row["result"] and test["t_test"]["p_value"] > 0.05
+    assert int(n) == test["t_test"]["n"] == len(diffs)
+    assert int(same) == sum((d > 0) == (test["t_test"]["delta"] > 0) for d in diffs if d)
+    assert test["t_test"]["p_value"] > 0.05 and ("direction only" in row["result"] or "no difference" in row["result"])
+    low, high, start = figures(row["result"], r"every rung learns \(([\d.]+)-([\d.]+) % from ([\d.]+) %\)")
+    after = [100 * r["heldout_acc"]["mean"] for r in rows.values()]
+    before = [100 * r["before"] for r in rows.values()]
+    assert shows(low, min(after)) and shows(high, max(after)) and all(shows(start, value) for value in before)
     assert row["cpu"] == EPYC  # docs/results/ladder/README.md: the runs record no CPU line
 
 
