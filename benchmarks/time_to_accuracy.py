@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serve_throughput import cpu_line  # noqa: E402
 
+from dapo_suite.train.checkpoint import remove_checkpoints  # noqa: E402
 from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
 
 SIDES = ("ours", "ours-trl-settings", "trl")
@@ -397,8 +398,7 @@ def main() -> None:
                 curve = (ours_curve(run_dir) if side != "trl"
                          else [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()])
                 record_curve(results, side, seed, curve)
-                for checkpoint in run_dir.glob("checkpoint-*"):  # GBs each; the curve is what is kept
-                    checkpoint.unlink() if checkpoint.is_symlink() else shutil.rmtree(checkpoint)
+                remove_checkpoints(run_dir)  # GBs each; the curve is what is kept
         print(f"[time-to-accuracy] done: {cpu_line()}")
     print(write_results(results, args.target))
 
