@@ -142,6 +142,17 @@ def ours_curve(run_dir: Path) -> list[dict]:
     return curve
 
 
+def heldout_now(engine, prompts: list[str], answers: list[str], config: TrainConfig) -> dict[str, float]:
+    """Held-out accuracy of the model's weights as they are now, measured as the trainer measures it
+    (`heldout_accuracy`). TRL's optimiser changes the weights in place and never tells the engine, whose sampler
+    keeps a snapshot of them until `sync_weights`: without it every evaluation measured the starting model."""
+    from dapo_suite.train.evaluate import heldout_accuracy
+
+    engine.sync_weights()
+    return heldout_accuracy(engine, prompts, answers, n=config.val_n, max_new_tokens=config.eval_max_tokens,
+                            temperature=config.val_temperature, top_p=config.val_top_p, seed=config.seed)
+
+
 def train_trl(args) -> None:
     """The TRL side (runs in the child process): GRPOTrainer on the shared config, evaluated by a callback."""
     import torch
@@ -155,7 +166,6 @@ def train_trl(args) -> None:
     from dapo_suite.core.prompts import chat_messages, render_chat
     from dapo_suite.core.reward import compute_score
     from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision
-    from dapo_suite.train.evaluate import heldout_accuracy
     from dapo_suite.train.rollout import hf_engine
     from dapo_suite.train.tasks import train_and_heldout
 
@@ -210,9 +220,7 @@ def train_trl(args) -> None:
 
         def measure(self, batches: int, seconds: float) -> float:
             began = time.monotonic()
-            result = heldout_accuracy(engine, heldout_prompts, [p.answer for p in heldout], n=config.val_n,
-                                      max_new_tokens=config.eval_max_tokens, temperature=config.val_temperature,
-                                      top_p=config.val_top_p, seed=config.seed)
+            result = heldout_now(engine, heldout_prompts, [p.answer for p in heldout], config)
             with curve_path.open("a") as file:
                 file.write(json.dumps({"batches": batches, "seconds": seconds, "acc": result["acc"],
                                        "acc_stderr": result["acc_stderr"]}) + "\n")

@@ -104,3 +104,33 @@ def test_our_run_stops_at_its_first_evaluation_at_the_target(tmp_path):
     assert [point["batches"] for point in curve] == [0, 1] and curve[1]["seconds"] > 0
     again = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "ours seed 0:" not in again.stdout
+
+
+def test_trls_evaluation_measures_the_weights_as_they_are_now(embedded_model_dir):
+    """TRL's arm evaluates with the project's engine while TRL's optimiser changes the weights in place: each
+    measurement must see them as they are then. Here the weights are zeroed in place after a first measurement (every
+    token equally likely: no response ends before the length limit); measured from the engine's earlier snapshot,
+    the second measurement would repeat the first (it did, in a published run: 23.5 % at every evaluation)."""
+    from dataclasses import replace
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from time_to_accuracy import heldout_now, shared_config
+
+    from dapo_suite.core.prompts import chat_messages, render_chat
+    from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision
+    from dapo_suite.train.rollout import hf_engine
+    from dapo_suite.train.tasks import train_and_heldout
+
+    config = shared_config(0, "unused", 2)
+    heldout = train_and_heldout(config)[1][:4]
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    prompts = [render_chat(tokenizer, chat_messages(p.problem, shots=config.prompt_shots)) for p in heldout]
+    engine = hf_engine(replace(config, sampling_dtype=resolve_precision(config.sampling_dtype)), model, tokenizer)
+    before = heldout_now(engine, prompts, [p.answer for p in heldout], config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    after = heldout_now(engine, prompts, [p.answer for p in heldout], config)
+    assert before["truncated"] < 1.0 and after["truncated"] == 1.0 and after["acc"] == 0.0
