@@ -144,13 +144,12 @@ def ours_curve(run_dir: Path) -> list[dict]:
 
 def heldout_now(engine, prompts: list[str], answers: list[str], config: TrainConfig) -> dict[str, float]:
     """Held-out accuracy of the model's weights as they are now, measured as the trainer measures it
-    (`heldout_accuracy`). TRL's optimiser changes the weights in place and never tells the engine, whose sampler
+    (`heldout_accuracy_of`). TRL's optimiser changes the weights in place and never tells the engine, whose sampler
     keeps a snapshot of them until `sync_weights`: without it every evaluation measured the starting model."""
-    from dapo_suite.train.evaluate import heldout_accuracy
+    from dapo_suite.train.evaluate import heldout_accuracy_of
 
     engine.sync_weights()
-    return heldout_accuracy(engine, prompts, answers, n=config.val_n, max_new_tokens=config.eval_max_tokens,
-                            temperature=config.val_temperature, top_p=config.val_top_p, seed=config.seed)
+    return heldout_accuracy_of(engine, prompts, answers, config)
 
 
 def train_trl(args) -> None:

@@ -7,12 +7,16 @@ the small in-loop measurement the trainer reports before and after training.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from dapo_suite.core.reward import compute_score, extract_answer
 from dapo_suite.core.stats import avg_at_k, avg_at_k_standard_error
 from dapo_suite.inference.engines import Completion, Engine, Request, Sampling
+
+if TYPE_CHECKING:
+    from dapo_suite.train.config import TrainConfig
 
 
 def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
@@ -49,3 +53,10 @@ def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: 
         "samples_per_problem": n,
         "seconds": time.monotonic() - start,
     }
+
+
+def heldout_accuracy_of(engine: Engine, prompts: list[str], answers: list[str], config: TrainConfig) -> dict[str, float]:
+    """`heldout_accuracy` with a training config's held-out settings (val_n, val_temperature, val_top_p, the
+    evaluation length and the run's seed): the one measurement every trainer here reports."""
+    return heldout_accuracy(engine, prompts, answers, n=config.val_n, max_new_tokens=config.eval_max_tokens,
+                            temperature=config.val_temperature, top_p=config.val_top_p, seed=config.seed)

@@ -51,7 +51,7 @@ from dapo_suite.train.checkpoint import (
     verify_checkpoint,
 )
 from dapo_suite.train.config import TrainConfig
-from dapo_suite.train.evaluate import heldout_accuracy
+from dapo_suite.train.evaluate import heldout_accuracy_of
 from dapo_suite.train.lora import ADAPTER_WEIGHTS, adapter_state, add_adapters, load_adapter_state
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
 from dapo_suite.train.rollout_correction import rollout_correction
@@ -464,11 +464,8 @@ class DAPOTrainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        config = self.config
         prompts = [self.prompt_text(p) for p in self.heldout]
-        return heldout_accuracy(self.engine, prompts, [p.answer for p in self.heldout], n=config.val_n,
-                                max_new_tokens=config.eval_max_tokens, temperature=config.val_temperature,
-                                top_p=config.val_top_p, seed=config.seed)
+        return heldout_accuracy_of(self.engine, prompts, [p.answer for p in self.heldout], self.config)
 
     def fit(self, progress: bool = True) -> dict[str, float]:
         from tqdm import tqdm
