@@ -1,7 +1,7 @@
 """Continuous batching (dapo_suite/inference/batching.py) on the embedded model: a request that joins a running
-batch gets the tokens it gets alone; rows with different settings share a batch; a cancelled row stops; the
-shared-prefix prompt pass gives the plain one's cache; and the server's text streaming (multi-byte characters,
-stop strings)."""
+batch gets the tokens it gets alone; a batch that never drains does not widen; rows with different settings share a
+batch; a cancelled row stops; the shared-prefix prompt pass gives the plain one's cache; and the server's text
+streaming (multi-byte characters, stop strings)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,57 @@ def test_a_request_that_joins_a_running_batch_gets_the_tokens_it_gets_alone(mode
     joined = _decode(model, tokenizer, specs, pause=1.0)
     assert joined == alone
     assert len({tuple(tokens) for tokens, _ in alone}) == 3
+
+
+def test_a_batch_that_never_drains_stays_as_wide_as_its_oldest_row(model_and_tokenizer):
+    """A relay, as a busy endpoint runs: a row joins every 12 steps and lives 24, so the batch never empties. After
+    300 steps the cache is no wider than a row's prompt and life plus a rebuild's spare slots (it widened by a slot
+    a step while rebuilds kept the slots no row reads), and the last rows get the greedy tokens they get alone."""
+    from dapo_suite.inference.decoding import JOIN_HEADROOM_SLOTS, make_stepper
+
+    model, tokenizer = model_and_tokenizer
+    prompts = [torch.tensor([ids]) for ids in _prompt_ids(tokenizer)]
+    life, every, steps = 24, 12, 300
+
+    def start(prompt: torch.Tensor):
+        return prompt, torch.ones_like(prompt), torch.tensor([prompt.shape[1] - 1]), prompt[:, -1]
+
+    def alone(prompt: torch.Tensor) -> list[int]:
+        ids, mask, positions, tokens = start(prompt)
+        stepper, out = make_stepper(model, ids, mask, life), []
+        for _ in range(life):
+            tokens = stepper.step(tokens, positions).argmax(-1)
+            positions = positions + 1
+            out.append(tokens.item())
+        return out
+
+    with torch.inference_mode():
+        ids, mask, positions, tokens = start(prompts[0])
+        stepper = make_stepper(model, ids, mask, life)
+        live, joined, finished = [[]], [0], []  # tokens of each live row, which prompt it is; (prompt, tokens)
+        for step in range(steps):
+            tokens = stepper.step(tokens, positions).argmax(-1)
+            positions = positions + 1
+            for row, token in enumerate(tokens.tolist()):
+                live[row].append(token)
+            keep = [row for row, out in enumerate(live) if len(out) < life]
+            finished += [(joined[row], live[row]) for row, out in enumerate(live) if len(out) == life]
+            if len(keep) < len(live):
+                index = torch.tensor(keep)
+                stepper.select(index)
+                positions, tokens = positions[index], tokens[index]
+                live, joined = [live[row] for row in keep], [joined[row] for row in keep]
+            if step % every == every - 1:
+                prompt = (step // every + 1) % len(prompts)
+                ids, mask, prompt_positions, prompt_tokens = start(prompts[prompt])
+                stepper.add_rows(model, ids, mask, life)
+                positions, tokens = torch.cat([positions, prompt_positions]), torch.cat([tokens, prompt_tokens])
+                live, joined = [*live, []], [*joined, prompt]
+    assert len(finished) >= steps // every - 2
+    widest_prompt = max(prompt.shape[1] for prompt in prompts)
+    assert stepper.kv.shape[4] <= widest_prompt + 2 * life + JOIN_HEADROOM_SLOTS < widest_prompt + steps
+    for prompt, out in finished[-len(prompts):]:
+        assert out == alone(prompts[prompt])
 
 
 def test_rows_with_different_settings_share_a_batch(model_and_tokenizer):

@@ -217,5 +217,5 @@ class BatchDecoder:
                     jobs.extend(joining)
                     positions = torch.cat([positions, mask.sum(-1) - 1])
                     step_input = torch.cat([step_input, ids[:, -1]])
-                    width = max(width, stepper.kv.shape[4])
+                    width = stepper.kv.shape[4]  # a rebuild may have dropped slots no row reads
                     since_join = 0

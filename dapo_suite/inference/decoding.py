@@ -207,7 +207,8 @@ class LeanStepper:
         tokens. The new rows are written in place when the buffer has spare rows and slots and their prefixes fit
         before the current slot; else the buffer is rebuilt with spare rows (up to `capacity_rows`, default twice
         the rows) and JOIN_HEADROOM_SLOTS spare slots, so that the following joins are written in place (a rebuild
-        copies every running row's cache: at 64 rows of ~300 tokens, ~0.9 GB). Not with a shared prompt cache
+        copies every running row's cache: at 64 rows of ~300 tokens, ~0.9 GB), without the slots before every
+        running row's first, so the buffer stays as wide as its oldest row. Not with a shared prompt cache
         (`group_size` > 1)."""
         if self.shared:
             raise ValueError("add_rows needs the per-row cache layout (group_size 1)")
@@ -216,16 +217,19 @@ class LeanStepper:
         store = self._kv_store
         in_place = (prefix_len <= self.length and running + added <= store.shape[2]
                     and self.length + max_new_tokens <= store.shape[4])
-        end = self.length if in_place else max(self.length, prefix_len)  # where every row's filled slots end
-        shift = end - self.length
+        # A rebuild drops the slots before every running row's first: a batch that never drains (a busy endpoint)
+        # would otherwise widen by one slot per step for as long as it runs.
+        trim = 0 if in_place else int(self.start.min())
+        kept = self.length - trim  # the running rows' slots that move to the new buffer
+        end = self.length if in_place else max(kept, prefix_len)  # where every row's filled slots end
         if not in_place:
             slots = end + max(self.kv.shape[4] - self.length, max_new_tokens) + JOIN_HEADROOM_SLOTS
             rows = max(running + added, capacity_rows or 2 * (running + added))
             store = self.kv.new_empty(2, len(self.layers), rows, self.kv_heads, slots, self.head_dim)
-            store[:, :, :running, :, :shift] = 0.0  # padding is read (masked): it must hold finite values
-            store[:, :, :running, :, shift:end] = self.kv[:, :, :, :, : self.length]
+            store[:, :, :running, :, : end - kept] = 0.0  # padding is read (masked): it must hold finite values
+            store[:, :, :running, :, end - kept : end] = self.kv[:, :, :, :, trim : self.length]
             bias = self.bias.new_full((running, 1, 1, slots), float("-inf"))
-            bias[:, :, :, shift:end] = self.bias[:, :, :, : self.length]
+            bias[:, :, :, end - kept : end] = self.bias[:, :, :, trim : self.length]
             bias[:, :, :, end:] = 0.0
             self.bias, self._kv_store = bias, store
         joined = store[:, :, running : running + added]
@@ -234,8 +238,8 @@ class LeanStepper:
         bias = self.bias.new_full((added, 1, 1, store.shape[4]), float("-inf"))
         bias[:, :, :, end - prefix_len : end] = new_bias
         bias[:, :, :, end:] = 0.0  # the slots the coming steps fill
+        self.start = torch.cat([self.start + end - self.length, new_start + end - prefix_len])
         self.kv, self.bias, self.length = store[:, :, : running + added], torch.cat([self.bias, bias]), end
-        self.start = torch.cat([self.start + shift, new_start + end - prefix_len])
 
     def _group_layout(self) -> None:
         """Where each row's queries go in the (prompts, widest group) grid the shared-prefix attention runs on;
