@@ -63,7 +63,7 @@ def served(engine: str, model: str | None, dtype: str = "auto", vllm_python: str
     same weights from the vLLM environment with its defaults; yields it, its output going to a log file."""
     port = free_port()
     if engine == "vllm":
-        from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+        from dapo_suite.inference.engines import CPU_KV_CACHE_BYTES
         from dapo_suite.inference.models import resolve_model
 
         vllm_dtype = {"auto": "bfloat16" if "avx512_bf16" in cpu_description() or "amx" in cpu_description()
@@ -73,7 +73,7 @@ def served(engine: str, model: str | None, dtype: str = "auto", vllm_python: str
                    "--port", str(port), "--dtype", vllm_dtype, "--seed", "0",
                    # its CPU default reserves 92 % of the machine's memory and refuses to start beside anything; the
                    # KV cache the project's CPU engines give it instead (compiled: vLLM's default, not enforce_eager)
-                   "--kv-cache-memory-bytes", str(CPU_ENGINE_ARGS["kv_cache_memory_bytes"])]
+                   "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
     else:
         command = [str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--engine", engine, "--port",
                    str(port), "--dtype", dtype]

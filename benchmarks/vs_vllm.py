@@ -121,12 +121,12 @@ class VLLMSide:
             ignore_eos: bool = False) -> dict:
         from vllm import LLM, SamplingParams
 
-        from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+        from dapo_suite.inference.engines import cpu_engine_args
 
         if dtype != self.dtype:
             self.llm = None  # one engine's KV cache at a time
             self.llm = LLM(model=self.path, dtype=dtype, seed=0, enable_prefix_caching=True,
-                           **{**CPU_ENGINE_ARGS, "enforce_eager": self.eager})
+                           **{**cpu_engine_args(self.path), "enforce_eager": self.eager})
             self.dtype = dtype
         params = SamplingParams(n=group, temperature=1.0, top_p=0.7, max_tokens=max_tokens, seed=0,
                                 ignore_eos=ignore_eos)

