@@ -190,25 +190,36 @@ def test_a_cancelled_row_stops_at_the_next_step(model_and_tokenizer):
     assert seen[-1] == ("end", "cancelled") and len(seen) <= 5
 
 
-def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_and_tokenizer, monkeypatch):
+@pytest.mark.parametrize("prompt_pass", ["torch ops", "fused kernels"])
+def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_and_tokenizer, monkeypatch,
+                                                                         prompt_pass):
     """Prompts that begin alike (the chat template and the DAPO instruction): their common beginning runs once, and
     a later call finds it in the cache (here a single prompt, which has nothing to share within its own call). The
-    decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same. The
-    cache serves the stepper on torch's ops (no C++ compiler, a GPU); the fused kernels' packed prompt pass is
-    their own, so this test takes the kernels away."""
+    decode steps' logits equal the plain pass's within float32 rounding, and the greedy tokens are the same. Both
+    prompt passes take the cache: transformers' forward (the stepper on torch's ops: no C++ compiler, a GPU) and
+    the fused kernels' packed pass, whose tokens through the model are counted: fewer by the shared beginning."""
     import dapo_suite.inference.weights as weights
-    from dapo_suite.inference.decoding import make_stepper
+    from dapo_suite.inference.decoding import LeanStepper, make_stepper
     from dapo_suite.inference.prefill import PrefixCache
 
-    monkeypatch.setattr(weights, "kernels", lambda: None)
+    if prompt_pass == "torch ops":
+        monkeypatch.setattr(weights, "kernels", lambda: None)
+    elif weights.kernels() is None:
+        pytest.skip("the fused kernels did not build here (no C++ compiler)")
+    ran: list[int] = []  # tokens per call of the fused layer loop
+    fused_layers = LeanStepper._fused_layers
+    monkeypatch.setattr(LeanStepper, "_fused_layers",
+                        lambda self, tokens, *rest: ran.append(tokens.shape[0]) or fused_layers(self, tokens, *rest))
     model, tokenizer = model_and_tokenizer
     tokenizer.padding_side = "left"
 
-    def greedy(questions: list[str], cache: PrefixCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def greedy(questions: list[str], cache: PrefixCache | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         texts = [render_chat(tokenizer, format_prompt(q)) for q in questions]
         encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ran.clear()
         with torch.inference_mode():
             stepper = make_stepper(model, encoded.input_ids, encoded.attention_mask, 16, prefix_cache=cache)
+            prompt_tokens = sum(ran)
             positions, tokens = encoded.attention_mask.sum(-1) - 1, encoded.input_ids[:, -1]
             out, logits = [], []
             for _ in range(16):
@@ -216,13 +227,16 @@ def test_a_cached_common_beginning_gives_the_plain_prompt_passs_decoding(model_a
                 tokens, positions = step.argmax(-1), positions + 1
                 out.append(tokens)
                 logits.append(step)
-        return torch.stack(out, 1), torch.stack(logits, 1)
+        return torch.stack(out, 1), torch.stack(logits, 1), prompt_tokens
 
     cache = PrefixCache()
     for questions in (QUESTIONS, ["What is 7 + 8?"]):
         plain, cached = greedy(questions, None), greedy(questions, cache)
         assert torch.equal(plain[0], cached[0])
         torch.testing.assert_close(cached[1], plain[1], atol=1e-3, rtol=1e-4)
+        if prompt_pass == "fused kernels":  # the beginning once in the first call, not at all in the second
+            shared = 40 * (len(questions) - 1) if len(questions) > 1 else 40
+            assert cached[2] <= plain[2] - shared, (cached[2], plain[2])
     assert cache.match([torch.tensor(tokenizer(render_chat(tokenizer, format_prompt("What is 1 + 1?")),
                                                add_special_tokens=False).input_ids)])[0] >= 40
 

@@ -30,7 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from dapo_suite.inference.attention import merge_attention, sdpa_with_lse
-from dapo_suite.inference.prefill import PrefixCache, cached_prefill, prefill
+from dapo_suite.inference.prefill import (
+    SHARED_PREFIX_MIN_TOKENS,
+    PrefixCache,
+    cached_prefill,
+    prefill,
+    shared_length,
+)
 from dapo_suite.inference.weights import LEAN_ARCHITECTURES, StepperWeights
 
 
@@ -147,7 +153,7 @@ class LeanStepper:
         self.scale = self.head_dim ** -0.5
         # The keys and values of each prompt's prefix (its tokens but the last, which the first step feeds), each
         # prompt once, left-padded to P slots; `attention_mask` is (prompts, P + 1).
-        self.prefix_cache = prefix_cache if self.kernels is None else None
+        self.prefix_cache = prefix_cache
         prompts = input_ids.shape[0]
         prompt_kv, prompt_bias, prompt_start = self._prefix(model, input_ids, attention_mask)
         prompt_len = prompt_kv.shape[4]
@@ -333,24 +339,58 @@ class LeanStepper:
     def _packed_prefill(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> torch.Tensor:
         """The prompts' keys and values, (2, layers, prompts, H_kv, width, D), left-padded (zeros in the padding),
         from one pass over their tokens packed without padding: the projections run on all real tokens at once,
-        and each token attends to its own prompt only (the fused `attend`, one query per token). In chunks of
-        whole prompts (PREFILL_CHUNK_TOKENS) to bound the activations' memory."""
+        and each token attends to its own prompt only (the fused `attend`, one query per token, reading its row of
+        the cache from the prompt's first slot). In chunks of whole prompts (PREFILL_CHUNK_TOKENS) to bound the
+        activations' memory. With a `prefix_cache`, the beginning the prompts share is copied in first
+        (`_shared_beginning`) and only the rest of each prompt runs; the first prompt is stored for later calls."""
         prompts, width = prefix_ids.shape
         kv = torch.zeros(2, len(self.layers), prompts, self.kv_heads, width, self.head_dim, dtype=self.dtype,
                          device=prefix_ids.device)
         real = prefix_mask.bool()
         lengths = real.sum(-1)
         start = width - lengths
+        common = self._shared_beginning(prefix_ids, real, start, kv) if self.prefix_cache is not None else 0
         row_of, slot_of = real.nonzero(as_tuple=True)  # row-major: each prompt's tokens together, in order
-        tokens, positions = prefix_ids[row_of, slot_of], slot_of - start[row_of]
+        positions = slot_of - start[row_of]
+        rest = positions >= common
+        row_of, slot_of, positions = row_of[rest], slot_of[rest], positions[rest]
+        tokens = prefix_ids[row_of, slot_of]
         first = previous = 0
-        for end in lengths.cumsum(0).tolist() + [None]:  # close a chunk before the prompt that would overflow it
+        for end in (lengths - common).cumsum(0).tolist() + [None]:  # close a chunk before the prompt that overflows
             if previous > first and (end is None or end - first > PREFILL_CHUNK_TOKENS):
                 part = slice(first, previous)
                 self._fused_layers(tokens[part], positions[part], row_of[part], slot_of[part], kv, start, None)
                 first = previous
             previous = end
+        if self.prefix_cache is not None:  # copies: a view would keep every prompt's cache alive
+            own = slice(int(start[0]), width)
+            self.prefix_cache.store(prefix_ids[0, own].clone(), [(kv[0, layer, 0, :, own].clone(),
+                                                                  kv[1, layer, 0, :, own].clone())
+                                                                 for layer in range(len(self.layers))])
         return kv
+
+    def _shared_beginning(self, prefix_ids: torch.Tensor, real: torch.Tensor, start: torch.Tensor,
+                          kv: torch.Tensor) -> int:
+        """How many first tokens every prompt shares with a `prefix_cache` entry, else with each other (0 below
+        SHARED_PREFIX_MIN_TOKENS), their keys and values written into each prompt's first slots of `kv`: from the
+        entry, or from one pass over the first prompt's beginning. A key depends on its token's position, not on
+        its slot, and attention is causal, so these are the keys and values each prompt's own pass would give."""
+        rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
+        common, stored = self.prefix_cache.match(rows)
+        if stored is None:
+            common = shared_length(rows) if len(rows) > 1 else 0
+            if common < SHARED_PREFIX_MIN_TOKENS:
+                return 0
+            slots = int(start[0]) + torch.arange(common, device=kv.device)
+            self._fused_layers(rows[0][:common], torch.arange(common, device=kv.device),
+                               torch.zeros_like(slots), slots, kv, start, None)
+            beginning = kv[:, :, 0, :, int(start[0]) : int(start[0]) + common]
+        else:
+            beginning = torch.stack([torch.stack([keys[:, :common], values[:, :common]]) for keys, values in stored], 1)
+        for row, first in enumerate(start.tolist()):
+            if row or stored is not None:
+                kv[:, :, row, :, first : first + common] = beginning
+        return common
 
     def select(self, keep: torch.Tensor) -> None:
         # Compacted in place, filled slots only: row keep[i] moves to row i, in ascending i (keep is sorted, so

@@ -1,7 +1,7 @@
 """The prompt pass on transformers' forward, for the steppers that do not run their own (`decoding.make_stepper`):
 `prefill`, the prompts' KV cache in runs of similar length (`length_buckets`), and `cached_prefill`, which computes
 the beginning that prompts share once, across calls too (`PrefixCache`). The lean stepper on the fused kernels runs
-its own packed pass instead (`decoding.LeanStepper._packed_prefill`)."""
+its own packed pass instead (`decoding.LeanStepper._packed_prefill`), with the same `PrefixCache`."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
 SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
 
 
-def _shared_length(sequences: list[torch.Tensor]) -> int:
+def shared_length(sequences: list[torch.Tensor]) -> int:
     """How many leading tokens all of `sequences` have in common."""
     shortest = min(sequence.numel() for sequence in sequences)
     if shortest == 0:
@@ -89,8 +89,8 @@ class PrefixCache:
     alike (an endpoint's requests in one template: a system prompt, the DAPO instruction) compute their common
     beginning once, across calls. An entry serves any prompt that shares at least SHARED_PREFIX_MIN_TOKENS of its
     first tokens: attention is causal, so the first k slots of a prefix's cache are the cache of its first k tokens.
-    The `capacity` most recently stored entries are kept. It serves the stepper on torch's ops; with the fused
-    kernels (float32 on any CPU, bf16 with avx512_bf16) the packed prompt pass runs instead."""
+    The `capacity` most recently stored entries are kept. It serves the stepper on torch's ops (`cached_prefill`)
+    and the fused kernels' packed prompt pass (`LeanStepper._packed_prefill`) alike: (H_kv, tokens, D) per layer."""
 
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
@@ -101,7 +101,7 @@ class PrefixCache:
         row; (0, None) when none shares SHARED_PREFIX_MIN_TOKENS."""
         best, found = 0, None
         for tokens, layers in self.entries:
-            shared = _shared_length([tokens, *rows])
+            shared = shared_length([tokens, *rows])
             if shared > best:
                 best, found = shared, layers
         return (best, found) if best >= SHARED_PREFIX_MIN_TOKENS else (0, None)
@@ -126,7 +126,7 @@ def cached_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, d
     rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
     common, stored = prefix_cache.match(rows)
     if stored is None and len(rows) > 1:
-        common = _shared_length(rows)
+        common = shared_length(rows)
     if common < SHARED_PREFIX_MIN_TOKENS:
         cache, mask = prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
     else:
