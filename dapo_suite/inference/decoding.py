@@ -30,13 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from dapo_suite.inference.attention import merge_attention, sdpa_with_lse
-from dapo_suite.inference.prefill import (
-    SHARED_PREFIX_MIN_TOKENS,
-    PrefixCache,
-    cached_prefill,
-    prefill,
-    shared_length,
-)
+from dapo_suite.inference.prefill import PrefixCache, cached_prefill, prefill
 from dapo_suite.inference.weights import LEAN_ARCHITECTURES, StepperWeights
 
 
@@ -376,11 +370,10 @@ class LeanStepper:
         entry, or from one pass over the first prompt's beginning. A key depends on its token's position, not on
         its slot, and attention is causal, so these are the keys and values each prompt's own pass would give."""
         rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
-        common, stored = self.prefix_cache.match(rows)
+        common, stored = self.prefix_cache.beginning(rows)
+        if common == 0:
+            return 0
         if stored is None:
-            common = shared_length(rows) if len(rows) > 1 else 0
-            if common < SHARED_PREFIX_MIN_TOKENS:
-                return 0
             slots = int(start[0]) + torch.arange(common, device=kv.device)
             self._fused_layers(rows[0][:common], torch.arange(common, device=kv.device),
                                torch.zeros_like(slots), slots, kv, start, None)

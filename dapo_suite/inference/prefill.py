@@ -74,7 +74,7 @@ def prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, dtype: t
 SHARED_PREFIX_MIN_TOKENS = 16  # a common start shorter than this is computed with each prompt
 
 
-def shared_length(sequences: list[torch.Tensor]) -> int:
+def _shared_length(sequences: list[torch.Tensor]) -> int:
     """How many leading tokens all of `sequences` have in common."""
     shortest = min(sequence.numel() for sequence in sequences)
     if shortest == 0:
@@ -101,10 +101,18 @@ class PrefixCache:
         row; (0, None) when none shares SHARED_PREFIX_MIN_TOKENS."""
         best, found = 0, None
         for tokens, layers in self.entries:
-            shared = shared_length([tokens, *rows])
+            shared = _shared_length([tokens, *rows])
             if shared > best:
                 best, found = shared, layers
         return (best, found) if best >= SHARED_PREFIX_MIN_TOKENS else (0, None)
+
+    def beginning(self, rows: list[torch.Tensor]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(k, the entry's layers) for the leading tokens `rows` share with an entry; else (k, None) for those they
+        share with each other; (0, None) when fewer than SHARED_PREFIX_MIN_TOKENS."""
+        common, stored = self.match(rows)
+        if stored is None:
+            common = _shared_length(rows) if len(rows) > 1 else 0
+        return (common, stored) if common >= SHARED_PREFIX_MIN_TOKENS else (0, None)
 
     def store(self, tokens: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.entries = [entry for entry in self.entries if not torch.equal(entry[0], tokens)]
@@ -124,10 +132,8 @@ def cached_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, d
 
     real = prefix_mask.bool()
     rows = [ids[mask] for ids, mask in zip(prefix_ids, real, strict=True)]
-    common, stored = prefix_cache.match(rows)
-    if stored is None and len(rows) > 1:
-        common = shared_length(rows)
-    if common < SHARED_PREFIX_MIN_TOKENS:
+    common, stored = prefix_cache.beginning(rows)
+    if common == 0:
         cache, mask = prefill(model, prefix_ids, prefix_mask, dtype), prefix_mask
     else:
         count = len(rows)
