@@ -12,10 +12,10 @@ back to back (a two-step word problem in the DAPO prompt, numbers varying by req
 paper evaluates; a seed per request where the server survives one; `ignore_eos` where the server has it, the
 sampler's and vLLM's, so each of their requests is exactly --max-tokens long), as serving benchmarks hold a
 concurrency level. Figures: tokens received per second of the window (completion tokens from the server's usage
-for finished requests, streamed pieces for those cut by the end of the window), time to first token, p50 and p95 over the requests sent (one still
-waiting at the end counts as waiting until then: a lower bound, and the count is printed), and the p95 of the gaps
-between a request's streamed pieces. Each client count runs `--windows` windows per server, the servers taking
-turns; the median window is reported. All servers run from the start, each idle while another is measured. Prints
+for finished requests, streamed pieces for those cut by the end of the window), time to first token, p50 and p95
+over the requests sent (one still waiting at the end counts as waiting until then: a lower bound, and the count is
+printed), and the p95 of the gaps between a request's streamed pieces. Each client count runs `--windows` windows
+per server, the servers taking turns; the median window is reported. All servers run from the start, each idle while another is measured. Prints
 the CPU's vector flags and the load average beside the figures.
 """
 
