@@ -38,7 +38,7 @@ def _engine_option(func):
 @click.option("--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0).")
 @click.option("--top-p", default=_DEFAULTS.top_p, show_default=True, help="Initial top-p (DAPO: 0.7).")
 @click.option("--max-tokens", default=_DEFAULTS.max_tokens, show_default=True,
-              help="Initial reply budget (~12 tokens/s for the 135M model on 2 CPU cores).")
+              help="Initial reply budget, in tokens: enough for a worked answer, short enough to wait for.")
 @click.option("--concurrency", "concurrency_limit", default=_DEFAULTS.concurrency_limit, show_default=True,
               help="Replies generated at once; others wait in the queue.")
 @click.option("--max-queue", default=_DEFAULTS.max_queue, show_default=True, help="Requests that may wait.")
@@ -104,9 +104,8 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
       dapo-suite eval aime24 --endpoint http://127.0.0.1:8000/v1 ...
     A prompt longer than the limit, or a max_tokens that is not a positive integer within the context, gets
     400 at once; a client that disconnects stops its generation; /v1/models lists the served model.
-    On a CPU, concurrent requests are decoded together (continuous batching; docs/serve.md): 16 streams get
-    9.4x the tokens/s of `--engine transformers` on 2 cores with AVX-512 BF16, 6.7x on AVX2 in float32
-    (docs/results/serve/).
+    On a CPU, concurrent requests are decoded together (continuous batching; docs/serve.md), so more streams
+    share each step's weight reads (measured against other servers: docs/results/serve/).
     """
     from dapo_suite.core.ports import free_port
     from dapo_suite.inference.endpoint import EndpointError, start_endpoint

@@ -29,7 +29,7 @@ class ServeConfig:
     temperature: float = 1.0
     top_p: float = 0.7
     max_tokens: int = 512
-    """Default reply budget: about 40 s at the ~12 tokens/s the 135M model gets on 2 CPU cores."""
+    """Default reply budget: room for a worked answer and its `Answer:` line, short enough to wait for on a CPU."""
     max_tokens_limit: int = 8192
     """Upper end of the max-tokens slider (SmolLM2's context is 8192)."""
     dapo_prompt: bool = True
@@ -45,7 +45,7 @@ class ServeConfig:
     request_timeout_s: float = 300.0
     """A reply that streams longer than this (or a server silent this long) is cut off with a message."""
     startup_timeout_s: float = 600.0
-    """How long the model server may take to become healthy (vLLM compiles; transformers takes ~10 s)."""
+    """How long the model server may take to become healthy (generous: vLLM compiles its graphs first)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
