@@ -51,8 +51,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
+    from dapo_suite.core.provenance import cpu_line
     from dapo_suite.inference.fused_step import kernels
 
+    print(cpu_line())
     fused = kernels()
     if fused is None:
         raise SystemExit("the fused kernels could not be built here (a C++ compiler and ninja are needed)")

@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per request on the scripted server")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
+    from dapo_suite.core.provenance import cpu_line
+
+    print(cpu_line())
     bench_dedup_decontam()
     bench_llm(args.requests, args.latency, args.concurrency)
 

@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="endpoint: requests in flight")
     parser.add_argument("--latency", type=float, default=0.5, help="endpoint: server latency in seconds")
     args = parser.parse_args()
+    from dapo_suite.core.provenance import cpu_line
+
+    print(cpu_line())
     if args.part in ("all", "endpoint"):
         endpoint_part(args.requests, args.concurrency, args.latency)
     if args.part in ("all", "hf"):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dapo_suite.core.provenance import cpu_line  # noqa: E402
 from dapo_suite.core.reward import compute_score  # noqa: E402
 
 CASES_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "grader_agreement.jsonl"
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print every disagreement with its case")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    print(cpu_line())
     cases = load_cases()
     positives = sum(case["expected"] for case in cases)
     sources = sorted({case["source"] for case in cases})

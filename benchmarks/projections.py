@@ -50,10 +50,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     args = parser.parse_args()
 
+    from dapo_suite.core.provenance import cpu_line
     from dapo_suite.inference.fused_step import kernels
     from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.inference.weights import Projection
 
+    print(cpu_line())
     fused = kernels()
     if fused is None or not fused.NATIVE_BF16:
         sys.exit("the fused kernels need a C++ compiler and a CPU with avx512_bf16; this one has neither")
@@ -63,7 +65,7 @@ def main() -> None:
     weights = [(torch.randn(shape, generator=generator) / shape[1] ** 0.5).to(torch.bfloat16) for shape in shapes]
     weight_bytes = sum(w.numel() for w in weights) * 2
     flops_per_row = 2 * sum(w.numel() for w in weights)
-    no_bias = torch.empty(0, dtype=torch.bfloat16)  # made once: a slice per call costs ~10 us, ~1 ms per pass
+    no_bias = torch.empty(0, dtype=torch.bfloat16)  # made once: a slice per call would be timed with the kernels
     kinds = {
         "stepper": ([Projection(w, kernels=fused) for w in weights], lambda x, projection: projection(x)),
         "vectors": ([fused.pack_weight(w) for w in weights], lambda x, w: fused.linear_on_vectors(x, w, no_bias)),
@@ -88,7 +90,7 @@ def main() -> None:
             for (_, width), w in zip(shapes, packed, strict=True):
                 apply(inputs[width], w)
 
-        # the kinds take turns, best of `--repeats` each: the host's speed moves within a row (up to 2x)
+        # the kinds take turns, best of `--repeats` each: the host's speed moves within a row
         seconds = dict.fromkeys(kinds, float("inf"))
         for repeat in range(args.repeats + 1):
             for name, (packed, apply) in kinds.items():

@@ -380,7 +380,8 @@ def main() -> None:
 
     import torch
     import transformers
-    from serve_throughput import cpu_line
+
+    from dapo_suite.core.provenance import cpu_line
 
     limit = args.memory_limit_gb * 1e9 if args.memory_limit_gb else total_memory_bytes()
     print(f"[real-shapes] {cpu_line()}")

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.synthetic_responses import make_responses  # noqa: E402
+from dapo_suite.core.provenance import cpu_line  # noqa: E402
 from dapo_suite.core.reward import compute_score  # noqa: E402
 
 
@@ -43,6 +44,7 @@ def main() -> None:
     from verl.utils.reward_score.math_dapo import compute_score as verl_math_dapo
 
     logging.disable(logging.WARNING)
+    print(cpu_line())
     pairs = make_responses(args.count, seed=args.seed)
     mean_chars = sum(len(text) for text, _ in pairs) / len(pairs)
     print(f"{len(pairs):,} responses, mean {mean_chars:,.0f} characters, integer ground truths\n")
@@ -60,6 +62,7 @@ def main() -> None:
     print(f"accuracy: dapo_suite {sum(our_verdicts) / len(pairs):.3f}, verl {verl_right / len(pairs):.3f}")
     print(f"verdicts where verl is right: {verl_right:,}, of which dapo_suite disagrees on {missed} "
           f"(must be 0); dapo_suite right where verl is not: {extra:,} (042, 42.0, **42**, units)")
+    print(cpu_line())  # the load while it ran: both checkers share it
     if missed:
         raise SystemExit("verdicts differ where verl is right")
 

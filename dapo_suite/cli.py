@@ -149,8 +149,8 @@ def main(debug: bool) -> None:
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
          dtype: str, assignments: tuple[str, ...]) -> None:
-    """The whole chain on the embedded model on a CPU (`make demo`: a few minutes on 2 cores with native bf16,
-    several times longer in float32).
+    """The whole chain on the embedded model on a CPU (`make demo`; native bf16 is faster than float32, and the
+    measured times are in docs/results/demo/README.md).
 
     \b
     data build (shipped raw problems) -> AIME 2024 eval -> DAPO training with held-out accuracy before and

@@ -250,7 +250,7 @@ def _candidates(text: str, names: set[str] | None = None) -> Iterator[sympy.Expr
 
 def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
     """a == b for all parameter values. Forms and targets are rational functions of parameters, their roots and pi:
-    `cancel` decides (20x faster than `simplify`), after a numeric test at one point that rejects most pairs."""
+    `cancel` decides (far faster than `simplify`), after a numeric test at one point that rejects most pairs."""
     difference = a - b
     point = {s: sympy.prime(i + 6) for i, s in enumerate(sorted(difference.free_symbols, key=str))}
     try:

@@ -32,7 +32,7 @@ class OpenAIEngine:
         self.base_url, self.model = served.base_url, served.model_name
         self.concurrency, self.max_retries, self.timeout, self.backoff = concurrency, max_retries, timeout, backoff
         self.api_key = api_key
-        import openai  # imported here (about 1 s), not inside the timed generation
+        import openai  # imported here, not inside the timed generation: its import is slow
 
         self.openai = openai
 

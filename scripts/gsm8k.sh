@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The README's GSM8K result end to end (`make gsm8k`): data, two DAPO stages, GSM8K and MATH-500 before and after,
-# the paired comparison. Every stage resumes when the script is rerun. About 30 min on 2 quiet cores with bf16 matmuls (measured 2026-11-24).
+# the paired comparison. Every stage resumes when the script is rerun. Its figures and times:
+# docs/results/gsm8k/README.md.
 #   stage 1 (format): the first 7 steps of the default run (`tiny-cpu` scale, `dapo` switches) on the built-in
-#     arithmetic task, where the untrained model is right often enough (~2 %) to learn to end with an `Answer:`
-#     line (train samples with one: 2.7 % at step 1, 62.5 % at step 7);
+#     arithmetic task, where the untrained model is right often enough for dynamic sampling to find mixed groups,
+#     so it learns to end with an `Answer:` line;
 #   stage 2 (gsm8k): the `gsm8k-cpu` preset from stage 1's weights, on GSM8K's 2-step train problems (plus the
-#     arithmetic set). From the untrained model, GSM8K alone gives no right answer to learn from (0/256 samples
-#     in the first steps: docs/train.md).
+#     arithmetic set). From the untrained model, GSM8K alone gives no right answer to learn from (docs/train.md).
 set -euo pipefail
 BIN=${BIN:-.venv/bin}
 OUT=${OUT:-runs/gsm8k-recipe}

@@ -16,8 +16,8 @@ def format_prompt(problem: str, template: str = DAPO_TEMPLATE) -> str:
 
 # Worked examples shown as earlier chat turns when a run asks for shots (`prompt_shots`), as lm-evaluation-harness's
 # few-shot-as-multiturn does. They show the answer line and nothing of arithmetic, so they teach a small model the
-# format without solving any training or held-out problem for it (docs/results/demo/: arithmetic examples lifted the
-# untrained model's held-out accuracy to 41-61 %, these to about a tenth of that).
+# format without solving any training or held-out problem for it (arithmetic examples would solve some for it:
+# docs/results/demo/README.md).
 FORMAT_EXAMPLES = (
     ("How many days are in a week?", "A week has 7 days.\nAnswer: 7"),
     ("How many sides does a triangle have?", "A triangle has 3 sides.\nAnswer: 3"),

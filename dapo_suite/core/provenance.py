@@ -32,6 +32,13 @@ def cpu_description() -> str:
     return f"{model[1] if model else 'unknown'}, {os.cpu_count()} cores, flags {' '.join(vector) or 'none'}"
 
 
+def cpu_line() -> str:
+    """"CPU: <cpu_description()>; load average <1, 5 and 15 minutes>": what every benchmark writes into its output
+    (first and last in printed text, `cpu` in JSON), so each figure names the machine it ran on and how busy it was."""
+    load = os.getloadavg()
+    return f"CPU: {cpu_description()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
 def provenance() -> dict[str, str | int | None]:
     """{"version": the package version, "git_rev": HEAD of the git checkout holding this package, or None when it
     is not in one (an installed wheel) or git is missing, "machine": cpu_description(), "torch_threads": torch's

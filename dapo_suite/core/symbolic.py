@@ -4,7 +4,7 @@ Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `pytho
 
 - The worker imports sympy and math-verify, then runs `WARM_UP` (one pair of each kind: fractions, tuples,
   intervals, sets, equations, relations, matrices) before it says `ready`: sympy imports and builds caches lazily,
-  and a cold first comparison of a tuple or an equation takes 0.3-0.5 s where a warm one takes milliseconds.
+  so a cold first comparison of a tuple or an equation would spend most of its budget warming up.
 - It never compares anything itself: each request is computed in a child forked from it, so every comparison
   starts from the same warm state, a pathological one is killed (SIGKILL: a C-level big-integer power ignores
   signals) without costing the warm process, and the next request is served at once.
@@ -30,7 +30,7 @@ import sys
 import threading
 
 # About twice the CPU of the slowest comparison measured (docs/eval.md, "Symbolic time limits"); the wall limit
-# keeps every call, fork and kill included, under 1.5 s with both cores busy.
+# bounds every call, fork and kill included, even with both cores busy.
 SYMBOLIC_CPU_LIMIT_S = 1.0
 SYMBOLIC_WALL_LIMIT_S = 1.2
 CPU_POLL_S = 0.02  # how often the worker reads a comparison's CPU time (/proc has 10 ms resolution)
@@ -138,9 +138,9 @@ def _two_stage_parsing() -> None:
     """Parse LaTeX with ANTLR's two-stage strategy: SLL prediction first, full LL only when SLL fails.
 
     latex2sympy's parser runs in LL mode, whose full-context predictions are not cached: a tuple such as `(-2,1)`
-    costs 0.1-0.25 s on every parse. On the 2,006 distinct non-integer answers of MATH train and MATH-500, SLL
-    gives the same expression wherever it succeeds (it fails on 124, which then take the LL path) at a fifth of
-    the time. A latex2sympy without these internals keeps its own (slower, same) parsing.
+    is predicted from scratch on every parse. On the distinct non-integer answers of MATH train and MATH-500, SLL
+    gives the same expression wherever it succeeds (where it fails, the LL path runs), for far less time
+    (docs/eval.md). A latex2sympy without these internals keeps its own (slower, same) parsing.
     """
     from antlr4.atn.PredictionMode import PredictionMode
     from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy

@@ -1,11 +1,11 @@
 """The threads the sampler runs on: the cores this process may use, less those other programs keep busy.
 
 OpenMP threads wait for each other at the end of every parallel region, and a decode step has hundreds. When one of
-two threads shares its core with another program, every region waits for that thread's next time slice: on a 2-core
-AMD EPYC, bf16 sampling at one row fell from ~100 tok/s (quiet) to 21 beside one busy loop, and to 1-2 while a
-compile ran, where one thread alone kept 69. So the sampler watches the cores (`FreeCores.adapt`, twice a second):
-the CPU time the machine spent on its cores less this process's own is the other programs' load, and each core
-they keep at least a third busy is left to them, down to one thread.
+two threads shares its core with another program, every region waits for that thread's next time slice, so a
+neighbour slows sampling far more than the share of the machine it takes, and one thread on a free core is faster
+than two (docs/results/vs-vllm/README.md, "Beside another program"). So the sampler watches the cores
+(`FreeCores.adapt`, twice a second): the CPU time the machine spent on its cores less this process's own is the
+other programs' load, and each core they keep at least a third busy is left to them, down to one thread.
 
 A run that sets its thread count (`DAPO_SUITE_THREADS` or `OMP_NUM_THREADS`) keeps it: what a run that must repeat
 bit for bit does. The sampler's tokens do not depend on the thread count (each output sums on one thread); the
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 THREADS_VARIABLE = "DAPO_SUITE_THREADS"
-CHECK_SECONDS = 0.5  # how often the load is read: /proc/stat costs ~50 us, a decode step ~10 ms
+CHECK_SECONDS = 0.5  # how often the load is read: reading /proc/stat is cheap next to the decode steps in between
 TAKEN_SHARE = 1 / 3  # another program using this much of a core takes that core: a thread there would wait on it
 KEEP_SECONDS = 5.0  # a sampling block this soon after the last one starts at the thread count that one ended with
 

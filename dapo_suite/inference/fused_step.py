@@ -17,7 +17,7 @@ float32 samples are transformers' for a seed (tests/test_sampler.py). `sample_ne
 (temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
-(~30 s, once per machine and source version), for the CPU it runs on (-march=native; $DAPO_SUITE_KERNEL_ARCH
+(once per machine and source version), for the CPU it runs on (-march=native; $DAPO_SUITE_KERNEL_ARCH
 names another target, e.g. `x86-64-v3` for an AVX2-only build on a newer CPU). Where it cannot be built,
 `kernels()` warns with the cause and returns None, and the stepper decodes with torch's ops (slower, same
 samples up to rounding).
@@ -60,7 +60,7 @@ def cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-STALE_LOCK_SECONDS = 600  # a build takes ~20-60 s (a few minutes on a busy machine); a lock this old was left by a killed one
+STALE_LOCK_SECONDS = 600  # far longer than a build takes, even on a busy machine: a lock this old was left by a killed one
 
 
 def clear_stale_lock(lock: Path) -> None:
@@ -125,6 +125,6 @@ def kernels():
         first_line = (str(error).strip().splitlines() or [""])[0]
         target = "" if build_flags()[0] == "native" else f" for ${ARCH_VARIABLE}={build_flags()[0]}"
         warnings.warn(f"fused decode kernels unavailable{target} ({type(error).__name__}: {first_line}); decoding with "
-                      "torch's ops, ~2x slower. A C++ compiler (g++ or clang) and `pip install ninja` "
+                      "torch's ops, which are slower. A C++ compiler (g++ or clang) and `pip install ninja` "
                       "enable them.", stacklevel=2)
         return None

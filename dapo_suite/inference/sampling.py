@@ -57,7 +57,7 @@ def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generat
     `generator`.
 
     The nucleus is looked for among the NUCLEUS_CANDIDATES most likely tokens (a partial top-k instead of sorting
-    the whole vocabulary, ~60x cheaper); only rows whose nucleus is wider than that are sorted in full."""
+    the whole vocabulary, which costs far more); only rows whose nucleus is wider than that are sorted in full."""
     if uniforms is None:
         uniforms = torch.rand(log_probs.shape[0], generator=generator, device=log_probs.device)
     probs = log_probs.exp()

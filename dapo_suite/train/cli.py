@@ -260,7 +260,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
     The plots (ladder_dynamics.png): each figure per step, mean across seeds with a min-max band, one colour per rung.
 
     \b
-    Examples (a run of 8 steps takes about 8 minutes on 2 CPU cores):
+    Examples:
       dapo-suite train ladder --seeds 3 --max-steps 8 --out runs/ladder
       dapo-suite train ladder --presets dapo,gspo,cispo --seeds 2 --max-steps 8 --out runs/successors
       dapo-suite train ladder --out runs/ladder --report-only     # the table again, from the metrics on disk

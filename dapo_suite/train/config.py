@@ -130,8 +130,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     mini_batch_size: int = 32  # prompts per optimiser update: train_batch_size / mini_batch_size updates a step
     micro_batch_size: int = 8  # responses per forward/backward (gradient accumulation; memory, not maths)
-    # Keep only each layer's input and recompute the rest in the backward pass (memory, not maths): the peak of
-    # one forward/backward of 8 x 400 tokens on the embedded model, 6.2 -> 3.4 GB (docs/train.md).
+    # Keep only each layer's input and recompute the rest in the backward pass (memory, not maths): a lower peak
+    # for more compute (docs/train.md).
     gradient_checkpointing: bool = False
     ppo_epochs: int = 1
     # LoRA (PEFT): only low-rank adapters on the frozen base train (gradients, AdamW state); verl's

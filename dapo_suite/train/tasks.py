@@ -2,8 +2,8 @@
 
 A problem is `(id, problem text, integer answer as a string)`; the trainer wraps the text in the DAPO prompt.
 The built-in task exists so the embedded 135M model can learn on a CPU: its difficulty mix is chosen so that the
-model solves some problems but not all (measured: about 2-5 % of samples right at the start, mostly because it
-rarely ends with an `Answer:` line), which is what gives dynamic sampling mixed groups to learn from.
+model solves some problems but not all (few samples are right at the start, mostly because it rarely ends with an
+`Answer:` line), which is what gives dynamic sampling mixed groups to learn from.
 """
 
 from __future__ import annotations

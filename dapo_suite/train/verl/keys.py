@@ -317,7 +317,7 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         (f"+{ROLLOUT}.enable_sleep_mode", False),
         (f"{ROLLOUT}.free_cache_engine", False),
         (f"{ROLLOUT}.enforce_eager", True),
-        # one of each helper process: each is a Python with torch loaded (~1 GB), and two cores run them all
+        # one of each helper process: each is a Python with torch loaded, and two cores run them all
         (f"{ROLLOUT}.agent.num_workers", 1),
         ("reward.num_workers", 1),
         ("data.dataloader_num_workers", 0),

@@ -25,7 +25,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def compose(overrides: list[str]):
-    """verl's packaged `ppo_trainer` config with the overrides applied (Hydra compose API; CPU, ~5 s first time)."""
+    """verl's packaged `ppo_trainer` config with the overrides applied (Hydra compose API, on the CPU)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
