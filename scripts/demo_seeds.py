@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from dapo_suite.core.provenance import cpu_description
 from dapo_suite.train.run_log import read_metrics
 
 ARMS = {
@@ -133,7 +134,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1, help="Runs at a time.")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)), help="Threads per run.")
     parser.add_argument("--table", type=Path, help="Write seeds.md and seeds.json into this folder.")
-    parser.add_argument("--machine", default="", help="The CPU the runs ran on, for the table's first line.")
+    parser.add_argument("--machine", default=cpu_description(),
+                        help="The CPU the runs ran on, for the table's first line [default: this machine's, as recorded].")
     args = parser.parse_args()
     if args.seeds:
         run_all(args.out, list(range(args.first_seed, args.first_seed + args.seeds)), args.arms,
