@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo gsm8k test test-slow test-scale test-avx2 lint bench clean-venv vllm-env verl-cpu-env llamacpp
+.PHONY: demo gsm8k test test-default test-slow test-guard test-learning test-scale test-avx2 lint bench clean-venv vllm-env verl-cpu-env llamacpp
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) bash scripts/bootstrap.sh $(VENV)
@@ -23,7 +23,7 @@ gsm8k: $(STAMP)
 
 # The project's CI and its developers keep the raw data (docs/data.md) beside the checkout, in ../shared/data;
 # a user's machine sets DAPO_SUITE_DATA or keeps it in ~/.cache/dapo-suite/data (tests that need it skip without it).
-test test-slow: export DAPO_SUITE_DATA ?= $(wildcard $(abspath ../shared/data))
+test test-default test-slow test-guard test-learning: export DAPO_SUITE_DATA ?= $(wildcard $(abspath ../shared/data))
 
 # pytest-xdist workers for the default and slow suites. Most tests wait on a subprocess, a server or one thread's
 # work, so one process leaves a core idle: two workers keep both busy. Each test file stays in one worker
@@ -31,13 +31,13 @@ test test-slow: export DAPO_SUITE_DATA ?= $(wildcard $(abspath ../shared/data))
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# The default suite (under 15 minutes), the sampler's tests on its AVX2-only build, then the slow end-to-end tests.
+# The README's test command: lint, the default suite, the sampler's tests on its AVX2-only build, the slow
+# end-to-end tests, then the learning guard (docs/architecture.md, "CI": what each stage costs).
 test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/lint-imports
+	$(MAKE) --no-print-directory lint test-default test-avx2 test-slow test-guard
+
+test-default: $(STAMP)
 	$(PYTEST) -m "not slow"
-	$(MAKE) --no-print-directory test-avx2
-	$(PYTEST) -m slow
 
 # The sampler's kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512: most laptops and many cloud CPUs) and its
 # tests run on that build, whatever this CPU has beyond it (skipped on a CPU without AVX2).
@@ -47,10 +47,22 @@ test-avx2: $(STAMP)
 	else echo "test-avx2: skipped, this CPU has no AVX2"; fi
 
 test-slow: $(STAMP)
-	$(PYTEST) -m slow
+	$(PYTEST) -m "slow and not guard and not learning"
 
+# The guard on the demo's promise, alone on the machine (a training beside another test runs on half the cores):
+# one full demo training and a shorter run's early signal (tests/test_demo_learns.py).
+test-guard: $(STAMP)
+	$(BIN)/python -m pytest -q -m guard tests/test_demo_learns.py
+
+# The demo's training on three seeds, each to the target: the guard's full strength, for a change to training
+# (not in `make test`).
+test-learning: $(STAMP)
+	$(BIN)/python -m pytest -q -m learning tests/test_demo_learns.py
+
+# ruff, and the import contract between layers (pyproject.toml, [tool.importlinter])
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reward_throughput.py

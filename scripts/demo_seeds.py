@@ -7,6 +7,7 @@ Finished runs are kept and skipped, unfinished ones resumed, so a rerun continue
 
     python scripts/demo_seeds.py --seeds 10 --arms bf16 float32 --out runs/demo-seeds
     python scripts/demo_seeds.py --out runs/demo-seeds --table docs/results/demo    # the table from finished runs
+    python scripts/demo_seeds.py --rerender docs/results/demo    # seeds.md again from the committed seeds.json
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from dapo_suite.core.provenance import cpu_description
+from dapo_suite.demo import EARLY_STEPS, early_signal, meets_demo_target
 from dapo_suite.train.run_log import read_metrics
 
 ARMS = {
@@ -32,7 +34,6 @@ ARMS = {
     "lora-bf16": ["--set", "lora_rank=16", "--set", "lora_alpha=32", "--set", "lora_targets=all-linear",
                   "--set", "lr=3e-4"],
 }
-TARGET_ACC, TARGET_RISE = 0.50, 0.30  # issue's target: >= 50 % held-out and >= 30 points above the start
 
 
 def build_data(out: Path) -> Path:
@@ -85,7 +86,7 @@ def run_row(run: Path, seed: int, arm: str) -> dict:
     before, after = summary["before"]["acc"], summary["after"]["acc"]
     return {
         "seed": seed, "arm": arm, "before": before, "after": after, "rise": after - before,
-        "meets_target": after >= TARGET_ACC and after - before >= TARGET_RISE,
+        "meets_target": meets_demo_target(before, after),
         "updates": sum(s["sampling/groups_kept"] > 0 for s in steps), "steps": len(steps),
         "first_mixed_step": mixed[0] if mixed else None,
         "format_rate": [round(s["reward/format_rate"], 4) for s in steps],
@@ -104,23 +105,34 @@ def write_table(out: Path, table_dir: Path, machine: str) -> None:
             for run in sorted((out / arm).glob("seed*"), key=lambda r: int(r.name[4:])) if finished(run)]
     table_dir.mkdir(parents=True, exist_ok=True)
     (table_dir / "seeds.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1))
+    render_table(rows, machine, table_dir)
+
+
+def render_table(rows: list[dict], machine: str, table_dir: Path) -> None:
+    """seeds.md from the rows of seeds.json: per run, the target and the guard's early signal beside it."""
     lines = [f"Machine: {machine}.", "",
-             "| arm | seed | held-out before | after | rise | target | updates | first mixed step | "
-             "format rate, step 1 -> last | train acc, step 1 -> last |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | seed | held-out before | after | rise | target | early signal | updates | first mixed step | "
+             f"format rate, step 1 -> {EARLY_STEPS} -> last | train acc, step 1 -> {EARLY_STEPS} -> last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        met, early = meets_demo_target(r["before"], r["after"]), early_signal(r["train_acc"], r["format_rate"])
         lines.append(f"| {r['arm']} | {r['seed']} | {100 * r['before']:.1f} % | {100 * r['after']:.1f} % | "
-                     f"{100 * r['rise']:+.1f} | {'met' if r['meets_target'] else 'missed'} | "
+                     f"{100 * r['rise']:+.1f} | {'met' if met else 'missed'} | {'yes' if early else 'no'} | "
                      f"{r['updates']}/{r['steps']} | {r['first_mixed_step']} | "
-                     f"{100 * r['format_rate'][0]:.0f} -> {100 * r['format_rate'][-1]:.0f} % | "
-                     f"{100 * r['train_acc'][0]:.0f} -> {100 * r['train_acc'][-1]:.0f} % |")
+                     + " | ".join(" -> ".join(f"{100 * series[i]:.0f}" for i in (0, EARLY_STEPS - 1, -1)) + " %"
+                                  for series in (r["format_rate"], r["train_acc"])) + " |")
     lines.append("")
     for arm in ARMS:
         group = sorted(r["after"] for r in rows if r["arm"] == arm)
         if group:
-            met = sum(r["meets_target"] for r in rows if r["arm"] == arm)
+            arm_rows = [r for r in rows if r["arm"] == arm]
+            met = sum(meets_demo_target(r["before"], r["after"]) for r in arm_rows)
+            agree = sum(meets_demo_target(r["before"], r["after"]) == early_signal(r["train_acc"], r["format_rate"])
+                        for r in arm_rows)
             median = statistics.median(group)
             lines.append(f"- {arm}: target met in {met} of {len(group)} seeds; held-out after: median "
-                         f"{100 * median:.1f} %, range {100 * group[0]:.1f}-{100 * group[-1]:.1f} %")
+                         f"{100 * median:.1f} %, range {100 * group[0]:.1f}-{100 * group[-1]:.1f} %; early signal "
+                         f"agrees with the target in {agree} of {len(group)}")
     (table_dir / "seeds.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -136,7 +148,11 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="Write seeds.md and seeds.json into this folder.")
     parser.add_argument("--machine", default=cpu_description(),
                         help="The CPU the runs ran on, for the table's first line [default: this machine's, as recorded].")
+    parser.add_argument("--rerender", type=Path, help="Write seeds.md again from this folder's seeds.json.")
     args = parser.parse_args()
+    if args.rerender:
+        table = json.loads((args.rerender / "seeds.json").read_text())
+        render_table(table["runs"], table["machine"], args.rerender)
     if args.seeds:
         run_all(args.out, list(range(args.first_seed, args.first_seed + args.seeds)), args.arms,
                 args.parallel, args.threads)
