@@ -1,7 +1,7 @@
 """Evaluation metrics: pure functions over graded samples, one per metric, each with its formula.
 
 Notation: P problems; problem i has n_i samples, c_i of them correct. avg@k, its standard error and interval,
-and the tests across seeds are shared with the trainer and the report, so they live in `dapo_suite.core.stats`.
+pass@k, and the tests across seeds are shared with the trainer and the report, so they live in `dapo_suite.core.stats`.
 """
 
 from __future__ import annotations
@@ -12,21 +12,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 from dapo_suite.core.reward import parse_integer
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), computed as
-    1 - prod_{j=n-c+1}^{n} (1 - k/j) to stay exact for large n; 1 when n - c < k."""
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n}.")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / j for j in range(n - c + 1, n + 1))
-
-
-def mean_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> float:
-    """pass@k of the benchmark: (1/P) sum_i pass@k(n_i, c_i, k)."""
-    return sum(pass_at_k(len(c), sum(c), k) for c in correct) / len(correct)
 
 
 def k_values(n: int) -> list[int]:

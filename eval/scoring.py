@@ -110,7 +110,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         "avg@k": avg,
         "avg@k_se": se,
         "avg@k_ci95": list(stats.confidence_interval_95(avg, se)),
-        "pass@k": {str(k): metrics.mean_pass_at_k(correct, k) for k in metrics.k_values(n)},
+        "pass@k": {str(k): stats.mean_pass_at_k(correct, k) for k in metrics.k_values(n)},
         "maj@k": {str(k): metrics.maj_at_k(preds, correct, k) for k in metrics.k_values(n)},
         "format_failure_rate": metrics.format_failure_rate([s["pred"] for s in flat]),
         "grader_timeouts": sum(bool(s.get("timeout")) for s in flat),  # generations graded before it lack the field

@@ -79,16 +79,16 @@ def test_pass_at_k_equals_the_binomial_formula(n):
     for c in range(n + 1):
         for k in range(1, n + 1):
             expected = 1 - math.comb(n - c, k) / math.comb(n, k)
-            assert metrics.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+            assert stats.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
 def test_pass_at_k_edges():
-    assert metrics.pass_at_k(32, 0, 1) == 0.0
-    assert metrics.pass_at_k(32, 32, 32) == 1.0
-    assert metrics.pass_at_k(32, 1, 32) == 1.0
-    assert metrics.pass_at_k(32, 8, 1) == pytest.approx(0.25)
+    assert stats.pass_at_k(32, 0, 1) == 0.0
+    assert stats.pass_at_k(32, 32, 32) == 1.0
+    assert stats.pass_at_k(32, 1, 32) == 1.0
+    assert stats.pass_at_k(32, 8, 1) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="1 <= k <= n"):
-        metrics.pass_at_k(4, 1, 5)
+        stats.pass_at_k(4, 1, 5)
 
 
 def test_k_values():

@@ -37,6 +37,21 @@ def avg_at_k_standard_error(correct: Sequence[Sequence[bool]]) -> float:
     return statistics.stdev(problem_accuracy(c) for c in correct) / math.sqrt(len(correct))
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), computed as
+    1 - prod_{j=n-c+1}^{n} (1 - k/j) to stay exact for large n; 1 when n - c < k."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n}.")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / j for j in range(n - c + 1, n + 1))
+
+
+def mean_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> float:
+    """pass@k of the benchmark: (1/P) sum_i pass@k(n_i, c_i, k)."""
+    return sum(pass_at_k(len(c), sum(c), k) for c in correct) / len(correct)
+
+
 def confidence_interval_95(mean: float, standard_error: float) -> tuple[float, float]:
     """mean -+ 1.96 SE (normal approximation), clipped to [0, 1]."""
     if math.isnan(standard_error):

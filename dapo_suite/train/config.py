@@ -27,7 +27,7 @@ from dapo_suite.core.provenance import provenance
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
-SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu")
+SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu", "effects-cpu")
 SUCCESSORS = ("gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov")
 # The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
 SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from tqdm.auto import tqdm
 
 from dapo_suite.core.reward import compute_score, extract_answer
-from dapo_suite.core.stats import avg_at_k, avg_at_k_standard_error
+from dapo_suite.core.stats import avg_at_k, avg_at_k_standard_error, mean_pass_at_k
 from dapo_suite.inference.engines import Completion, Engine, Request, Sampling
 
 if TYPE_CHECKING:
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: int, max_new_tokens: int,
                      temperature: float, top_p: float, seed: int = 0) -> dict[str, float]:
-    """avg@n (mean correctness over all samples), its standard error over problems, and length statistics.
+    """avg@n (mean correctness over all samples), its standard error over problems, pass@n (a problem counts when
+    any of its n samples is right: what exploration buys), and length statistics.
 
     Sampling uses its own generator seeded with `seed`: the same model gives the same measurement, and
     measuring does not move the training run's random stream."""
@@ -46,6 +47,7 @@ def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: 
     return {
         "acc": avg_at_k(correct),
         "acc_stderr": avg_at_k_standard_error(correct),
+        f"pass_at_{n}": mean_pass_at_k(correct, n),
         "format_rate": sum(extract_answer(c.text) is not None for c in completions) / len(completions),
         "response_len_mean": sum(c.num_tokens for c in completions) / len(completions),
         "truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),

@@ -9,6 +9,7 @@ model solves some problems but not all (few samples are right at the start, most
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 
 from dapo_suite.core.errors import UserError
@@ -40,7 +41,41 @@ def arithmetic_in_words() -> list[Problem]:
     return problems
 
 
-BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "arithmetic-in-words": arithmetic_in_words}
+# The word problems' story parts: a person, a countable thing, and one sentence per operation.
+STORY_PEOPLE = (("Tom", "he"), ("Anna", "she"), ("Sam", "he"), ("Mia", "she"), ("Leo", "he"), ("Zoe", "she"))
+STORY_THINGS = ("apples", "marbles", "stickers", "books", "coins", "pencils")
+STORY_GAINS = ("{Pron} gets {n} more.", "{Pron} buys {n} more.", "{Pron} finds {n} more.")
+STORY_LOSSES = ("{Pron} gives away {n}.", "{Pron} loses {n}.", "{Pron} sells {n}.")
+WORD_PROBLEMS_PER_LEVEL = 400
+WORD_PROBLEM_MAX_NUMBER = 12
+
+
+def word_problems(operations: int, count: int = WORD_PROBLEMS_PER_LEVEL, max_number: int = WORD_PROBLEM_MAX_NUMBER,
+                  seed: int = 0) -> list[Problem]:
+    """`count` distinct stories of `operations` gains and losses on a starting amount ("Tom has 7 apples. He gets
+    5 more. He gives away 3. How many apples does Tom have now?"), every number in 1..max_number and every running
+    total non-negative. The knob is `operations`: each adds a step the model must carry, so the untrained model's
+    accuracy falls with it and writing the steps out (longer responses) starts to pay."""
+    rng, problems, seen = random.Random(f"word-problems-{operations}-{seed}"), [], set()
+    while len(problems) < count:
+        (name, pronoun), thing = rng.choice(STORY_PEOPLE), rng.choice(STORY_THINGS)
+        total = rng.randint(2, max_number)
+        sentences = [f"{name} has {total} {thing}."]
+        for _ in range(operations):
+            gain = total == 0 or rng.random() < 0.5
+            amount = rng.randint(1, max_number if gain else min(total, max_number))
+            total += amount if gain else -amount
+            sentences.append(rng.choice(STORY_GAINS if gain else STORY_LOSSES).format(Pron=pronoun.capitalize(),
+                                                                                       n=amount))
+        text = " ".join([*sentences, f"How many {thing} does {name} have now?"])
+        if text not in seen:
+            seen.add(text)
+            problems.append(Problem(id=f"word{operations}:{len(problems)}", problem=text, answer=str(total)))
+    return problems
+
+
+BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "arithmetic-in-words": arithmetic_in_words,
+                 **{f"word-problems-{steps}": partial(word_problems, steps) for steps in (1, 2, 3, 4)}}
 
 
 def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

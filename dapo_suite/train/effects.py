@@ -1,0 +1,285 @@
+"""What each DAPO technique fixes, shown at small scale: full DAPO against DAPO without one technique, paired by seed,
+on a setting where the problem it fixes can appear (the `effects-cpu` scale: generated word problems the untrained
+model rarely gets right, a response limit that cuts its samples, 60 steps of 8 updates each).
+
+Every technique has one pre-registered figure, the step it is read at and the direction DAPO's paper (arXiv
+2503.14476) draws (`EFFECTS`; docs/results/effects/README.md holds the pre-registration with its reasons). A
+technique is *shown* when the paired t-test over seeds gives p < 0.05 with the difference in the paper's direction,
+and *not shown* otherwise; the exact sign-flip test is reported beside it. Secondary figures are reported, never
+tested for the verdict.
+
+    dapo-suite train effects --seeds 5 --out runs/effects
+
+OUT is a ladder (`dapo_suite.train.ladder`: one run per arm and seed, resumable, several workers at once) with the
+rungs `dapo` and the arms without each technique, so `ladder.md` and its plots come with it; this module adds
+`effects.md`, `effects.json` and `effects.png`, rebuilt from the runs' metrics.jsonl alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dapo_suite.core.stats import paired_t_test, sign_flip_test
+from dapo_suite.train.ladder import read_plan, run_ladder, run_path
+from dapo_suite.train.run_log import read_metrics
+
+SCALE = "effects-cpu"
+BASELINE = "dapo"
+SIGNIFICANCE = 0.05
+TABLE_FILE, RESULTS_FILE, PLOT_FILE = "effects.md", "effects.json", "effects.png"
+
+Records = list[dict]
+
+
+def training_steps(records: Records) -> Records:
+    return [r for r in records if "reward/acc" in r]
+
+
+def metric(key: str) -> Callable[[dict], float | None]:
+    """A record's value of one logged metric (None where it was not logged)."""
+    return lambda record: record.get(key)
+
+
+def trained_groups_with_signal(record: dict) -> float | None:
+    """Groups a step trained on whose answers were both right and wrong (the only ones with a gradient): all the
+    kept groups under dynamic sampling, the mixed ones among the sampled batch without it."""
+    if "sampling/groups_kept" not in record:
+        return None
+    return min(record["sampling/groups_kept"], record["sampling/groups_mixed"])
+
+
+def steps_mean(value: Callable[[dict], float | None], first: int, last: int) -> Callable[[Records], float]:
+    """The mean of a per-step value over training steps first..last (inclusive)."""
+
+    def measure(records: Records) -> float:
+        values = [v for r in training_steps(records) if first <= r["step"] <= last and (v := value(r)) is not None]
+        return statistics.fmean(values) if values else math.nan
+
+    return measure
+
+
+def heldout_at(step: int, key: str) -> Callable[[Records], float]:
+    """A held-out figure (`val/...`) measured at a step: an evaluation during training, or the one after it."""
+
+    def measure(records: Records) -> float:
+        return next((r[key] for r in records if r["step"] == step and key in r), math.nan)
+
+    return measure
+
+
+def accuracy_jitter(first: int, last: int) -> Callable[[Records], float]:
+    """The sample std of the step-to-step change in train accuracy over steps first..last: how unsteady training
+    is (what overlong filtering steadies, the paper's Figure 5)."""
+
+    def measure(records: Records) -> float:
+        accuracy = [r["reward/acc"] for r in training_steps(records) if first <= r["step"] <= last]
+        changes = [b - a for a, b in zip(accuracy, accuracy[1:], strict=False)]
+        return statistics.stdev(changes) if len(changes) > 1 else math.nan
+
+    return measure
+
+
+def minutes_to(step: int) -> Callable[[Records], float]:
+    """Training minutes (steps only, evaluations excluded) until a step ends; NaN if the run did not reach it."""
+
+    def measure(records: Records) -> float:
+        steps = [r for r in training_steps(records) if r["step"] <= step]
+        return sum(r.get("perf/step_seconds", 0.0) for r in steps) / 60 if len(steps) >= step else math.nan
+
+    return measure
+
+
+@dataclass(frozen=True)
+class Figure:
+    label: str
+    measure: Callable[[Records], float]
+    dapo_higher: bool  # the paper's direction: DAPO's value above the arm's
+    series: Callable[[dict], float | None] | None = None  # the per-record value drawn for it in effects.png
+    series_label: str = ""
+
+
+@dataclass(frozen=True)
+class Effect:
+    arm: str  # the preset: DAPO without the technique
+    paper: str  # where the paper shows the problem and the fix
+    primary: Figure  # pre-registered: the verdict is its paired test
+    secondary: tuple[Figure, ...]  # reported beside it
+
+
+# The pre-registration: one primary figure a technique, read at the step named in its label (60 = the last step).
+EFFECTS = {
+    "clip-higher": Effect(
+        "dapo-no-clip-higher", "Figure 2: entropy collapses under the symmetric clip",
+        Figure("entropy, mean of steps 51-60 (nats/token)", steps_mean(metric("actor/entropy"), 51, 60), True,
+               metric("actor/entropy"), "entropy"),
+        (Figure("held-out pass@8 after step 60", heldout_at(60, "val/pass_at_8"), True,
+                metric("val/pass_at_8"), "held-out pass@8"),
+         Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True))),
+    "dynamic sampling": Effect(
+        "dapo-no-dynamic-sampling", "Figure 6: the same accuracy in fewer steps",
+        Figure("held-out avg@8 at step 20", heldout_at(20, "val/acc"), True, metric("val/acc"), "held-out avg@8"),
+        (Figure("minutes of training to step 20", minutes_to(20), False),
+         Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+         Figure("trained groups with a gradient per step, mean of steps 1-20",
+                steps_mean(trained_groups_with_signal, 1, 20), True, trained_groups_with_signal,
+                "trained groups with a gradient"))),
+    "token-level loss": Effect(
+        "dapo-sample-loss", "Figure 4: length and entropy grow unhealthily under the sample-level loss",
+        Figure("response length, mean of steps 51-60 (tokens)", steps_mean(metric("response_len/mean"), 51, 60),
+               False, metric("response_len/mean"), "response length"),
+        (Figure("entropy, mean of steps 51-60 (nats/token)", steps_mean(metric("actor/entropy"), 51, 60), False,
+                metric("actor/entropy"), "entropy"),)),
+    "overlong handling": Effect(
+        "dapo-no-overlong", "Figure 5: training is steadier with truncated samples masked",
+        Figure("std of the step-to-step change in train accuracy, steps 11-60", accuracy_jitter(11, 60), False,
+               metric("reward/acc"), "train accuracy"),
+        (Figure("truncated samples, mean of steps 51-60", steps_mean(metric("response_len/clip_ratio"), 51, 60),
+                True, metric("response_len/clip_ratio"), "truncated share"),
+         Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True))),
+}
+ARMS = (BASELINE, *(effect.arm for effect in EFFECTS.values()))
+
+
+def run_effects(out: Path, arms: list[str], seeds: list[int], keep_checkpoints: bool = False) -> Path:
+    """Train every (arm, seed) not yet finished (the ladder's runner: resumable, one worker per run), then write
+    the effects table; return its path."""
+    run_ladder(out, arms, seeds, {}, scale=SCALE, keep_checkpoints=keep_checkpoints)
+    return write_effects_outputs(out)
+
+
+def effects_results(out: Path) -> dict:
+    """Per technique: each figure per seed for DAPO and the arm, the paired tests over the seeds both finished,
+    and the verdict on the primary figure."""
+    seeds = read_plan(out)["seeds"]
+    records = {(arm, seed): read_metrics(path) for arm in ARMS for seed in seeds
+               if (path := run_path(out, arm, seed)).joinpath("summary.json").is_file()
+               and "after" in json.loads(path.joinpath("summary.json").read_text())}
+    results = {}
+    for technique, effect in EFFECTS.items():
+        shared = [seed for seed in seeds if (BASELINE, seed) in records and (effect.arm, seed) in records]
+        figures = []
+        for figure in (effect.primary, *effect.secondary):
+            dapo = [figure.measure(records[BASELINE, seed]) for seed in shared]
+            arm = [figure.measure(records[effect.arm, seed]) for seed in shared]
+            pairs = [(a, d) for a, d in zip(arm, dapo, strict=True) if not (math.isnan(a) or math.isnan(d))]
+            t_test = paired_t_test([a for a, _ in pairs], [d for _, d in pairs]) if pairs else None
+            flip = sign_flip_test([a for a, _ in pairs], [d for _, d in pairs]) if pairs else None
+            figures.append({"label": figure.label, "dapo_higher_expected": figure.dapo_higher,
+                            "dapo": dapo, "arm": arm, "t_test": t_test, "sign_flip": flip})
+        primary = figures[0]
+        expected = 1 if effect.primary.dapo_higher else -1
+        shown = (primary["t_test"] is not None and len(shared) >= 2
+                 and primary["t_test"]["p_value"] < SIGNIFICANCE
+                 and math.copysign(1, primary["t_test"]["delta"]) == expected)
+        results[technique] = {"arm": effect.arm, "paper": effect.paper, "seeds": shared, "figures": figures,
+                              "verdict": "shown" if shown else "not shown"}
+    missing = [f"{arm} seed {seed}" for arm in ARMS for seed in seeds if (arm, seed) not in records]
+    return {"seeds": seeds, "techniques": results, "missing": missing}
+
+
+def write_effects_outputs(out: Path) -> Path:
+    """effects.json, effects.md and effects.png from OUT; the path of effects.md."""
+    results = effects_results(out)
+    (out / RESULTS_FILE).write_text(json.dumps(_finite_or_null(results), indent=2) + "\n")
+    plot_effects(out, results["seeds"])
+    table = out / TABLE_FILE
+    table.write_text(effects_markdown(results) + "\n")
+    return table
+
+
+def _finite_or_null(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def _cell(values: list[float]) -> str:
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return "-"
+    return f"{statistics.median(finite):.3g} ({min(finite):.3g} to {max(finite):.3g})"
+
+
+def effects_markdown(results: dict) -> str:
+    """One row per technique (the pre-registered figure and verdict), then every figure per seed."""
+    lines = [f"Seeds {', '.join(map(str, results['seeds']))}; DAPO against DAPO without each technique, paired by "
+             f"seed. Shown: paired t-test p < {SIGNIFICANCE} with the difference in the paper's direction; the exact "
+             "sign-flip p is beside it (with 5 seeds it cannot go below 0.0625).", "",
+             "| technique | pre-registered figure | DAPO, median (range) | without it | DAPO - without (mean) | "
+             "p (t-test / sign-flip) | seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for technique, result in results["techniques"].items():
+        lines.append(_row(technique, result["figures"][0], result, bold=True))
+    lines += ["", "Secondary figures (reported, not tested for the verdict):", "",
+              "| technique | figure | DAPO, median (range) | without it | DAPO - without (mean) | "
+              "p (t-test / sign-flip) | seeds | expected |", "|---|---|---|---|---|---|---|---|"]
+    for technique, result in results["techniques"].items():
+        for figure in result["figures"][1:]:
+            lines.append(_row(technique, figure, result, bold=False))
+    lines += ["", "Per seed (DAPO / without):", ""]
+    for technique, result in results["techniques"].items():
+        for figure in result["figures"]:
+            pairs = ", ".join(f"{seed}: {d:.3g} / {a:.3g}"
+                              for seed, d, a in zip(result["seeds"], figure["dapo"], figure["arm"], strict=True))
+            lines.append(f"- {technique}, {figure['label']}: {pairs or 'no seed finished both'}")
+    if results["missing"]:
+        lines += ["", f"Not finished: {', '.join(results['missing'])}."]
+    lines += ["", f"![each technique's figures per step, median and min-max band over seeds]({PLOT_FILE})"]
+    return "\n".join(lines)
+
+
+def _row(technique: str, figure: dict, result: dict, bold: bool) -> str:
+    t_test, flip = figure["t_test"], figure["sign_flip"]
+    delta = "-" if t_test is None else f"{t_test['delta']:+.3g}"
+    p = "-" if t_test is None else f"{t_test['p_value']:.3g} / {flip['p_value']:.3g}"
+    direction = "DAPO higher" if figure["dapo_higher_expected"] else "DAPO lower"
+    last = f"**{result['verdict']}** ({direction} expected)" if bold else direction
+    return (f"| {technique} | {figure['label']} | {_cell(figure['dapo'])} | {_cell(figure['arm'])} | {delta} | {p} | "
+            f"{len(result['seeds'])} | {last} |")
+
+
+def plot_effects(out: Path, seeds: list[int]) -> Path:
+    """One panel per drawn figure: DAPO and the arm per step, the median over seeds as a line, min-max as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(technique, effect, figure) for technique, effect in EFFECTS.items()
+              for figure in (effect.primary, *effect.secondary) if figure.series]
+    columns = 3
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    for axis, (technique, effect, figure) in zip(axes.flat, panels, strict=False):
+        for arm, colour in ((BASELINE, "tab:blue"), (effect.arm, "tab:orange")):
+            per_seed = []
+            for seed in seeds:
+                path = run_path(out, arm, seed) / "metrics.jsonl"
+                if path.is_file():
+                    per_seed.append({r["step"]: v for r in read_metrics(path.parent)
+                                     if (v := figure.series(r)) is not None})
+            steps = sorted(set().union(*per_seed)) if per_seed else []
+            values = [[p[s] for p in per_seed if s in p] for s in steps]
+            if steps:
+                axis.plot(steps, [statistics.median(v) for v in values], color=colour, marker=".",
+                          label=f"{arm} ({len(per_seed)} seeds)")
+                axis.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.2)
+        axis.set_title(f"{technique}: {figure.series_label}", fontsize=10)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    for axis in list(axes.flat)[len(panels):]:
+        axis.axis("off")
+    fig.tight_layout()
+    path = out / PLOT_FILE
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
