@@ -1,6 +1,7 @@
 """The chat in a real browser (Debian's chromium driven by Playwright, headless): type a question, watch tokens
-stream into "Thinking", see the answer badge, and save the page as a PNG (under pytest's tmp_path: a test never
-writes into the repository; copy it to docs/screenshots/serve.png to refresh the README's picture)."""
+stream into "Thinking", see the answer badge and the served model's name, and save the page as
+docs/screenshots/serve.png, the README's picture, so that the picture is always today's app (commit it when it
+changes)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 
 from dapo_suite.core.ports import free_port
 from dapo_suite.inference.endpoint import start_endpoint
+from dapo_suite.inference.models import EMBEDDED_NAME, embedded_model_path
 from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "serve.png"
 QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -40,13 +43,16 @@ def app_url():
 def test_browser_chat_streams_and_shows_the_answer_badge(app_url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    screenshot = tmp_path / "serve.png"
+    screenshot = tmp_path / "serve.png"  # copied over the README's picture once the whole check has passed
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
             page.goto(app_url, wait_until="load")
             expect(page.get_by_text("DAPO reasoner chat")).to_be_visible()
+            # the model by its name, never by a path on the server's disk
+            expect(page.get_by_text(EMBEDDED_NAME).first).to_be_visible()
+            assert str(embedded_model_path()) not in page.inner_text("body")
             question = page.locator("#question textarea")
             question.fill(QUESTION)
             question.press("Enter")
@@ -76,3 +82,4 @@ def test_browser_chat_streams_and_shows_the_answer_badge(app_url, tmp_path):
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000
+    SCREENSHOT.write_bytes(screenshot.read_bytes())
