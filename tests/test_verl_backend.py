@@ -280,7 +280,7 @@ def test_cli_bad_input_is_a_usage_error(data, tmp_path):
         str(data / "train.parquet"), "--out", str(tmp_path / "r"), "--dry-run", "--tp", "3"])
     assert result.exit_code == 2
     assert "model path '/nonexistent' does not exist" in result.output
-    assert "rollout tensor parallel size 3 must divide the GPUs per node (8)" in result.output
+    assert "rollout tensor parallel size 3 must divide the GPUs per node that generate (8)" in result.output
 
 
 def test_a_parquet_without_the_verl_columns_is_rejected(data, tmp_path):
@@ -340,3 +340,83 @@ def test_verls_v1_trainer_can_start_in_the_projects_environment(data, tmp_path):
     cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
     assert cfg.trainer.use_v1 is True
     assert callable(transfer_queue.init) and get_trainer_cls(cfg.trainer.v1.trainer_mode) is not None
+
+
+@pytest.mark.parametrize("mode", ["one_step", "fully"])
+def test_async_dapo_composes_for_16x8_with_its_split_filter_and_correction(mode, data, tmp_path):
+    """`--set async=one_step|fully` composes verl's own one_step_off_policy / fully_async_policy config for the
+    paper's 16 x 8 run: half the nodes generate, half train, DAPO's switches hold, the group filter gets its bound,
+    and stale samples are importance-weighted (decoupled mode: verl's bypass mode would replace the policy loss)."""
+    from dapo_suite.train.verl.group_filter import GroupFilter
+
+    config = _config(data, tmp_path, async_mode=mode)
+    plan = vb.dry_run(config, vb.Hardware(nnodes=16, gpus_per_node=8))
+    cfg = plan["config"]
+    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == \
+        (8, 8, 8, 8)
+    assert plan["argv"][2:4] == ["dapo_suite.train.verl.async_entry", mode]
+    assert "# GPUs: 128 = generation 8 x 8 = 64 (vLLM TP 4: 16 servers) + training 8 x 8 = 64 (FSDP, Ulysses SP 8: " \
+           "data-parallel 8)" in plan["script"]
+    assert cfg.actor_rollout_ref.hybrid_engine is False
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+    correction = cfg.algorithm.rollout_correction
+    assert (correction.bypass_mode, correction.rollout_is, correction.rollout_is_threshold) == (False, "token", 2.0)
+    for key in ("actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.loss_agg_mode",
+                "actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.filter_groups.metric",
+                "reward.reward_kwargs.overlong_buffer_cfg.enable", "actor_rollout_ref.rollout.n"):
+        assert OmegaConf.select(cfg, key) == PAPER_32B[key], key
+    # the sync trainer's replay buffer is not what bounds the filter here
+    assert "custom_sampler" not in str(plan["overrides"])
+    group_filter = GroupFilter.from_config(cfg)
+    assert (group_filter.metric, group_filter.budget) == ("acc", 10 * 1536)
+    assert group_filter.stop_file == (tmp_path / "run" / "stopped.json").resolve()
+    if mode == "fully":
+        # one group streamed at a time; one weight sync per dapo-suite step of 512 prompts (16 updates of 32)
+        assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (0, 1)
+        assert cfg.async_training.trigger_parameter_sync_step == 16
+        assert cfg.async_training.require_batches == 1
+        assert (cfg.async_training.staleness_threshold, cfg.async_training.partial_rollout) == (0.1, True)
+        assert cfg.rollout.total_rollout_steps == 200 * 512
+    else:
+        assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (512, 1536)
+
+
+@pytest.mark.parametrize(("nnodes", "gpus", "rollout", "message"), [
+    (16, 8, 12, "--rollout-gpus 12: on 16 nodes verl splits by whole nodes, so give a multiple of 8"),
+    (16, 8, 128, "--rollout-gpus 128: an async run needs GPUs on both sides, 1 to 127 of the 128 (16 x 8)"),
+    (1, 1, None, "--rollout-gpus 0: an async run needs GPUs on both sides"),
+])
+def test_async_bad_split_is_a_usage_error_naming_the_flag(nnodes, gpus, rollout, message, data, tmp_path):
+    from dapo_suite.train.cli import train
+
+    result = CliRunner().invoke(train, [
+        "--backend", "verl", "--preset", "dapo", "--model", "Qwen/Qwen2.5-32B", "--nnodes", str(nnodes),
+        "--gpus-per-node", str(gpus), "--train-file", str(data / "train.parquet"), "--out", str(tmp_path / "r"),
+        "--dry-run", "--set", "async=fully", *(["--rollout-gpus", str(rollout)] if rollout else [])])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_async_splits_one_node_and_checks_each_side(data, tmp_path):
+    config = _config(data, tmp_path, async_mode="one_step")
+    train, rollout = vb.split_gpus(vb.Hardware(nnodes=1, gpus_per_node=8, rollout_gpus=2))
+    assert (train.gpus_per_node, rollout.gpus_per_node) == (6, 2)
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8, rollout_gpus=4)
+    cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+    assert (cfg.rollout.n_gpus_per_node, cfg.trainer.n_gpus_per_node) == (4, 4)
+    # the training side's data-parallel arithmetic: 512 x 16 responses over 6 training GPUs does not divide
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8, rollout_gpus=2)
+    with pytest.raises(vb.VerlConfigError, match="not divisible by the 6 GPUs"):
+        vb.validate(config, hw, vb.build_overrides(config, hw))
+
+
+def test_set_async_names_the_field_and_its_choices():
+    from dapo_suite.core.errors import UserError
+    from dapo_suite.train.config import parse_override
+
+    assert parse_override("async=fully") == ("async_mode", "fully")
+    with pytest.raises(UserError, match="async 'full' must be one of off, one_step, fully"):
+        resolve_config([], {"backend": "verl"}, {"async_mode": "full"})
+    with pytest.raises(UserError, match="async=one_step runs verl's async trainers: add --backend verl"):
+        resolve_config([], {}, {"async_mode": "one_step"})

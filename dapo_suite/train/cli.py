@@ -33,13 +33,15 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 @click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="[verl] Nodes in the Ray cluster.")
 @click.option("--gpus-per-node", type=int, help="[verl] GPUs per node (default 8; with --device cpu, 1: the number "
-                                                "of FSDP workers, each a process on the CPU).")
+                                                "of FSDP workers, each a process on the CPU; 2 with --set async=...).")
 @click.option("--tp", type=int, help="[verl] vLLM tensor-parallel size (default: min(4, GPUs per node); recipe 4).")
 @click.option("--sp", type=int, help="[verl] Ulysses sequence-parallel size (default: min(8, GPUs); recipe 8).")
 @click.option("--offload/--no-offload", default=None,
               help="[verl] FSDP parameter and optimizer offload (default: on from 8 GPUs, as the recipe).")
 @click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
               help="[verl] vLLM's share of each GPU's memory.")
+@click.option("--rollout-gpus", type=int, help="[verl, --set async=...] GPUs that generate; the rest train (default: "
+                                             "half; whole nodes on a multi-node cluster).")
 @click.option("--ray-address", help="[verl] Submit to this Ray cluster with `ray job submit` (e.g. http://head:8265); "
                                     "default: start a local Ray.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
@@ -50,8 +52,8 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
                                               "and verl_command.sh to the run directory, print the command, stop.")
 @click.pass_context
 def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, seed, backend, resume, assignments,
-          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, ray_address, device,
-          dry_run) -> None:
+          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, rollout_gpus, ray_address,
+          device, dry_run) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
 
     \b
@@ -93,11 +95,12 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         return
     if config.backend == "verl":
         verl_device = _verl_device(device, nnodes, gpus_per_node, ray_address, gpu_layout=(tp, sp, offload))
-        gpus = gpus_per_node or (1 if verl_device == "cpu" else 8)
+        # on a CPU one worker, or one per side of an async run
+        gpus = gpus_per_node or ((1 if config.async_mode == "off" else 2) if verl_device == "cpu" else 8)
         _train_verl(config, passthrough, dry_run, resume, dict(nnodes=nnodes, gpus_per_node=gpus, rollout_tp=tp,
                                                        ulysses_sp=sp, offload=offload, ray_address=ray_address,
                                                        gpu_memory_utilization=gpu_memory_utilization,
-                                                       device=verl_device))
+                                                       rollout_gpus=rollout_gpus, device=verl_device))
         return
     if dry_run or passthrough:
         raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")

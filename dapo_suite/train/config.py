@@ -29,6 +29,10 @@ PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
 SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu", "effects-cpu")
 SUCCESSORS = ("gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov")
+# "off", then verl 0.9.1's two async trainers by their package names (verl/experimental/<name>)
+ASYNC_MODES = ("off", "one_step", "fully")
+# `--set` names that are not field names: `async` is a Python keyword, so its field is async_mode
+KEY_ALIASES = {"async": "async_mode"}
 # The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
 SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",
             "overlong_filter")
@@ -44,6 +48,7 @@ RANGES: dict[str, tuple[str, str]] = {
     "rollout_gpu_memory_utilization": ("(0, 1)", "vLLM's share of the GPU; the rest holds the policy, its "
                                                  "gradients and AdamW state"),
     "max_num_gen_batches": ("[0, inf)", "0 = no limit"),
+    "staleness_threshold": ("[0, inf)", "0 = every sample from the policy of the step before"),
     "clip_low": ("[0, 1]", "eps_low; 1 = no lower bound (CISPO)"), "clip_high": ("[0, inf)", "eps_high"),
     "clip_c": ("(1, inf)", "dual-clip bound; null disables it"),
     "clip_cov_ratio": ("(0, 1]", ""), "clip_cov_lb": ("[0, inf)", "Clip-Cov cuts high positive covariance"),
@@ -100,6 +105,11 @@ class TrainConfig:
     overlong_buffer_len: int = 4096  # L_cache
     overlong_penalty_factor: float = 1.0
     overlong_filter: bool = True  # mask the loss of truncated responses (sec. 3.4; Table 1 keeps it on)
+
+    # Generation overlapped with training (verl only; docs/train-at-scale.md, "Async"). `--set async=...`.
+    async_mode: str = "off"  # "off"; "one_step": verl's one_step_off_policy; "fully": verl's fully_async_policy
+    staleness_threshold: float = 0.1  # fully: samples beyond a step's from older policies, as a share of a step's
+    partial_rollout: bool = True  # fully: a generation cut by a weight sync resumes with the new weights
 
     # The objective: DAPO's (eq. 8 and 9) or a successor's, by verl's names (docs/train.md, "Methods").
     # Defaults of the successors' knobs are verl 0.9.1's; each method's preset sets its paper's.
@@ -184,6 +194,10 @@ class TrainConfig:
             problems.append("filter_metric must be 'acc' or 'reward'")
         if self.backend not in ("embedded", "verl"):
             problems.append("backend must be 'embedded' or 'verl'")
+        if self.async_mode not in ASYNC_MODES:
+            problems.append(f"async {self.async_mode!r} must be one of {', '.join(ASYNC_MODES)}")
+        elif self.async_mode != "off" and self.backend != "verl":
+            problems.append(f"async={self.async_mode} runs verl's async trainers: add --backend verl (or async=off)")
         if self.rollout_engine not in ("auto", "hf", "vllm"):
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
         if self.lora_rank and not self.lora_target_list:
@@ -283,6 +297,7 @@ def parse_override(assignment: str) -> tuple[str, Any]:
         raise ValueError(f"--set {assignment!r}: expected key=value")
     key, raw = assignment.split("=", 1)
     key = key.strip().replace("-", "_")
+    key = KEY_ALIASES.get(key, key)
     names = {f.name for f in fields(TrainConfig)}
     if key not in names:
         close = [n for n in names if key in n or n in key]

@@ -6,12 +6,14 @@
 One module per job: `keys` (the field -> verl key table and the override list), `validate` (verl's own config,
 types, resources, inputs), `data` (paths and the AIME 2024 validation set), `launch` (dry run, local Ray or
 `ray job submit`), `export` (checkpoint -> Hugging Face directory). `extensions` is what verl imports in its
-workers (the overlong-filter losses); it imports verl and torch, so it is not imported here.
+workers (the overlong-filter losses); `async_entry` starts verl's async trainers with DAPO's group filter
+(`async_trainers`, `group_filter`). Those import verl and torch, so they are not imported here.
 """
 
 from dapo_suite.train.verl.data import prepare, write_aime24_parquet
 from dapo_suite.train.verl.export import export_command, latest_actor_dir, record_export
 from dapo_suite.train.verl.keys import (
+    ASYNC_TRAINERS,
     EXTENSION_MODULE,
     NOT_MAPPED,
     OVERLONG_FILTER_LOSS,
@@ -20,11 +22,13 @@ from dapo_suite.train.verl.keys import (
     VerlConfigError,
     build_overrides,
     overlong_filter_loss_name,
+    split_gpus,
 )
 from dapo_suite.train.verl.launch import command, dry_run, launch, stop_reason
 from dapo_suite.train.verl.validate import compose, validate
 
 __all__ = [
+    "ASYNC_TRAINERS",
     "EXTENSION_MODULE",
     "NOT_MAPPED",
     "OVERLONG_FILTER_LOSS",
@@ -41,6 +45,7 @@ __all__ = [
     "launch",
     "overlong_filter_loss_name",
     "prepare",
+    "split_gpus",
     "stop_reason",
     "validate",
     "write_aime24_parquet",

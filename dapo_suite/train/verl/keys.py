@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,9 @@ NOT_MAPPED = {
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
     "overlong_filter": "selects the overlong-filter wrapper of loss_mode (see the loss_mode row)",
     "rollout_correction": "on or off through rollout_is / rollout_rs (null = off); auto is on (vLLM vs FSDP)",
+    "async_mode": "selects the trainer: ASYNC_TRAINERS (verl/experimental/<package>, its config and keys)",
+    "staleness_threshold": "async=fully: async_training.staleness_threshold (fully_async_keys)",
+    "partial_rollout": "async=fully: async_training.partial_rollout (fully_async_keys)",
 }
 
 # The paper's run, fixed whatever the preset (reference doc section 2).
@@ -215,6 +218,7 @@ class Hardware:
     gpu_memory_utilization: float = 0.8  # vLLM's share of GPU memory (recipe: 0.80)
     ray_address: str | None = None  # submit to this cluster with `ray job submit` instead of a local Ray
     device: str = "cuda"  # "cpu": verl's trainer on this machine's CPU (cpu_overrides, cpu_environment)
+    rollout_gpus: int | None = None  # async: GPUs that generate (the rest train); None = half (split_gpus)
 
     @property
     def gpus(self) -> int:
@@ -258,6 +262,15 @@ def hardware_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any
     ]
 
 
+def filter_budget(config: TrainConfig) -> int:
+    """Groups dynamic sampling may drop in one step before the run stops (0 = no bound), as in DAPO's recipe."""
+    return config.max_num_gen_batches * config.gen_batch_size
+
+
+def stop_file(config: TrainConfig) -> str:
+    return str(Path(config.out).resolve() / STOP_FILE)
+
+
 REPLAY_BUFFER = "pkg://dapo_suite.train.verl.replay"
 STOP_FILE = "stopped.json"  # RUN_DIR/stopped.json: why the run stopped early (launch reads it)
 SAMPLER = "trainer.v1.sampler"
@@ -270,11 +283,102 @@ def replay_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
     if not config.dynamic_sampling or config.max_num_gen_batches <= 0:
         return []
     options = {"metric": config.filter_metric, "train_batch_size": config.train_batch_size,
-               "max_filtered_groups": config.max_num_gen_batches * config.gen_batch_size,
-               "stop_file": str(Path(config.out).resolve() / STOP_FILE)}
+               "max_filtered_groups": filter_budget(config), "stop_file": stop_file(config)}
     return [(f"{SAMPLER}.custom_sampler.path", REPLAY_BUFFER),
             (f"{SAMPLER}.custom_sampler.name", "CappedDAPOReplayBuffer"),
             *((f"+{SAMPLER}.sampler_kwargs.{name}", value) for name, value in options.items())]
+
+
+# verl 0.9.1's async trainers (docs/train-at-scale.md, "Async"): generation and training on separate GPUs, started
+# through `ASYNC_ENTRY`, which puts DAPO's group filter where their rollouts are produced.
+ASYNC_ENTRY = "dapo_suite.train.verl.async_entry"
+# Read by ASYNC_ENTRY (verl ignores top-level keys it does not know): the filter's bound and where a stop is written
+ASYNC_FILTER = "+dapo_suite.dynamic_sampling"
+# verl's one-step config names its base config by a path relative to verl's source tree; this finds it anywhere
+BASE_CONFIG_SEARCHPATH = ("hydra.searchpath", ["pkg://verl.trainer.config"])
+
+
+@dataclass(frozen=True)
+class AsyncTrainer:
+    """One of verl's async trainers: its package (verl/experimental/<package>), packaged config, and keys."""
+
+    package: str
+    config_name: str
+    keys: Callable[[TrainConfig], list[tuple[str, Any]]]
+    verl_validates: bool  # its entry point runs verl's validate_config first (the fully async one does not)
+
+
+def one_step_keys(config: TrainConfig) -> list[tuple[str, Any]]:
+    """The table's batch keys hold: the dataloader yields gen_batch_size prompts and a step trains on
+    train_batch_size mixed groups, generated while the step before trains."""
+    return []
+
+
+def fully_async_keys(config: TrainConfig) -> list[tuple[str, Any]]:
+    """The rollouter streams one prompt's group at a time; the trainer updates on a mini-batch of groups and syncs
+    the weights once per dapo-suite step (train_batch_size prompts), so a step means the same as in sync mode."""
+    return [
+        ("data.train_batch_size", 0),
+        ("data.gen_batch_size", 1),
+        ("rollout.n", config.group_size),
+        ("rollout.total_rollout_steps", config.max_steps * config.train_batch_size),
+        ("async_training.require_batches", 1),
+        ("async_training.trigger_parameter_sync_step", config.train_batch_size // config.mini_batch_size),
+        ("async_training.staleness_threshold", config.staleness_threshold),
+        ("async_training.partial_rollout", config.partial_rollout),
+    ]
+
+
+ASYNC_TRAINERS: dict[str, AsyncTrainer] = {
+    "one_step": AsyncTrainer("one_step_off_policy", "one_step_off_ppo_trainer", one_step_keys, verl_validates=True),
+    "fully": AsyncTrainer("fully_async_policy", "fully_async_ppo_trainer", fully_async_keys, verl_validates=False),
+}
+
+
+def split_gpus(hw: Hardware) -> tuple[Hardware, Hardware]:
+    """(training side, generation side) of an async run: whole nodes each, or the GPUs of a single node split."""
+    total, per_node = hw.gpus, hw.gpus_per_node
+    rollout = hw.rollout_gpus if hw.rollout_gpus is not None else total // 2
+    if not 0 < rollout < total:
+        more = " (on a CPU: --gpus-per-node 2 gives each side one logical GPU)" if total < 2 else ""
+        raise VerlConfigError(f"--rollout-gpus {rollout}: an async run needs GPUs on both sides, 1 to {total - 1} "
+                              f"of the {total} ({hw.nnodes} x {per_node}){more}")
+    if rollout % per_node == 0:
+        nodes = rollout // per_node
+        return replace(hw, nnodes=hw.nnodes - nodes), replace(hw, nnodes=nodes)
+    if hw.nnodes == 1:
+        return replace(hw, gpus_per_node=per_node - rollout), replace(hw, gpus_per_node=rollout)
+    raise VerlConfigError(f"--rollout-gpus {rollout}: on {hw.nnodes} nodes verl splits by whole nodes, so give a "
+                          f"multiple of {per_node} (the GPUs per node) below {total}, e.g. {total // 2}")
+
+
+def training_side(config: TrainConfig, hw: Hardware) -> Hardware:
+    """The GPUs that train: all of them, or an async run's training side."""
+    return split_gpus(hw)[0] if config.async_mode in ASYNC_TRAINERS else hw
+
+
+def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
+    """The keys of an async run: the resource split, the trainer's own keys, and the group filter's bound."""
+    if config.async_mode not in ASYNC_TRAINERS:
+        return []
+    train, rollout = split_gpus(hw)
+    filter_keys = [(f"{ASYNC_FILTER}.max_filtered_groups", filter_budget(config)),
+                   (f"{ASYNC_FILTER}.stop_file", stop_file(config))] if config.dynamic_sampling else []
+    return [
+        BASE_CONFIG_SEARCHPATH,
+        # generation keeps its own GPUs: the trainer's workers hold no vLLM engine
+        ("actor_rollout_ref.hybrid_engine", False),
+        ("trainer.nnodes", train.nnodes),
+        ("trainer.n_gpus_per_node", train.gpus_per_node),
+        ("rollout.nnodes", rollout.nnodes),
+        ("rollout.n_gpus_per_node", rollout.gpus_per_node),
+        (f"{ROLLOUT}.tensor_model_parallel_size", rollout.tp),
+        # verl's async configs set bypass mode, which swaps the policy loss for its own (no overlong filter, no
+        # successor's objective); decoupled mode keeps the loss and weights stale samples by pi_old / pi_rollout
+        (f"{ROLLOUT_CORRECTION}.bypass_mode", False),
+        *ASYNC_TRAINERS[config.async_mode].keys(config),
+        *filter_keys,
+    ]
 
 
 # What verl's trainer needs to run on a CPU (docs/train-at-scale.md, "verl on a CPU"); each value says why.
@@ -398,8 +502,11 @@ def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | 
     for row in VERL_KEYS:
         value = row.convert(getattr(config, row.field), config)
         pairs += [(key, value) for key in row.keys]
-    pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, hw) + run_dir_overrides(config)
-    pairs += replay_overrides(config) + model_overrides(config)
+    pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, training_side(config, hw))
+    pairs += run_dir_overrides(config)
+    # verl's V1 replay buffer bounds the sync trainer's filter; the async entry filters where rollouts are produced
+    pairs += async_overrides(config, hw) if config.async_mode in ASYNC_TRAINERS else replay_overrides(config)
+    pairs += model_overrides(config)
     if hw.device == "cpu":
         pairs += cpu_overrides(config, hw)
         pairs += [(f"{WORKER_ENV}.{name}", value)

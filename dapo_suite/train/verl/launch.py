@@ -12,6 +12,8 @@ from typing import Any
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.verl.data import prepare
 from dapo_suite.train.verl.keys import (
+    ASYNC_ENTRY,
+    ASYNC_TRAINERS,
     PACKAGE_DIR,
     REPO_ROOT,
     STOP_FILE,
@@ -22,7 +24,7 @@ from dapo_suite.train.verl.keys import (
     hydra_value,
 )
 from dapo_suite.train.verl.metrics import keep_earlier_attempt, write_metrics
-from dapo_suite.train.verl.validate import validate
+from dapo_suite.train.verl.validate import gpu_plan, validate
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
 VERL_PYTHON_ENV = "DAPO_SUITE_VERL_PYTHON"
@@ -58,16 +60,21 @@ def missing_python(argv: list[str]) -> str | None:
     return None
 
 
-def command(overrides: list[str], hw: Hardware, run_dir: Path | None = None) -> list[str]:
+def entry(async_mode: str = "off") -> list[str]:
+    """The module run with -m: verl's trainer, or the async entry with the trainer's name (ASYNC_TRAINERS)."""
+    return [ASYNC_ENTRY, async_mode] if async_mode in ASYNC_TRAINERS else [ENTRY_MODULE]
+
+
+def command(overrides: list[str], hw: Hardware, run_dir: Path | None = None, async_mode: str = "off") -> list[str]:
     """The argv that starts the run: in-process local Ray, or `ray job submit` to `hw.ray_address`.
 
     Hydra's own log goes to RUN_DIR/hydra instead of ./outputs/DATE (not part of the validated overrides)."""
     if run_dir is not None:
         overrides = [*overrides, f"hydra.run.dir={hydra_value(str(Path(run_dir).resolve() / 'hydra'))}"]
     if hw.ray_address is None:
-        return [verl_python(hw), "-m", ENTRY_MODULE, *overrides]
+        return [verl_python(hw), "-m", *entry(async_mode), *overrides]
     return ["ray", "job", "submit", "--address", hw.ray_address, "--runtime-env-json",
-            json.dumps(job_runtime_env()), "--", "python", "-m", ENTRY_MODULE, *overrides]
+            json.dumps(job_runtime_env()), "--", "python", "-m", *entry(async_mode), *overrides]
 
 
 def job_runtime_env() -> dict[str, Any]:
@@ -86,13 +93,15 @@ def dry_run(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[st
     overrides = build_overrides(config, hw, passthrough)
     cfg, notes = validate(config, hw, overrides)
     run_dir = Path(config.out)
-    argv = command(overrides, hw, run_dir)
+    argv = command(overrides, hw, run_dir, config.async_mode)
     notes += [note for note in [missing_python(argv)] if note]
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(run_dir / "config.yaml")
     (run_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in run_environment(hw).items())
-    script = f"#!/usr/bin/env bash\n{env} \\\n  " + " \\\n  ".join(shlex.quote(a) for a in argv) + "\n"
+    plan = f"# {gpu_plan(cfg)}\n" if config.async_mode in ASYNC_TRAINERS else ""
+    script = (f"#!/usr/bin/env bash\n{plan}{env} \\\n  "
+              + " \\\n  ".join(shlex.quote(a) for a in argv) + "\n")
     (run_dir / "verl_command.sh").write_text(script)
     return {"argv": argv, "overrides": overrides, "config": cfg, "warnings": notes, "run_dir": run_dir,
             "script": script}

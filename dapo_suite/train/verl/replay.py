@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
@@ -30,6 +30,16 @@ def stop_message(step: int, filtered: int, budget: int, metric: str) -> str:
             f"for every response (all right or all wrong), more than the budget of {budget} "
             "(max_num_gen_batches x gen_batch_size). The data is too hard or too easy for this model: check the "
             "reward on a few samples, use easier (or harder) problems, or raise --set max_num_gen_batches=N.")
+
+
+def stop_run(stop_file: Path | None, step: int, filtered: int, budget: int, metric: str) -> NoReturn:
+    """Write why the run stops where the launcher reads it, then stop it."""
+    message = stop_message(step, filtered, budget, metric)
+    if stop_file is not None:
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.write_text(json.dumps({"reason": "too_many_filtered_groups", "step": step,
+                                         "filtered_groups": filtered, "message": message}))
+    raise TooManyFilteredGroups(message)
 
 
 class CappedDAPOReplayBuffer(ReplayBuffer):
@@ -52,10 +62,5 @@ class CappedDAPOReplayBuffer(ReplayBuffer):
         self.filtered_per_step[global_steps] += evicted[2]
         filtered = self.filtered_per_step[global_steps]
         if filtered > self.max_filtered_groups:
-            message = stop_message(global_steps, filtered, self.max_filtered_groups, self.filter_metric)
-            if self.stop_file is not None:
-                self.stop_file.parent.mkdir(parents=True, exist_ok=True)
-                self.stop_file.write_text(json.dumps({"reason": "too_many_filtered_groups", "step": global_steps,
-                                                      "filtered_groups": filtered, "message": message}))
-            raise TooManyFilteredGroups(message)
+            stop_run(self.stop_file, global_steps, filtered, self.max_filtered_groups, self.filter_metric)
         return evicted

@@ -13,7 +13,16 @@ import re
 from pathlib import Path
 
 from dapo_suite.train.config import TrainConfig
-from dapo_suite.train.verl.keys import MODEL, ROLLOUT_CORRECTION, Hardware, VerlConfigError
+from dapo_suite.train.verl.keys import (
+    ASYNC_TRAINERS,
+    BASE_CONFIG_SEARCHPATH,
+    MODEL,
+    ROLLOUT_CORRECTION,
+    Hardware,
+    VerlConfigError,
+    hydra_value,
+    split_gpus,
+)
 
 # verl types these as unions: a "lower_upper" threshold is a string where verl's default is a number (str | float),
 # target_modules a list where its default is "all-linear"
@@ -24,40 +33,55 @@ VLLM_MAX_LORA_RANK = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def compose(overrides: list[str]):
-    """verl's packaged `ppo_trainer` config with the overrides applied (Hydra compose API, on the CPU)."""
+def _config_source(async_mode: str):
+    """Hydra's context manager and config name of the trainer: verl's `ppo_trainer`, or an async trainer's own
+    config (a folder inside its package, not a Python module, so it is found by path)."""
+    import importlib.util
+
+    from hydra import initialize_config_dir, initialize_config_module
+
+    if async_mode not in ASYNC_TRAINERS:
+        return initialize_config_module(config_module="verl.trainer.config", version_base=None), "ppo_trainer"
+    trainer = ASYNC_TRAINERS[async_mode]
+    package = Path(importlib.util.find_spec(f"verl.experimental.{trainer.package}").origin).parent
+    return initialize_config_dir(config_dir=str(package / "config"), version_base=None), trainer.config_name
+
+
+def compose(overrides: list[str], async_mode: str = "off"):
+    """verl's packaged config of the trainer with the overrides applied (Hydra compose API, on the CPU)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     GlobalHydra.instance().clear()
+    context, config_name = _config_source(async_mode)
     try:
-        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            return hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+        with context:
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         text = str(error)
         match = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
         if match and ("not in struct" in text or "append to your config" in text or "No match in config" in text):
-            raise VerlConfigError(f"unknown verl key {match.group(1)!r}: verl 0.9.1's ppo_trainer config has no such "
-                                  "key (check the spelling, or prefix it with + to add a new key)") from error
+            raise VerlConfigError(f"unknown verl key {match.group(1)!r}: verl 0.9.1's {config_name} config has no "
+                                  "such key (check the spelling, or prefix it with + to add a new key)") from error
         raise VerlConfigError(f"verl's Hydra config rejected the overrides: {text.splitlines()[0]}") from error
     finally:
         GlobalHydra.instance().clear()
 
 
-@functools.lru_cache(maxsize=1)
-def _defaults():
-    return compose([])
+@functools.lru_cache(maxsize=3)
+def _defaults(async_mode: str):
+    key, value = BASE_CONFIG_SEARCHPATH
+    return compose([f"{key}={hydra_value(value)}"] if async_mode in ASYNC_TRAINERS else [], async_mode)
 
 
-def _default_types(cfg, keys: list[str]) -> list[str]:
+def _default_types(cfg, keys: list[str], async_mode: str) -> list[str]:
     """Values whose type differs from verl's default for the same key (YAML configs carry no schema)."""
     from omegaconf import OmegaConf
 
     problems = []
-    defaults = _defaults()
+    defaults = _defaults(async_mode)
     for key in keys:
         plain = key.lstrip("+~")
         if plain in UNION_TYPED_KEYS:
@@ -83,19 +107,22 @@ def resource_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
     """Arithmetic that verl would only discover on the cluster (or not at all)."""
     problems = []
     actor = cfg.actor_rollout_ref.actor
-    gpus, tp, sp = hw.gpus, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
-    n = cfg.actor_rollout_ref.rollout.n
     if hw.nnodes < 1 or hw.gpus_per_node < 1:
         problems.append(f"need at least one node and one GPU per node (got {hw.nnodes} x {hw.gpus_per_node})")
         return problems
-    if hw.gpus_per_node % tp:
-        problems.append(f"rollout tensor parallel size {tp} must divide the GPUs per node ({hw.gpus_per_node}): "
-                        "set --tp to a divisor")
+    # an async run generates on its own GPUs and trains on the rest (keys.split_gpus)
+    train, rollout = split_gpus(hw) if config.async_mode in ASYNC_TRAINERS else (hw, hw)
+    gpus, tp, sp = train.gpus, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
+    n = config.group_size
+    if rollout.gpus_per_node % tp:
+        problems.append(f"rollout tensor parallel size {tp} must divide the GPUs per node that generate "
+                        f"({rollout.gpus_per_node}): set --tp to a divisor")
     if gpus % sp:
         problems.append(f"Ulysses sequence parallel size {sp} must divide the number of GPUs ({gpus}): set --sp")
     if not problems:
         dp = gpus // sp
-        batch, mini = cfg.data.train_batch_size, actor.ppo_mini_batch_size
+        # the config's batch: the fully async trainer's data.train_batch_size is 0 (it streams groups)
+        batch, mini = config.train_batch_size, actor.ppo_mini_batch_size
         if mini > batch:
             problems.append(f"mini-batch ({mini} prompts) is larger than the batch ({batch} prompts): "
                             "lower mini_batch_size")
@@ -112,10 +139,21 @@ def resource_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
             problems.append(f"prompt+response = {seq} tokens exceeds the token budget per micro-batch "
                             f"(ppo_max_token_len_per_gpu {actor.ppo_max_token_len_per_gpu} x SP {sp} = {budget}): "
                             "raise actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    if config.dynamic_sampling and cfg.data.gen_batch_size and cfg.data.gen_batch_size < cfg.data.train_batch_size:
-        problems.append(f"gen_batch_size ({cfg.data.gen_batch_size}) must be >= train_batch_size "
-                        f"({cfg.data.train_batch_size})")
+    if config.dynamic_sampling and config.gen_batch_size < config.train_batch_size:
+        problems.append(f"gen_batch_size ({config.gen_batch_size}) must be >= train_batch_size "
+                        f"({config.train_batch_size})")
     return problems
+
+
+def gpu_plan(cfg) -> str:
+    """An async run's GPU arithmetic, from the composed config: what generates and what trains."""
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    generate = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    tp, sp = rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
+    return (f"GPUs: {generate + train} = generation {cfg.rollout.nnodes} x {cfg.rollout.n_gpus_per_node} = "
+            f"{generate} (vLLM TP {tp}: {generate // tp} servers) + training {cfg.trainer.nnodes} x "
+            f"{cfg.trainer.n_gpus_per_node} = {train} (FSDP, Ulysses SP {sp}: data-parallel {train // sp})")
 
 
 def input_problems(config: TrainConfig) -> list[str]:
@@ -169,8 +207,12 @@ def missing_verl_columns(path: Path, flag: str) -> list[str]:
 
 def warnings_for(config: TrainConfig, cfg) -> list[str]:
     notes = []
-    if config.dynamic_sampling and cfg.trainer.use_v1 and config.max_num_gen_batches <= 0:
-        notes.append("max_num_gen_batches=0: verl's V1 replay buffer refills filtered groups with no limit, so a run "
+    if config.async_mode in ASYNC_TRAINERS and config.rollout_correction == "off":
+        notes.append(f"async={config.async_mode} with rollout_correction=off: samples from older policies are "
+                     "trained on without importance weights, which is what makes async runs collapse (keep "
+                     "rollout_correction=auto: TIS on the policy lag)")
+    if config.dynamic_sampling and config.max_num_gen_batches <= 0:
+        notes.append("max_num_gen_batches=0: dynamic sampling refills filtered groups with no limit, so a run "
                      "whose groups are all right or all wrong never makes a step (set max_num_gen_batches=N to stop "
                      "such a run after N generation batches)")
     if HUB_ID.match(str(config.model)) and not Path(config.model).exists():
@@ -183,10 +225,11 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     from omegaconf import OmegaConf
 
     problems = input_problems(config) if check_inputs else []
-    cfg = compose(overrides)
-    types = _default_types(cfg, [o.split("=", 1)[0] for o in overrides])
+    cfg = compose(overrides, config.async_mode)
+    types = _default_types(cfg, [o.split("=", 1)[0] for o in overrides], config.async_mode)
     problems += types or resource_problems(config, hw, cfg)
-    if not problems:
+    trainer = ASYNC_TRAINERS.get(config.async_mode)
+    if not problems and (trainer is None or trainer.verl_validates):
         problems += _verl_validate(cfg)
     problems += lora_problems(config, hw, cfg)
     if cfg.reward.reward_manager.name == "dapo" and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None:
