@@ -33,18 +33,23 @@ VLLM_MAX_LORA_RANK = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def _config_source(async_mode: str):
-    """Hydra's context manager and config name of the trainer: verl's `ppo_trainer`, or an async trainer's own
-    config (a folder inside its package, not a Python module, so it is found by path)."""
+def async_config_dir(async_mode: str) -> Path:
+    """The folder of an async trainer's packaged config: inside its package but not a Python module, so Hydra
+    finds it only by path."""
     import importlib.util
 
+    package = f"verl.experimental.{ASYNC_TRAINERS[async_mode].package}"
+    return Path(importlib.util.find_spec(package).origin).parent / "config"
+
+
+def _config_source(async_mode: str):
+    """Hydra's context manager and config name of the trainer: verl's `ppo_trainer`, or an async trainer's own."""
     from hydra import initialize_config_dir, initialize_config_module
 
     if async_mode not in ASYNC_TRAINERS:
         return initialize_config_module(config_module="verl.trainer.config", version_base=None), "ppo_trainer"
-    trainer = ASYNC_TRAINERS[async_mode]
-    package = Path(importlib.util.find_spec(f"verl.experimental.{trainer.package}").origin).parent
-    return initialize_config_dir(config_dir=str(package / "config"), version_base=None), trainer.config_name
+    return (initialize_config_dir(config_dir=str(async_config_dir(async_mode)), version_base=None),
+            ASYNC_TRAINERS[async_mode].config_name)
 
 
 def compose(overrides: list[str], async_mode: str = "off"):
