@@ -20,6 +20,7 @@ from dataclasses import replace
 import torch
 
 from dapo_suite.core.prompts import chat_messages, render_chat
+from dapo_suite.core.provenance import cpu_line
 from dapo_suite.core.reward import compute_score, extract_answer
 from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision
 from dapo_suite.train.config import resolve_config
@@ -41,6 +42,7 @@ def main() -> None:
     config = replace(config, sampling_dtype=resolve_precision(config.sampling_dtype))
     model, tokenizer = load_model_and_tokenizer(None, dtype="float32", device="cpu")
     engine = hf_engine(config, model, tokenizer)
+    print(cpu_line())
     print(f"{args.prompts} training problems per task x {args.group_size} samples, temperature "
           f"{config.temperature}, top_p {config.top_p}, {args.shots} format example(s), sampling in "
           f"{config.sampling_dtype or 'float32'}, seed {args.seed}")
