@@ -3,6 +3,8 @@
 The model server runs as a child on a private port (dapo_suite/inference/endpoint.py): dapo-suite's batched sampler
 on a CPU, `vllm serve` on a GPU, or `transformers serve`; this front, on the port users call, adds what the child
 lacks:
+- with `--api-key` (or DAPO_SUITE_API_KEY), a request to /v1 without `Authorization: Bearer KEY` gets 401 in
+  OpenAI's error shape before anything else runs (`auth.RequireApiKey`);
 - `GET /v1/models` answers with the served model's name (`SmolLM2-135M-Instruct`, a checkpoint's folder name,
   `--served-model-name`), whatever the Hugging Face cache holds (`transformers serve`'s own listing scans it and
   answers 500 where it does not exist yet); requests may name the model by that name or by its path;
@@ -41,6 +43,7 @@ import httpx
 
 from dapo_suite.inference.openai_fields import ParsedRequest, RequestFieldError, parse_request
 from dapo_suite.inference.sampler_server import error_response, model_not_found
+from serve.auth import RequireApiKey
 
 
 @dataclass
@@ -102,13 +105,14 @@ class Upstream:
 
 
 def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generation_defaults: dict | None = None,
-             child_model: str | None = None, model_path: str | None = None):
+             child_model: str | None = None, model_path: str | None = None, api_key: str | None = None):
     """The Starlette app; `upstream` is the child's base URL (ending in /v1), which knows the model as
     `child_model` (default `model_name`); requests may name `model_name` or `model_path`. `generation_defaults`:
     the model's generation config as a dict, sent with every request (see `with_sampling`): a `transformers serve`
     child, which gives no log-probs; None leaves the child's own handling (the sampler and `vllm serve` sample as
-    OpenAI does)."""
+    OpenAI does). `api_key`: requests to /v1 must carry it (`auth.RequireApiKey`)."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -170,7 +174,8 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
         yield
         await client.aclose()
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    guard = [Middleware(RequireApiKey, api_key=api_key)] if api_key else []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=guard)
 
 
 def openai_error(content: bytes) -> dict:
@@ -309,9 +314,9 @@ def generation_defaults(model_path: str) -> dict:
 
 def serve_front(upstream: str, model_name: str, model_path: str, host: str, port: int,
                 max_prompt_tokens: int | None = None, on_ready: Callable[[], None] = lambda: None,
-                engine: str = "transformers", child_model: str | None = None) -> None:
+                engine: str = "transformers", child_model: str | None = None, api_key: str | None = None) -> None:
     """Serve the front on host:port until SIGINT/SIGTERM, listing the model as `model_name` (the child knows it as
-    `child_model`). The socket is bound before `on_ready` runs, so a client that reads the printed URL and
+    `child_model`), to clients that send `api_key` when one is given. The socket is bound before `on_ready` runs, so a client that reads the printed URL and
     connects at once waits in the backlog instead of being refused."""
     import socket
 
@@ -320,7 +325,8 @@ def serve_front(upstream: str, model_name: str, model_path: str, host: str, port
 
     app = make_app(upstream, model_name, AutoTokenizer.from_pretrained(model_path),
                    Limits(model_context(model_path), max_prompt_tokens),
-                   generation_defaults(model_path) if engine == "transformers" else None, child_model, model_path)
+                   generation_defaults(model_path) if engine == "transformers" else None, child_model, model_path,
+                   api_key)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dapo_suite.core.problems import Problem
 from dapo_suite.core.prompts import format_prompt
 from dapo_suite.inference.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
+from serve.auth import read_logins
 from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig
 
@@ -233,7 +234,9 @@ def open_endpoint(config: ServeConfig) -> Iterator[Endpoint]:
 def launch_kwargs(config: ServeConfig) -> dict:
     import gradio as gr
 
+    logins = read_logins(config.auth, config.auth_file)
     return dict(server_name=config.host, server_port=config.port, show_error=True, ssr_mode=False,
+                auth=logins or None, auth_message="Log in to chat with the model." if logins else None,
                 mcp_server=False, max_file_size="1mb", footer_links=[], css=CSS,
                 theme=gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
                                      # System fonts: Gradio's default Google fonts would stall an offline page.

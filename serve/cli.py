@@ -7,6 +7,7 @@ import click
 from click.core import ParameterSource
 
 from dapo_suite.core.fields import load_config
+from serve.auth import API_KEY_ENV, exposure_warning
 from serve.config import ENGINES, ServeConfig
 
 _DEFAULTS = ServeConfig()
@@ -32,8 +33,13 @@ def _engine_option(func):
               help="Use a running OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of starting one.")
 @_engine_option
 @click.option("--host", default=_DEFAULTS.host, show_default=True,
-              help="Address the chat binds; 0.0.0.0 exposes it to your network.")
+              help="Address the chat binds; 0.0.0.0 exposes it to your network (then set --auth or --auth-file).")
 @click.option("--port", default=_DEFAULTS.port, show_default=True, help="Port of the chat app.")
+@click.option("--auth", default=None, metavar="USER:PASSWORD",
+              help="Ask for this login before the chat opens (Gradio's login page). Visible in the process list: "
+                   "prefer --auth-file on a shared machine.")
+@click.option("--auth-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Logins the chat accepts, one user:password per line (blank lines and # comments skipped).")
 @click.option("--api-port", type=int, default=None, help="Port of the model server started for --model [default: free].")
 @click.option("--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0).")
 @click.option("--top-p", default=_DEFAULTS.top_p, show_default=True, help="Initial top-p (DAPO: 0.7).")
@@ -76,14 +82,21 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
         config = load_config(ServeConfig, config_file, given, "serve")
     except ValueError as error:
         raise click.BadParameter(str(error)) from error
+    if warning := exposure_warning(config.host, config.port, bool(config.auth or config.auth_file), "the chat",
+                                   "login: set --auth USER:PASSWORD or --auth-file FILE"):
+        click.echo(warning, err=True)
     launch_app(config)
 
 
 @serve.command()
 @_model_option()
 @_engine_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API binds.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the API binds; 0.0.0.0 exposes it to your network (then set --api-key).")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port of the API (0: a free one).")
+@click.option("--api-key", default=None, envvar=API_KEY_ENV, show_envvar=True, metavar="KEY",
+              help="Answer only requests that send `Authorization: Bearer KEY` (an OpenAI client's api_key); "
+                   "others get 401 in OpenAI's error shape before any work, as vLLM's --api-key. /health stays open.")
 @click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
               help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].")
 @click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
@@ -94,7 +107,7 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
 @click.option("--served-model-name", "served_name", default=None, metavar="NAME",
               help="The name /v1/models lists and requests send as `model` [default: SmolLM2-135M-Instruct for the "
                    "embedded model, a checkpoint's folder name, a hub id as given]; the model's path is accepted too.")
-def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens: int | None,
+def api(model: str | None, engine: str, host: str, port: int, api_key: str | None, max_prompt_tokens: int | None,
         startup_timeout_s: float, dtype: str, served_name: str | None) -> None:
     """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
 
@@ -102,6 +115,7 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
     Prints the base URL, then serves until Ctrl-C or SIGTERM:
       dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000
       dapo-suite eval aime24 --endpoint http://127.0.0.1:8000/v1 ...
+      DAPO_SUITE_API_KEY=KEY dapo-suite serve api --host 0.0.0.0   # clients send api_key=KEY
     A prompt longer than the limit, or a max_tokens that is not a positive integer within the context, gets
     400 at once; a client that disconnects stops its generation; /v1/models lists the served model.
     On a CPU, concurrent requests are decoded together (continuous batching; docs/serve.md), so more streams
@@ -115,6 +129,8 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
 
     stop_on_sigterm()
     port = port or free_port(host)
+    if warning := exposure_warning(host, port, bool(api_key), "serve api", f"API key: set --api-key or {API_KEY_ENV}"):
+        click.echo(warning, err=True)
     try:
         name = served_name or served_model_name(model)
         with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype,
@@ -124,7 +140,7 @@ def api(model: str | None, engine: str, host: str, port: int, max_prompt_tokens:
                            f"  model:    {name}\nCtrl-C stops it.")
 
             serve_front(endpoint.base_url, name, endpoint.model_path, host, port, max_prompt_tokens,
-                        on_ready=ready, engine=endpoint.engine, child_model=endpoint.model_name)
+                        on_ready=ready, engine=endpoint.engine, child_model=endpoint.model_name, api_key=api_key)
             if endpoint.exit_code() is not None:
                 raise click.ClickException(endpoint.diagnose())
     except KeyboardInterrupt:

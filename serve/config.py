@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from serve.auth import read_logins
+
 ENGINES = ("auto", "vllm", "sampler", "transformers")
 
 
@@ -22,6 +24,10 @@ class ServeConfig:
     host: str = "127.0.0.1"
     """Address the chat app binds: loopback only unless you choose otherwise."""
     port: int = 7860
+    auth: str | None = None
+    """`user:password` the chat asks for before it opens (Gradio's login page); None with no auth_file: no login."""
+    auth_file: str | None = None
+    """A file of `user:password` lines, one login each (blank lines and # comments skipped)."""
     api_port: int | None = None
     """Port of the model server started for `--model` (None: a free one)."""
 
@@ -61,5 +67,6 @@ class ServeConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: set a positive value.")
         if self.request_timeout_s <= 0 or self.startup_timeout_s <= 0:
             raise ValueError("request_timeout_s and startup_timeout_s must be positive numbers of seconds.")
+        read_logins(self.auth, self.auth_file)  # a malformed login is refused here, naming its flag or line
         if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
             raise ValueError(f"endpoint={self.endpoint!r}: pass a base URL such as http://127.0.0.1:8000/v1.")
