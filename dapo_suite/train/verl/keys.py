@@ -385,6 +385,9 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
 CPU_PLATFORM_MODULE = "dapo_suite.train.verl.cpu_platform"
 CPU_RAY_CPUS = 16  # logical: TransferQueue's controller and storage actors ask one CPU each, the workers more
 CPU_KV_CACHE_GIB = 2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
+# An async run's weight sync on a CPU: the checkpoint engine `cpu_checkpoint_engine` registers in verl's registry
+CPU_CHECKPOINT_ENGINE = "zmq"
+CPU_CHECKPOINT_ENGINE_MODULE = "dapo_suite.train.verl.cpu_checkpoint_engine"
 
 
 def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
@@ -428,6 +431,10 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
         # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a sync
         *([("actor_rollout_ref.model.lora.merge", True)] if config.lora_rank else []),
+        # async: the trainer streams weights to servers of their own; verl's engines for that need GPUs or RDMA
+        *([(f"{ROLLOUT}.checkpoint_engine.backend", CPU_CHECKPOINT_ENGINE),
+           (f"{ROLLOUT}.checkpoint_engine.custom_backend_module", CPU_CHECKPOINT_ENGINE_MODULE)]
+          if config.async_mode in ASYNC_TRAINERS else []),
     ]
 
 
