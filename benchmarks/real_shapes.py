@@ -36,8 +36,8 @@ Protocol: each (shape, part, mode) runs in a child process of its own (this file
 RSS (the child's ru_maxrss from wait4: model building included) is that configuration's alone, and one that dies
 (out of memory) is reported, not fatal. Children run `--threads` threads (default: the cores this process may
 use; DAPO_SUITE_THREADS is set, so the sampler does not adapt its thread count to other load). A configuration
-whose estimated memory (weights, gradients and AdamW state: 16 bytes per parameter for full fine-tuning, 2 for
-LoRA's frozen base in bf16 (4 in float32), plus a rough estimate of the saved activations and logits of one micro-batch)
+whose estimated memory (the trainer's own preflight estimate of an update, `dapo_suite.train.memory`: weights,
+gradients and AdamW state, one micro-batch's saved activations and logits)
 exceeds `--memory-limit-gb` (default: the machine's total RAM) is skipped and said so. Seeded: weights
 (`--seed`), prompts and rollouts.
 
@@ -137,26 +137,30 @@ def parameter_count(shape: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimated_bytes(shape: str, params: int, mode: str, args: argparse.Namespace) -> int:
-    """Rough peak memory of one update: weights (+ gradients and AdamW state for full fine-tuning), one
-    micro-batch's saved activations (~6 hidden + 4 intermediate floats per token per layer) and logits (three
-    float32 copies: logits, log-softmax, their gradient), and 1 GiB for the interpreter, torch and transformers."""
+def step_config(job: dict, out: str):
+    """The trainer's config of a step job: the `dapo` preset at the job's sizes, one mini-batch, weights as the
+    trainer's `dtype: auto` loads them (a LoRA base in bf16 where native)."""
+    from dapo_suite.train.config import resolve_config
     from dapo_suite.train.trainer import weights_dtype
 
-    _, fields = SHAPES[shape]
-    # full: float32 weights, gradients and AdamW's two moments; LoRA: the frozen base as the trainer loads it
-    per_param = 16 if mode == "full" else 2 if weights_dtype("auto", True, "cpu") == "bfloat16" else 4
-    tokens = args.micro_batch * (args.step_prompt_len + args.step_tokens)
-    activations = tokens * fields["num_hidden_layers"] * (6 * fields["hidden_size"] + 4 * fields["intermediate_size"]) * 4
-    logits = args.micro_batch * (args.step_tokens + 1) * fields["vocab_size"] * 4 * 3
-    return params * per_param + activations + logits + 2**30
+    lora = job["mode"] == "lora"
+    prompts, tokens = job["samples"] // job["group_size"], job["tokens"]
+    return resolve_config(["dapo"], {
+        "out": out, "model": f"random-weights:{job['shape']}", "seed": job["seed"], "train_batch_size": prompts,
+        "mini_batch_size": prompts, "micro_batch_size": job["micro_batch"], "group_size": job["group_size"],
+        "max_prompt_length": job["prompt_len"], "max_response_length": tokens,
+        "overlong_buffer_len": max(1, tokens // 4), "warmup_steps": 0,
+        "dtype": weights_dtype("auto", lora, "cpu"), "autocast_dtype": job["autocast"], "device": "cpu",
+        "rollout_engine": "hf", "gradient_checkpointing": job["gradient_checkpointing"],
+        "lora_rank": job["lora_rank"] if lora else 0, "lora_alpha": job["lora_alpha"], "lora_targets": "all-linear"})
 
 
-def total_memory_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def estimated_bytes(job: dict) -> int:
+    """The trainer's own estimate of one update's peak (`dapo_suite.train.memory`, no sampler: none runs here)."""
+    from dapo_suite.train.memory import estimate
+
+    model_type, fields = SHAPES[job["shape"]]
+    return estimate(step_config(job, "unused"), {"model_type": model_type, **fields}).update
 
 
 def peak_rss_self() -> int:
@@ -239,10 +243,8 @@ def step_worker(job: dict) -> dict:
 
     import dapo_suite.train.trainer as trainer_module
     from dapo_suite.inference.models import embedded_model_path
-    from dapo_suite.train.config import resolve_config
 
-    lora = job["mode"] == "lora"
-    weights = trainer_module.weights_dtype("auto", lora, "cpu")  # a LoRA base in bf16 where native, as the trainer
+    weights = trainer_module.weights_dtype("auto", job["mode"] == "lora", "cpu")  # as the trainer loads them
     model = build_model(job["shape"], getattr(torch, weights), job["seed"])
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())  # pad and end-of-sequence ids only
     tokenizer.padding_side = "left"
@@ -252,13 +254,7 @@ def step_worker(job: dict) -> dict:
     samples, group, tokens = job["samples"], job["group_size"], job["tokens"]
     prompts = samples // group
     with tempfile.TemporaryDirectory() as tmp:
-        config = resolve_config(["dapo"], {
-            "out": tmp, "model": f"random-weights:{job['shape']}", "seed": job["seed"], "train_batch_size": prompts,
-            "mini_batch_size": prompts, "micro_batch_size": job["micro_batch"], "group_size": group,
-            "max_response_length": tokens, "overlong_buffer_len": max(1, tokens // 4), "warmup_steps": 0,
-            "dtype": weights, "autocast_dtype": job["autocast"], "device": "cpu", "rollout_engine": "hf",
-            "gradient_checkpointing": job["gradient_checkpointing"], "lora_rank": job["lora_rank"] if lora else 0,
-            "lora_alpha": job["lora_alpha"], "lora_targets": "all-linear"})
+        config = step_config(job, tmp)
         trainer = trainer_module.DAPOTrainer(config)
         groups = synthetic_groups(prompts, group, job["prompt_len"], tokens, model.config.vocab_size,
                                   tokenizer.eos_token_id, job["seed"] + 2, min_response_len=tokens)
@@ -382,8 +378,9 @@ def main() -> None:
     import transformers
 
     from dapo_suite.core.provenance import cpu_line
+    from dapo_suite.train.memory import device_memory
 
-    limit = args.memory_limit_gb * 1e9 if args.memory_limit_gb else total_memory_bytes()
+    limit = args.memory_limit_gb * 1e9 if args.memory_limit_gb else device_memory("cpu")[1]
     print(f"[real-shapes] {cpu_line()}")
     print(f"[real-shapes] torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads "
           f"per child, memory limit for a step {gib(limit)}")
@@ -411,16 +408,16 @@ def main() -> None:
         if "step" in parts:
             entry["step"] = {}
             for mode in modes:
-                estimate = estimated_bytes(shape, params, mode, args)
-                if estimate > limit:
-                    entry["step"][mode] = {"skipped": f"estimated {gib(estimate)} > limit {gib(limit)}"}
-                    print(f"[{shape}] step {mode}: skipped, estimated memory {gib(estimate)} exceeds {gib(limit)}")
-                    continue
                 job = {**common, "part": "step", "shape": shape, "mode": mode, "samples": args.step_samples,
                        "tokens": args.step_tokens, "prompt_len": args.step_prompt_len, "group_size": args.group_size,
                        "micro_batch": args.micro_batch, "warmup": args.step_warmup, "reps": args.step_reps,
                        "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "autocast": args.autocast,
                        "gradient_checkpointing": args.gradient_checkpointing}
+                estimate = estimated_bytes(job)
+                if estimate > limit:
+                    entry["step"][mode] = {"skipped": f"estimated {gib(estimate)} > limit {gib(limit)}"}
+                    print(f"[{shape}] step {mode}: skipped, estimated memory {gib(estimate)} exceeds {gib(limit)}")
+                    continue
                 result = entry["step"][mode] = run_worker(job, args.timeout)
                 result["estimated_bytes"] = estimate
                 if "error" in result:

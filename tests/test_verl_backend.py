@@ -215,7 +215,9 @@ BAD_INPUTS = [
     ("sequence longer than tokens per GPU", {}, {}, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"],
      "prompt+response = 22528 tokens exceeds the token budget"),
     ("model path missing", {"model": "/nonexistent/model"}, {}, [], "model path '/nonexistent/model' does not exist"),
-    ("model neither dir nor hub id", {"model": "Qwen2.5-32B"}, {}, [], "model path 'Qwen2.5-32B' does not exist"),
+    ("model neither dir, hub id nor short name", {"model": "Qwen2.5-33B"}, {}, [],
+     "model path 'Qwen2.5-33B' does not exist (give a local HF directory or a hub id like Qwen/Qwen2.5-32B; short "
+     "names resolve for Qwen2.5-*"),
     ("train file missing", {"train_file": "/nonexistent/train.parquet"}, {}, [],
      "train-file '/nonexistent/train.parquet' does not exist"),
     ("no HF rollout in verl", {"rollout_engine": "hf"}, {}, [], "rollout_engine 'hf' does not exist in verl"),
@@ -236,6 +238,28 @@ def test_bad_inputs_fail_with_their_message(case, values, hardware, passthrough,
     with pytest.raises(vb.VerlConfigError) as error:
         vb.validate(config, hw, vb.build_overrides(config, hw, passthrough))
     assert message in str(error.value)
+
+
+def test_a_short_name_reaches_verl_as_its_hub_id(data, tmp_path):
+    config = _config(data, tmp_path, model="Qwen2.5-32B")
+    overrides = vb.build_overrides(config, vb.Hardware(nnodes=2, gpus_per_node=8))
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-32B" in overrides
+    vb.validate(config, vb.Hardware(nnodes=2, gpus_per_node=8), overrides)
+
+
+def test_the_gpus_a_refused_run_is_sent_to_pass_verls_own_checks(data, tmp_path):
+    """memory.verl_plan's layout for the paper's 32B run (full fine-tuning, then LoRA) is what the dry run takes:
+    verl's composed config, its validate_config and the resource arithmetic accept it."""
+    from dapo_suite.inference.hub import MODELS
+    from dapo_suite.train.memory import verl_plan
+    from dapo_suite.train.verl.gpus import GPU_BYTES, GPU_SHARE
+
+    shape = MODELS["Qwen2.5-32B"][1]
+    for config, gpus in ((_config(data, tmp_path), 16), (_config(data, tmp_path, lora_rank=64, lora_alpha=64), 4)):
+        plan = verl_plan(config, shape)
+        assert plan.hardware.gpus == gpus
+        assert plan.state_per_gpu + plan.rollout_per_gpu <= GPU_SHARE * GPU_BYTES
+        vb.validate(config, plan.hardware, vb.build_overrides(config, plan.hardware))
 
 
 def test_passthrough_replaces_a_generated_key(data, tmp_path):

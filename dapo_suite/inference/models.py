@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.inference.hub import hub_id, looks_like_path, require_available
 
 EMBEDDED_MODEL = "embedded"  # the name users pass (or omit) to get the default model
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -75,7 +76,8 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model(name_or_path: str | None) -> str:
-    """Turn a --model value into something `from_pretrained` takes: None/'embedded' -> the cached default."""
+    """Turn a --model value into something `from_pretrained` takes: None/'embedded' -> the cached default; a short
+    name -> its hub id (`hub.hub_id`); a hub id neither cached nor downloadable -> a UserError at once."""
     if name_or_path in (None, "", EMBEDDED_MODEL):
         return str(embedded_model_path())
     path = Path(name_or_path).expanduser()
@@ -88,11 +90,13 @@ def resolve_model(name_or_path: str | None) -> str:
             raise UserError(f"--model {name_or_path}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
                             "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR)).")
         return str(path)
-    if name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1:
+    if looks_like_path(name_or_path):
         raise UserError(f"--model {name_or_path}: no such directory, and not a hub id of the form OWNER/NAME; pass a "
                         "model directory (e.g. runs/dapo/checkpoint-last), a hub id, or leave --model out for the "
                         "embedded model.")
-    return name_or_path  # a hub id: transformers finds it in the local HF cache or downloads it
+    repo_id = hub_id(name_or_path)  # a short name (Qwen2.5-0.5B-Instruct) becomes its hub id
+    require_available(repo_id)
+    return repo_id  # transformers finds it in the local HF cache or downloads it
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # a PEFT adapter folder

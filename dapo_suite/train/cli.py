@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from dapo_suite.core.errors import UserError
 from dapo_suite.core.lock import output_lock
+from dapo_suite.inference.models import EMBEDDED_MODEL
 from dapo_suite.train.config import LADDER, SUCCESSORS
 
 
@@ -16,8 +18,9 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
               help="Preset(s), applied in order: a scale (tiny-cpu: the embedded default on the arithmetic task; "
                    "gsm8k-cpu: the embedded model on GSM8K), a rung of the ablation ladder "
                    f"({', '.join(LADDER)}) or a successor method ({', '.join(SUCCESSORS)}). A .yaml path works too.")
-@click.option("--model", help="HF model directory or hub id (default: the embedded SmolLM2-135M-Instruct). "
-                              "With a model other than the embedded one, the paper's 32B-run values are the base.")
+@click.option("--model", help="HF model directory, hub id, or short name of a family docs/train.md lists "
+                              "(Qwen2.5-32B -> Qwen/Qwen2.5-32B; default: the embedded SmolLM2-135M-Instruct). With "
+                              "a model other than the embedded one, the paper's 32B-run values are the base.")
 @click.option("--train-file", type=click.Path(dir_okay=False), help="Training data: verl/DAPO parquet or jsonl "
                                                                     "(default: the built-in arithmetic task).")
 @click.option("--val-file", type=click.Path(dir_okay=False), help="Held-out data in the same formats.")
@@ -30,7 +33,11 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16. With --backend verl, "
                    "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).")
-@click.option("--print-config", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--print-config", is_flag=True, help="Print the resolved config (and, on stderr, the memory "
+                                                    "estimate) and exit.")
+@click.option("--no-memory-check", "memory_check", flag_value=False, default=True,
+              help="Train even when the memory estimate exceeds this machine's memory (the embedded trainer "
+                   "refuses such a run before loading the model, and says what would fit).")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="[verl] Nodes in the Ray cluster.")
 @click.option("--gpus-per-node", type=int, help="[verl] GPUs per node (default 8; with --device cpu, 1: the number "
                                                 "of FSDP workers, each a process on the CPU; 2 with --set async=...).")
@@ -52,7 +59,7 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
                                               "and verl_command.sh to the run directory, print the command, stop.")
 @click.pass_context
 def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, seed, backend, resume, assignments,
-          print_config, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, rollout_gpus, ray_address,
+          print_config, memory_check, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, rollout_gpus, ray_address,
           device, dry_run) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
 
@@ -63,6 +70,7 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite data build --input gsm8k --out runs/data/gsm8k && \
           dapo-suite train --preset gsm8k-cpu --out runs/gsm8k   # DAPO on GSM8K's train split (CPU, hours)
       dapo-suite train --preset dapo --model Qwen/Qwen2.5-32B --print-config   # the paper's 32B settings
+      dapo-suite train --model Qwen2.5-0.5B-Instruct --set lora_rank=16   # a short name; memory checked first
       dapo-suite train --resume --out runs/dapo          # continue after a crash
       dapo-suite train plot runs/dapo                    # training-dynamics PNG
       dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \\
@@ -80,10 +88,10 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         return
     from dapo_suite.train.config import parse_override, resolve_config
 
-    overrides = dict(model=model, train_file=train_file, val_file=val_file, out=out, max_steps=max_steps,
-                     seed=seed, backend=backend, device=None if device == "auto" else device)
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
+        overrides = dict(model=_hub_name(model), train_file=train_file, val_file=val_file, out=out,
+                         max_steps=max_steps, seed=seed, backend=backend, device=None if device == "auto" else device)
         settings = dict(parse_override(a) for a in assignments if not a.startswith("verl."))
         config = resolve_config(presets, overrides, settings)
     except ValueError as error:
@@ -92,11 +100,17 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         from dapo_suite.train.config import describe
 
         click.echo(describe(config))
+        if config.backend == "verl":
+            _echo_verl_memory(config, nnodes, gpus_per_node)
+        elif (memory := _memory(config)) is not None:
+            click.echo(_memory_report(memory, config, ctx), err=True)
         return
     if config.backend == "verl":
         verl_device = _verl_device(device, nnodes, gpus_per_node, ray_address, gpu_layout=(tp, sp, offload))
         # on a CPU one worker, or one per side of an async run
         gpus = gpus_per_node or ((1 if config.async_mode == "off" else 2) if verl_device == "cpu" else 8)
+        if dry_run and verl_device != "cpu":
+            _echo_verl_memory(config, nnodes, gpus)
         _train_verl(config, passthrough, dry_run, resume, dict(nnodes=nnodes, gpus_per_node=gpus, rollout_tp=tp,
                                                        ulysses_sp=sp, offload=offload, ray_address=ray_address,
                                                        gpu_memory_utilization=gpu_memory_utilization,
@@ -104,6 +118,10 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         return
     if dry_run or passthrough:
         raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")
+    if (memory := _memory(config)) is not None:
+        if not memory.fits and memory_check:
+            raise UserError(_memory_report(memory, config, ctx))
+        click.echo(_memory_report(memory, config, ctx), err=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from dapo_suite.train.trainer import DAPOTrainer
 
@@ -139,6 +157,81 @@ def plot(run_dir: str, out: str | None) -> None:
         click.echo(plot_run(Path(run_dir), Path(out) if out else None))
     except FileNotFoundError as error:
         raise click.UsageError(str(error)) from error
+
+
+def _hub_name(model: str | None) -> str | None:
+    """--model as every stage takes it: a short name (Qwen2.5-32B) becomes its hub id, said once here; a folder,
+    a path or a hub id stays as given."""
+    from dapo_suite.inference.hub import hub_id, looks_like_path
+
+    if model in (None, EMBEDDED_MODEL) or looks_like_path(model) or Path(model).expanduser().exists():
+        return model
+    resolved = hub_id(model)
+    if resolved != model:
+        click.echo(f"model: {model} is {resolved} on the Hugging Face hub", err=True)
+    return resolved
+
+
+def _memory(config):
+    """The memory check of the embedded trainer for `config` (`train.memory.check`), or None (said why) when the
+    model's config.json is neither on this machine nor in the registry of dapo_suite/inference/hub.py."""
+    from dapo_suite.inference.hub import looks_like_path, model_shape
+    from dapo_suite.inference.models import EMBEDDED_NAME
+    from dapo_suite.train.memory import check, device_type, sizable
+
+    shape = model_shape(EMBEDDED_NAME if config.model == EMBEDDED_MODEL else config.model)
+    if shape is not None and sizable(shape):
+        return check(config, shape, device_type(config.device))
+    if not looks_like_path(config.model):  # a missing folder gets the loader's own message
+        click.echo(f"memory: not estimated: no config.json of {config.model} on this machine, or not a Llama, Qwen2 "
+                   "or Qwen3 shape", err=True)
+    return None
+
+
+def _memory_report(memory, config, ctx: click.Context) -> str:
+    """The estimate against this machine's memory and, when it cannot fit, the command that does: this command
+    with the changes that fit here, or on verl with the GPUs it needs."""
+    import shlex
+
+    lines = [memory.summary()]
+    argv = ["dapo-suite", *ctx.meta.get("dapo_suite.argv", ["train"])]
+    if memory.fits:
+        if memory.estimate.peak > memory.available:
+            lines.append("It may not fit beside what else runs now; other programs hold the rest.")
+        return "\n".join(lines)
+    if memory.fitting:
+        changes = [arg for key, value in memory.fitting.items()
+                   for arg in ("--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}")]
+        lines.append(f"It cannot fit here. What fits: {shlex.join(argv + changes)}")
+    elif memory.verl:
+        data = [] if str(config.train_file).endswith(".parquet") else ["--train-file", "DATA.parquet"]
+        command = shlex.join([*argv, "--backend", "verl", *memory.verl.flags, *data])
+        lines.append(f"It cannot fit here, with LoRA or smaller micro-batches either. verl runs it on "
+                     f"{memory.verl.describe()}: {command}")
+    else:
+        lines.append("It cannot fit here, nor on verl's largest layout: lower the lengths or the batch.")
+    return "\n".join(lines)
+
+
+def _echo_verl_memory(config, nnodes: int, gpus_per_node: int | None) -> None:
+    """The GPUs verl needs for the model's training state (`train.memory.verl_plan`) against those asked for."""
+    from dapo_suite.inference.hub import model_shape
+    from dapo_suite.train.memory import sizable, verl_plan
+    from dapo_suite.train.verl.gpus import GPUS_PER_NODE
+
+    shape = model_shape(config.model)
+    if shape is None or not sizable(shape):
+        click.echo(f"memory: not estimated: no config.json of {config.model} on this machine", err=True)
+        return
+    per_node = gpus_per_node or GPUS_PER_NODE
+    plan = verl_plan(config, shape, per_node)
+    asked = nnodes * per_node
+    if plan is None:
+        click.echo(f"warning: memory: this model's training state does not fit {GPUS_PER_NODE} x 64 GPUs", err=True)
+    elif plan.hardware.gpus > asked:
+        click.echo(f"warning: memory: verl needs {plan.describe()}; this run asks for {asked}", err=True)
+    else:
+        click.echo(f"memory: verl needs {plan.describe()}; this run asks for {asked}", err=True)
 
 
 def _verl_device(device: str, nnodes: int, gpus_per_node: int | None, ray_address: str | None,

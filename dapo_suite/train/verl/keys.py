@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dapo_suite.inference.hub import registered_id
 from dapo_suite.train.config import TrainConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # dapo_suite/
@@ -483,7 +484,9 @@ def _model_path(model: str) -> str:
         from dapo_suite.inference.models import embedded_model_path
 
         return str(embedded_model_path())
-    return str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
+    if Path(model).expanduser().exists():
+        return str(Path(model).expanduser().resolve())
+    return registered_id(model) or model  # a short name (Qwen2.5-32B) as its hub id
 
 
 def hydra_value(value: Any) -> str:

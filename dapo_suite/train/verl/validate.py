@@ -12,7 +12,9 @@ import functools
 import re
 from pathlib import Path
 
+from dapo_suite.inference.hub import registered_id, unknown_model_message
 from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.verl.gpus import layout_problems
 from dapo_suite.train.verl.keys import (
     ASYNC_TRAINERS,
     BASE_CONFIG_SEARCHPATH,
@@ -110,33 +112,15 @@ def _default_types(cfg, keys: list[str], async_mode: str) -> list[str]:
 
 def resource_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
     """Arithmetic that verl would only discover on the cluster (or not at all)."""
-    problems = []
     actor = cfg.actor_rollout_ref.actor
     if hw.nnodes < 1 or hw.gpus_per_node < 1:
-        problems.append(f"need at least one node and one GPU per node (got {hw.nnodes} x {hw.gpus_per_node})")
-        return problems
+        return [f"need at least one node and one GPU per node (got {hw.nnodes} x {hw.gpus_per_node})"]
     # an async run generates on its own GPUs and trains on the rest (keys.split_gpus)
     train, rollout = split_gpus(hw) if config.async_mode in ASYNC_TRAINERS else (hw, hw)
-    gpus, tp, sp = train.gpus, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
-    n = config.group_size
-    if rollout.gpus_per_node % tp:
-        problems.append(f"rollout tensor parallel size {tp} must divide the GPUs per node that generate "
-                        f"({rollout.gpus_per_node}): set --tp to a divisor")
-    if gpus % sp:
-        problems.append(f"Ulysses sequence parallel size {sp} must divide the number of GPUs ({gpus}): set --sp")
-    if not problems:
-        dp = gpus // sp
-        # the config's batch: the fully async trainer's data.train_batch_size is 0 (it streams groups)
-        batch, mini = config.train_batch_size, actor.ppo_mini_batch_size
-        if mini > batch:
-            problems.append(f"mini-batch ({mini} prompts) is larger than the batch ({batch} prompts): "
-                            "lower mini_batch_size")
-        if (batch * n) % gpus:
-            problems.append(f"batch of {batch} prompts x {n} responses = {batch * n} is not divisible by the "
-                            f"{gpus} GPUs (verl splits responses evenly): change train_batch_size or group_size")
-        if (mini * n) % dp:
-            problems.append(f"mini-batch of {mini} prompts x {n} responses = {mini * n} is not divisible by the "
-                            f"data-parallel size {dp} (= {gpus} GPUs / SP {sp}): change mini_batch_size")
+    sp = actor.ulysses_sequence_parallel_size
+    # the config's batch: the fully async trainer's data.train_batch_size is 0 (it streams groups)
+    problems = layout_problems(train, rollout, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, sp,
+                               config.train_batch_size, actor.ppo_mini_batch_size, config.group_size)
     seq = cfg.data.max_prompt_length + cfg.data.max_response_length
     if actor.use_dynamic_bsz:
         budget = actor.ppo_max_token_len_per_gpu * sp
@@ -167,9 +151,8 @@ def input_problems(config: TrainConfig) -> list[str]:
     if model not in (None, "embedded"):
         path = Path(model).expanduser()
         looks_local = model.startswith(("/", ".", "~")) or not HUB_ID.match(model)
-        if not path.exists() and looks_local:
-            problems.append(f"model path {model!r} does not exist (give a local HF directory or a hub id "
-                            "like Qwen/Qwen2.5-32B)")
+        if not path.exists() and looks_local and registered_id(model) is None:
+            problems.append(unknown_model_message(model))
     if not config.train_file:
         problems.append("--train-file is required with --backend verl (verl-format parquet, e.g. DAPO-Math-17k; "
                         "see `python -m data_pipeline`)")
