@@ -137,7 +137,9 @@ def test_resume_into_a_run_of_another_model_says_which_model_wrote_it(tmp_path: 
     small, run = _small_model(embedded_model_dir, tmp_path / "small"), str(tmp_path / "run")
     first = run_cli(["train", "--model", small, "--out", run, "--max-steps", "1", *TOY_FLAGS], tmp_path, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
-    resumed = run_cli(["train", "--resume", "--out", run, "--max-steps", "2", *TOY_FLAGS], tmp_path, timeout=600)
+    # --resume takes the run's own model unless --model names another
+    resumed = run_cli(["train", "--resume", "--out", run, "--model", "embedded", "--max-steps", "2", *TOY_FLAGS],
+                      tmp_path, timeout=600)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode != 0, output
     assert "was written by another model" in output and "resume with that run's --model" in output, output

@@ -29,7 +29,9 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of the run: held-out split, prompts, samples [0]. The "
                                                          "same seed, machine and thread count repeat a run bit for bit.")
 @click.option("--backend", type=click.Choice(["embedded", "verl"]), help="embedded (this process) or verl.")
-@click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
+@click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint, with the run's own "
+                                              "settings (OUT/config.yaml; --preset, --set and flags given now apply "
+                                              "on top).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16. With --backend verl, "
                    "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).")
@@ -86,8 +88,10 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     """
     if ctx.invoked_subcommand is not None:
         return
-    from dapo_suite.train.config import parse_override, resolve_config
+    from dapo_suite.train.config import TrainConfig, parse_override, resolve_config
 
+    if resume and (saved := Path(out or TrainConfig.out) / "config.yaml").is_file():
+        presets = (str(saved), *presets)  # the run continues as it was set up, not from the defaults
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
         overrides = dict(model=_hub_name(model), train_file=train_file, val_file=val_file, out=out,
