@@ -120,6 +120,9 @@ def test_engine_choice_and_commands(tmp_path):
     assert sampler[-2:] == ["--served-model-name", "ckpt"]
     assert served_model_name(None) == "SmolLM2-135M-Instruct" and served_model_name("org/model") == "org/model"
     assert served_model_name(str(embedded_model_path())) == embedded_model_path().name
+    (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)
+    (tmp_path / "checkpoint-last").symlink_to(tmp_path / "checkpoints" / "step-000002")
+    assert served_model_name(f"{tmp_path}/checkpoint-last/") == "checkpoint-last"  # the link's name, as given
     command = server_command("transformers", "/ckpt", "127.0.0.1", 9000)
     assert command[1:5] == ["serve", "/ckpt", "--host", "127.0.0.1"] and "9000" in command
     vllm = server_command("vllm", "/ckpt", "127.0.0.1", 9000)

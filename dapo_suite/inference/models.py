@@ -204,7 +204,8 @@ def served_model_name(name_or_path: str | None) -> str:
     if name_or_path in (None, "", EMBEDDED_MODEL):
         return EMBEDDED_NAME
     path = Path(name_or_path).expanduser()
-    return path.resolve().name if path.exists() else name_or_path
+    # normalised, not resolved: checkpoint-last is a link to checkpoints/step-N, and its own name is the one users give
+    return Path(os.path.abspath(path)).name if path.exists() else name_or_path
 
 
 def grouped_query_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
