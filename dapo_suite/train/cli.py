@@ -72,7 +72,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite data build --input gsm8k --out runs/data/gsm8k && \
           dapo-suite train --preset gsm8k-cpu --out runs/gsm8k   # DAPO on GSM8K's train split (CPU, hours)
       dapo-suite train --preset dapo --model Qwen/Qwen2.5-32B --print-config   # the paper's 32B settings
-      dapo-suite train --model Qwen2.5-0.5B-Instruct --set lora_rank=16   # a short name; memory checked first
+      dapo-suite train --preset gsm8k-cpu --model Qwen2.5-0.5B-Instruct --set lora_rank=16 --print-config
+                                                         # a short name, and the memory it needs here
       dapo-suite train --resume --out runs/dapo          # continue after a crash
       dapo-suite train plot runs/dapo                    # training-dynamics PNG
       dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \\
