@@ -7,7 +7,8 @@ One module per job: `keys` (the field -> verl key table and the override list), 
 types, resources, inputs), `data` (paths and the AIME 2024 validation set), `launch` (dry run, local Ray or
 `ray job submit`), `export` (checkpoint -> Hugging Face directory). `extensions` is what verl imports in its
 workers (the overlong-filter losses); `async_entry` starts verl's async trainers with DAPO's group filter
-(`async_trainers`, `group_filter`). Those import verl and torch, so they are not imported here.
+(`async_trainers`, `group_filter`); on a CPU, `cpu_platform`, `cpu_rollout` and, for async runs,
+`cpu_checkpoint_engine`. Those import verl and torch, so they are not imported here.
 """
 
 from dapo_suite.train.verl.data import prepare, write_aime24_parquet
