@@ -12,7 +12,7 @@ Both count kept and dropped groups (`dapo/*` metrics; the fully async trainer lo
 `fully_async/dapo/*`) and stop the run past `max_num_gen_batches x gen_batch_size` dropped groups in one step.
 
 verl's async entry points take their trainer classes from module globals, not from the config, so the task runners
-here put these subclasses in those globals, in their own Ray process, before verl's code runs.
+here put these subclasses in those globals, in their own Ray process, just before verl's method that uses them.
 """
 
 from __future__ import annotations
@@ -131,9 +131,11 @@ class DAPOOneStepTaskRunner(one_step_main.OneStepTaskRunner.__ray_actor_class__)
 
 
 class DAPOFullyAsyncTaskRunner(fully_async_main.FullyAsyncTaskRunner.__ray_actor_class__):
-    def run(self, config: Any) -> None:
+    def _create_rollouter(self, config: Any) -> None:
+        # here, not in run(): Ray ships verl's other runner methods as copies, with their own globals, and only
+        # verl's method reached through super() reads the module's
         fully_async_main.FullyAsyncRollouter = as_actor_like(FullyAsyncRollouter, DAPOFullyAsyncRollouter)
-        super().run(config)
+        super()._create_rollouter(config)
 
 
 def as_actor_like(verl_actor: Any, cls: type) -> Any:
