@@ -177,14 +177,21 @@ def _hub_name(model: str | None) -> str | None:
     return resolved
 
 
+def _model_shape(model: str) -> dict | None:
+    """config.json's fields of a --model value, the embedded model's under its registry name."""
+    from dapo_suite.inference.hub import model_shape
+    from dapo_suite.inference.models import EMBEDDED_NAME
+
+    return model_shape(EMBEDDED_NAME if model == EMBEDDED_MODEL else model)
+
+
 def _memory(config):
     """The memory check of the embedded trainer for `config` (`train.memory.check`), or None (said why) when the
     model's config.json is neither on this machine nor in the registry of dapo_suite/inference/hub.py."""
-    from dapo_suite.inference.hub import looks_like_path, model_shape
-    from dapo_suite.inference.models import EMBEDDED_NAME
+    from dapo_suite.inference.hub import looks_like_path
     from dapo_suite.train.memory import check, device_type, sizable
 
-    shape = model_shape(EMBEDDED_NAME if config.model == EMBEDDED_MODEL else config.model)
+    shape = _model_shape(config.model)
     if shape is not None and sizable(shape):
         return check(config, shape, device_type(config.device))
     if not looks_like_path(config.model):  # a missing folder gets the loader's own message
@@ -220,11 +227,10 @@ def _memory_report(memory, config, ctx: click.Context) -> str:
 
 def _echo_verl_memory(config, nnodes: int, gpus_per_node: int | None) -> None:
     """The GPUs verl needs for the model's training state (`train.memory.verl_plan`) against those asked for."""
-    from dapo_suite.inference.hub import model_shape
     from dapo_suite.train.memory import sizable, verl_plan
     from dapo_suite.train.verl.gpus import GPUS_PER_NODE
 
-    shape = model_shape(config.model)
+    shape = _model_shape(config.model)
     if shape is None or not sizable(shape):
         click.echo(f"memory: not estimated: no config.json of {config.model} on this machine", err=True)
         return
