@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_suite.core.stats import paired_t_test, sign_flip_test
-from dapo_suite.train.ladder import read_plan, run_ladder, run_path
+from dapo_suite.train.ladder import finite_or_null, read_plan, run_ladder, run_path
 from dapo_suite.train.run_log import read_metrics
 
 SCALE = "effects-cpu"
@@ -185,21 +185,11 @@ def effects_results(out: Path) -> dict:
 def write_effects_outputs(out: Path) -> Path:
     """effects.json, effects.md and effects.png from OUT; the path of effects.md."""
     results = effects_results(out)
-    (out / RESULTS_FILE).write_text(json.dumps(_finite_or_null(results), indent=2) + "\n")
+    (out / RESULTS_FILE).write_text(json.dumps(finite_or_null(results), indent=2) + "\n")
     plot_effects(out, results["seeds"])
     table = out / TABLE_FILE
     table.write_text(effects_markdown(results) + "\n")
     return table
-
-
-def _finite_or_null(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_null(v) for v in value]
-    return value
 
 
 def _cell(values: list[float]) -> str:

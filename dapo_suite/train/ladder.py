@@ -319,7 +319,7 @@ def write_ladder_outputs(out: Path, presets: list[str] | None = None, seeds: lis
     """(Re)build ladder.md, ladder.json, ladder.csv and ladder_dynamics.png from OUT; return ladder.md's path."""
     results = ladder_results(out, presets, seeds)
     runs, in_progress = results.pop("runs"), results.pop("in_progress_runs")
-    (out / RESULTS_FILE).write_text(json.dumps(_finite_or_null(results), indent=2) + "\n")
+    (out / RESULTS_FILE).write_text(json.dumps(finite_or_null(results), indent=2) + "\n")
     with (out / CSV_FILE).open("w", newline="") as handle:
         writer = csv.writer(handle)
         names = [*MEASURES, "minutes"]
@@ -333,14 +333,14 @@ def write_ladder_outputs(out: Path, presets: list[str] | None = None, seeds: lis
     return table_path
 
 
-def _finite_or_null(value: Any) -> Any:
+def finite_or_null(value: Any) -> Any:
     """NaN and infinity (one seed, equal differences) as null, so ladder.json is strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
+        return {k: finite_or_null(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite_or_null(v) for v in value]
+        return [finite_or_null(v) for v in value]
     return value
 
 
