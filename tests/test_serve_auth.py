@@ -13,11 +13,10 @@ import sys
 import httpx
 import openai
 import pytest
-from test_serve_browser import CHROMIUM, CHROMIUM_ARGS, QUESTION
+from test_serve_browser import CHROMIUM, CHROMIUM_ARGS, QUESTION, chat_app
 
 from dapo_suite.core.ports import free_port
-from dapo_suite.inference.endpoint import start_endpoint
-from serve.app import build_app, launch_kwargs
+from serve.app import launch_kwargs
 from serve.auth import API_KEY_ENV, is_loopback
 from serve.config import ServeConfig
 
@@ -124,20 +123,10 @@ def test_a_malformed_login_is_refused_naming_its_flag_or_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def login_app_url(tmp_path_factory):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` to run the browser test")
-    pytest.importorskip("playwright.sync_api")
     logins = tmp_path_factory.mktemp("auth") / "logins.txt"
     logins.write_text("ann:correct horse\n")
-    config = ServeConfig(port=free_port(), temperature=0.0, max_tokens=64, auth_file=str(logins))
-    with start_endpoint(None, startup_timeout_s=300, dtype="float32") as endpoint:
-        demo = build_app(config, endpoint)
-        demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
-        demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))
-        try:
-            yield f"http://127.0.0.1:{config.port}/"
-        finally:
-            demo.close()
+    with chat_app(ServeConfig(port=free_port(), temperature=0.0, max_tokens=64, auth_file=str(logins))) as url:
+        yield url
 
 
 def test_the_chat_opens_only_after_its_login_in_a_browser(login_app_url):

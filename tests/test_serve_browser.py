@@ -6,6 +6,8 @@ changes)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,13 +25,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 
 
-@pytest.fixture(scope="module")
-def app_url():
+@contextmanager
+def chat_app(config: ServeConfig) -> Iterator[str]:
+    """The chat app on the embedded model at `config`, for a browser: its URL (skips without Chromium or playwright)."""
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` to run the browser test")
     pytest.importorskip("playwright.sync_api")
-    # Greedy decoding makes the reply (and so the screenshot) the same on every run.
-    config = ServeConfig(port=free_port(), temperature=0.0, max_tokens=64)
     with start_endpoint(None, startup_timeout_s=300, dtype="float32") as endpoint:
         demo = build_app(config, endpoint)
         demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
@@ -38,6 +39,13 @@ def app_url():
             yield f"http://127.0.0.1:{config.port}/"
         finally:
             demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    # Greedy decoding makes the reply (and so the screenshot) the same on every run.
+    with chat_app(ServeConfig(port=free_port(), temperature=0.0, max_tokens=64)) as url:
+        yield url
 
 
 def test_browser_chat_streams_and_shows_the_answer_badge(app_url, tmp_path):
