@@ -39,13 +39,13 @@ test: $(STAMP)
 test-default: $(STAMP)
 	$(PYTEST) -m "not slow"
 
-# The sampler's kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512: most laptops and many cloud CPUs) and its
-# tests run on that build, on a CPU with AVX-512 (on an AVX2-only CPU the default suite already ran them on its own
+# The sampler's kernels built for x86-64-v3 (AVX2 + FMA, no AVX-512: most laptops and many cloud CPUs) and the tests
+# that run them (marker `kernels`; not the torch-op fallbacks, build locks or the no-bf16 build) run on that build, on a CPU with AVX-512 (on an AVX2-only CPU the default suite already ran them on its own
 # AVX2 build; skipped without AVX2).
 test-avx2: $(STAMP)
 	@if ! grep -qw avx2 /proc/cpuinfo 2>/dev/null; then echo "test-avx2: skipped, this CPU has no AVX2"; \
 	elif ! grep -qw avx512f /proc/cpuinfo; then echo "test-avx2: skipped, this CPU's own build is AVX2 (test-default ran it)"; \
-	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "not slow" -q tests/test_sampler.py; fi
+	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "kernels and not slow" -q tests/test_sampler.py; fi
 
 test-slow: $(STAMP)
 	$(PYTEST) -m "slow and not guard and not learning"

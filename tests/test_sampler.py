@@ -27,7 +27,7 @@ def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
                          generator=generator, dtype=dtype, decoder=decoder)
 
 
-@pytest.mark.parametrize("path", ["fused kernels", "torch ops"])
+@pytest.mark.parametrize("path", [pytest.param("fused kernels", marks=pytest.mark.kernels), "torch ops"])
 def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedded_model_dir, monkeypatch, path):
     """Same seed, float32: the lean stepper (static cache, fused projections), on the fused float32 kernels and on
     torch's ops, draws exactly the tokens that transformers' step draws, with the same log-probs to 1e-4, through
@@ -53,6 +53,7 @@ def test_lean_decoder_samples_the_same_tokens_as_transformers_in_float32(embedde
     torch.testing.assert_close(lean.log_probs, reference.log_probs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.kernels
 def test_an_engine_samples_from_one_weight_snapshot_until_its_weights_are_synced(embedded_model_dir):
     """`HFEngine` casts and packs the policy's weights once (`StepperWeights`) and samples every batch of every
     `generate` from that snapshot, with the same tokens as a stepper that packs its own; after an in-place update
@@ -108,6 +109,7 @@ def test_length_runs_are_the_cheapest_split_of_the_prompt_pass():
         assert sum(len(run) * max(lengths[i] for i in run) + cost for run in runs) == cheapest
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[1:3]], ids=["several-runs", "one-run-shortest-first"])
 def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_dir, prompts):
     """The prompts' keys and values from one pass per run of similar length, placed back into one left-padded
@@ -132,6 +134,7 @@ def test_prompt_pass_in_length_runs_gives_the_single_pass_cache(embedded_model_d
             torch.testing.assert_close(got.transpose(1, 2)[real], expected.transpose(1, 2)[real], atol=1e-4, rtol=0)
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_lower_precision_sampling_reports_log_probs_near_the_trainers(embedded_model_dir):
     """bfloat16 sampling (dtype=...) returns the sampler's own log-probs: close to, but not equal to, float32's.
@@ -169,6 +172,7 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     torch.testing.assert_close(merge_attention(first, first_lse, second, second_lse), whole, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
 def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
     """The fused `linear` (weights packed in blocks of 48 outputs, tiles of 8 rows, bf16 pair products summed in
@@ -201,6 +205,7 @@ def test_linear_equals_the_float32_product_within_bf16_rounding(rows):
         assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
 
 
+@pytest.mark.kernels
 def test_bf16_linear_on_amx_tiles_gives_each_row_the_same_bits_in_any_batch():
     """On the tile unit (TILE_MIN_ROWS-64 rows on an AMX CPU) each row's sums run over the inputs in one fixed
     order, whatever rows sit beside it: a response's projections do not change as other rows of its batch finish
@@ -224,6 +229,7 @@ def test_bf16_linear_on_amx_tiles_gives_each_row_the_same_bits_in_any_batch():
             assert torch.equal(projection(x[-rows:]), whole[-rows:]), (out, width, rows)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("rows", [1, 5, 6, 8, 9, 64, 130])
 def test_float32_linear_equals_aten_on_every_cpu(rows):
     """The fused float32 `linear` (weights packed in blocks of the CPU's vector width times its tile, outer
@@ -271,6 +277,7 @@ def _native_bf16():
 # heads per key/value head: more than either dtype's kernel keeps in registers at once, so the sums go in groups)
 @pytest.mark.parametrize("rows,dim,shared,heads,kv_heads", [
     (1, 64, False, 9, 3), (5, 64, False, 9, 3), (6, 64, True, 9, 3), (3, 128, False, 9, 3), (4, 128, True, 14, 2)])
+@pytest.mark.kernels
 def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, heads, kv_heads, dtype):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at the
     slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with a
@@ -316,6 +323,7 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, hea
     assert torch.equal(own_v.float(), expected_v)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("chunk_tokens", [8192, 40])
 def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedded_model_dir, monkeypatch,
                                                                          chunk_tokens):
@@ -345,6 +353,7 @@ def test_packed_prompt_pass_gives_the_float32_cache_within_bf16_rounding(embedde
         assert not got[:, ~real].any()
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
 def test_fused_norm_and_gated_activation_equal_torch(dtype):
     """`add_rms_norm` (residual add in place, RMSNorm, out in the sampling dtype; without a delta, the norm alone)
@@ -371,6 +380,7 @@ def test_fused_norm_and_gated_activation_equal_torch(dtype):
     torch.testing.assert_close(activated.float(), torch.nn.functional.silu(gate) * up, **tolerance)
 
 
+@pytest.mark.kernels
 def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
     """`sample_next`: the frequencies of the renormalised nucleus (the most likely tokens whose mass before each
     is <= top_p), log-probs of softmax(logits / T) before top-p, the whole distribution at top_p = 1, argmax when
@@ -398,6 +408,7 @@ def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
         assert fused.sample_next(logits[:3].to(dtype), 0.0, 1.0, torch.zeros(3))[0].tolist() == [0, 0, 0]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_next_tokens_takes_the_fused_bf16_steps_logits_as_they_are(temperature):
     """The fused bf16 step hands its logits over in bf16: `next_tokens` (greedy or sampled) gives the tokens and
@@ -413,6 +424,7 @@ def test_next_tokens_takes_the_fused_bf16_steps_logits_as_they_are(temperature):
     torch.testing.assert_close(log_probs, expected_log_probs, atol=1e-6, rtol=0)
 
 
+@pytest.mark.kernels
 def test_fused_sampling_draws_the_torch_samplers_token_from_the_same_uniform():
     """From the same generator state, `sample_next` and the torch sampler it replaced (`sample_top_p`, still the
     path where the kernel is not built) draw the same tokens: one uniform per row, the same nucleus, the same
@@ -536,6 +548,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
     assert (sampled.lengths >= 1).all() and torch.isfinite(sampled.log_probs).all()
 
 
+@pytest.mark.kernels
 def test_the_kernels_are_built_for_the_target_asked_for():
     """-march=native builds the float32 kernels on this CPU's widest vectors and the bf16 ones where it has
     avx512_bf16; $DAPO_SUITE_KERNEL_ARCH=x86-64-v3 (`make test-avx2`) builds what an AVX2-only CPU runs (8-float
