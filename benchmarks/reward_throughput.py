@@ -99,7 +99,7 @@ def main() -> None:
             took, verdicts[label] = timed(scorer, scored)
             seconds[label].append(took)
         print(f"  repeat {repeat + 1}/{args.repeats}: "
-              + ", ".join(f"{label} {seconds[label][-1]:.3f} s = {len(scorers[label][1]) / seconds[label][-1]:,.0f}/s"
+              + ", ".join(f"{label} {seconds[label][-1]:.4f} s = {len(scorers[label][1]) / seconds[label][-1]:,.0f}/s"
                           for label in scorers), flush=True)
     print()
     ours = summary("dapo_suite compute_score", len(pairs), seconds["dapo_suite compute_score"])
