@@ -7,18 +7,14 @@ requests decoded together."""
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from toy import serve_api
 
-from dapo_suite.core.ports import free_port
 from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.models import cache_dir, embedded_model_path
 
@@ -35,26 +31,10 @@ def api(request, tmp_path_factory):
     # build in the empty HOME would cost a compile of ~1 minute per engine)
     if (fused := kernels()) is not None:
         env["TORCH_EXTENSIONS_DIR"] = str(Path(fused.__file__).parent.parent)
-    port = free_port()
     # float32: greedy replies (a counting reply long enough to outlast a client, the stop-string reply) are the same
     # on every CPU; bf16 (auto on AVX-512 BF16) writes other text
-    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), "--engine",
-                            request.param, "--dtype", "float32"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in cli.stdout:
-        lines.append(line)
-        if "model:" in line or len(lines) > 200:
-            break
-    try:
-        base_url = re.search(r"base URL: (\S+)", "".join(lines))[1]
-        model = re.search(r"model: +(\S+)", "".join(lines))[1]
-        yield base_url, model, cli.pid
-    finally:
-        cli.send_signal(signal.SIGTERM)
-        try:
-            cli.wait(30)
-        except subprocess.TimeoutExpired:
-            cli.kill()
+    with serve_api("--engine", request.param, "--dtype", "float32", env=env) as served:
+        yield served.base_url, served.model, served.process.pid
 
 
 def _client(base_url: str, timeout: float = 120) -> openai.OpenAI:

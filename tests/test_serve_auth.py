@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import httpx
 import openai
 import pytest
 from test_serve_browser import CHROMIUM, CHROMIUM_ARGS, QUESTION, chat_app
+from toy import serve_api
 
 from dapo_suite.core.ports import free_port
 from serve.app import launch_kwargs
@@ -23,30 +23,20 @@ from serve.config import ServeConfig
 KEY = "sk-test-62"
 
 
+def _env(extra: dict | None = None) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", **(extra or {})}
+
+
 def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                            stderr=subprocess.STDOUT, text=True, env=_env(env))
 
 
 @pytest.fixture(scope="module")
 def keyed_api():
     """(base URL, model name) of `serve api --api-key KEY` on the embedded model."""
-    cli = _cli("serve", "api", "--port", str(free_port()), "--dtype", "float32", "--api-key", KEY)
-    lines = []
-    for line in cli.stdout:
-        lines.append(line)
-        if "model:" in line or len(lines) > 200:
-            break
-    try:
-        found = re.search(r"base URL: (\S+)", "".join(lines))
-        assert found, "".join(lines)
-        yield found[1], re.search(r"model: +(\S+)", "".join(lines))[1]
-    finally:
-        cli.send_signal(signal.SIGTERM)
-        try:
-            cli.wait(30)
-        except subprocess.TimeoutExpired:
-            cli.kill()
+    with serve_api("--dtype", "float32", "--api-key", KEY, env=_env()) as served:
+        yield served.base_url, served.model
 
 
 def test_the_openai_sdk_without_the_key_is_refused_and_with_it_gets_a_completion(keyed_api):

@@ -6,15 +6,13 @@ when the child cannot start."""
 from __future__ import annotations
 
 import json
-import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from toy import serve_api
 
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.ports import free_port
@@ -85,25 +83,12 @@ def test_missing_model_directory_says_what_to_pass(tmp_path):
 
 
 def test_serve_api_prints_its_url_and_stops_the_child_on_sigterm():
-    port = free_port()
-    cli = subprocess.Popen([sys.executable, "-c", "from dapo_suite.cli import main; main()", "serve", "api",
-                            "--port", str(port)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = []
-        for line in cli.stdout:
-            lines.append(line)
-            if "base URL:" in line or len(lines) > 200:
-                break
-        base_url = re.search(r"base URL: (\S+)", "".join(lines))[1]
-        assert base_url == f"http://127.0.0.1:{port}/v1"
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(30) == 0
-        assert _down(base_url), "SIGTERM of `serve api` must stop the model server too"
-    finally:
-        if cli.poll() is None:
-            cli.kill()
+    with serve_api() as served:
+        assert served.base_url == f"http://127.0.0.1:{served.port}/v1"
+        assert httpx.get(f"http://127.0.0.1:{served.port}/health", timeout=5).status_code == 200
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(30) == 0
+        assert _down(served.base_url), "SIGTERM of `serve api` must stop the model server too"
 
 
 def test_connect_endpoint_normalises_the_url_and_needs_a_model_name_when_unlisted():

@@ -155,30 +155,14 @@ def _wilson_interval(share: float, samples: int, z: float = 1.96) -> tuple[float
 def test_the_openai_clients_checks_pass_against_serve_api_over_vllm(tmp_path):
     """`serve api --engine vllm`: the front's one request check (the sampler server's too) before vLLM sees a
     request, the model listed by name and accepted by name or path, and log-probs passed through in OpenAI's shape."""
-    import re
-    import signal
-    import subprocess
-    import sys
-
     import openai
+    from toy import serve_api
 
-    from dapo_suite.core.ports import free_port
     from dapo_suite.inference.models import embedded_model_path
 
-    port = free_port()
-    cli = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), "--engine",
-                            "vllm", "--dtype", "float32", "--startup-timeout", "900"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    try:
-        for line in cli.stdout:
-            lines.append(line)
-            if "model:" in line or len(lines) > 2000:
-                break
-        text = "".join(lines)
-        assert "base URL" in text, text[-3000:]
-        client = openai.OpenAI(base_url=re.search(r"base URL: (\S+)", text)[1], api_key="unused", max_retries=0,
-                               timeout=300)
+    with serve_api("--engine", "vllm", "--dtype", "float32", "--startup-timeout", "900", max_lines=2000,
+                   stop_timeout_s=60) as served:
+        client = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=300)
         assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
         for name in ("SmolLM2-135M-Instruct", str(embedded_model_path())):
             reply = client.chat.completions.create(model=name, max_tokens=4, temperature=0, logprobs=True,
@@ -192,9 +176,3 @@ def test_the_openai_clients_checks_pass_against_serve_api_over_vllm(tmp_path):
             assert caught.value.body["param"] == param
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="gpt-4", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
-    finally:
-        cli.send_signal(signal.SIGTERM)
-        try:
-            cli.wait(60)
-        except subprocess.TimeoutExpired:
-            cli.kill()
