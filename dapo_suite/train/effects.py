@@ -245,17 +245,16 @@ def plot_effects(out: Path, seeds: list[int]) -> Path:
 
     panels = [(technique, effect, figure) for technique, effect in EFFECTS.items()
               for figure in (effect.primary, *effect.secondary) if figure.series]
+    # every run that has metrics (unfinished ones too, unlike the tables), read once for all the panels
+    records = {(arm, seed): read_metrics(path) for arm in ARMS for seed in seeds
+               if (path := run_path(out, arm, seed)).joinpath("metrics.jsonl").is_file()}
     columns = 3
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     for axis, (technique, effect, figure) in zip(axes.flat, panels, strict=False):
         for arm, colour in ((BASELINE, "tab:blue"), (effect.arm, "tab:orange")):
-            per_seed = []
-            for seed in seeds:
-                path = run_path(out, arm, seed) / "metrics.jsonl"
-                if path.is_file():
-                    per_seed.append({r["step"]: v for r in read_metrics(path.parent)
-                                     if (v := figure.series(r)) is not None})
+            per_seed = [{r["step"]: v for r in records[arm, seed] if (v := figure.series(r)) is not None}
+                        for seed in seeds if (arm, seed) in records]
             steps = sorted(set().union(*per_seed)) if per_seed else []
             values = [[p[s] for p in per_seed if s in p] for s in steps]
             if steps:
