@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy a ladder's small result files (plan, per-run metrics, summaries, configs; never checkpoints) into a results
+# Copy a ladder's finished runs' small result files (plan, per-run metrics, summaries, configs; never checkpoints) into a results
 # folder and rebuild its table, tests and plots there from those files alone:
 #   scripts/publish_ladder.sh runs/ladder docs/results/ladder [PRESETS [SEEDS]]
 # PRESETS (comma-separated) and SEEDS pick a subset, e.g. `dapo,gspo,cispo 2` for the successors' comparison.
@@ -21,8 +21,9 @@ for preset in plan["presets"]:
     rung = rung_name(preset)
     for seed in plan["seeds"]:
         run = run_path(src, rung, seed)
-        if not (run / "summary.json").is_file():
-            continue
+        summary = run / "summary.json"
+        if not summary.is_file() or "after" not in json.loads(summary.read_text()):
+            continue  # not finished: a run writes its summary at the start and its "after" at the end
         target = run_path(dst, rung, seed)
         target.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.jsonl", "summary.json", "config.yaml"):

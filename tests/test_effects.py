@@ -100,3 +100,10 @@ def test_every_arm_is_dapo_less_one_technique_at_the_studys_scale():
 def test_an_unknown_arm_is_named():
     result = CliRunner().invoke(train, ["effects", "--arms", "dapo,grpo"])
     assert result.exit_code == 2 and "--arms grpo" in result.output
+
+
+def test_a_verdict_waits_for_the_pre_registered_five_seeds(study):
+    """With a seed's run unfinished, clip-higher's clear effect over four seeds is pending, not shown."""
+    (run_path(study, "dapo-no-clip-higher", 4) / "summary.json").write_text(json.dumps({"before": {"acc": 0.05}}))
+    clip_higher = effects_results(study)["techniques"]["clip-higher"]
+    assert clip_higher["seeds"] == [0, 1, 2, 3] and clip_higher["verdict"] == "pending: 4 of 5 seeds"

@@ -5,8 +5,8 @@ model rarely gets right, a response limit that cuts its samples, 60 steps of 8 u
 Every technique has one pre-registered figure, the step it is read at and the direction DAPO's paper (arXiv
 2503.14476) draws (`EFFECTS`; docs/results/effects/README.md holds the pre-registration with its reasons). A
 technique is *shown* when the paired t-test over seeds gives p < 0.05 with the difference in the paper's direction,
-and *not shown* otherwise; the exact sign-flip test is reported beside it. Secondary figures are reported, never
-tested for the verdict.
+and *not shown* otherwise (*pending* while fewer than 5 seeds have both runs finished); the exact sign-flip test is
+reported beside it. Secondary figures are reported, never tested for the verdict.
 
     dapo-suite train effects --seeds 5 --out runs/effects
 
@@ -31,6 +31,7 @@ from dapo_suite.train.run_log import read_metrics
 SCALE = "effects-cpu"
 BASELINE = "dapo"
 SIGNIFICANCE = 0.05
+MIN_SEEDS = 5  # pre-registered: a verdict needs at least this many seeds both arms finished
 TABLE_FILE, RESULTS_FILE, PLOT_FILE = "effects.md", "effects.json", "effects.png"
 
 Records = list[dict]
@@ -176,8 +177,10 @@ def effects_results(out: Path) -> dict:
         shown = (primary["t_test"] is not None and len(shared) >= 2
                  and primary["t_test"]["p_value"] < SIGNIFICANCE
                  and math.copysign(1, primary["t_test"]["delta"]) == expected)
+        verdict = ("shown" if shown else "not shown") if len(shared) >= MIN_SEEDS else \
+            f"pending: {len(shared)} of {MIN_SEEDS} seeds"
         results[technique] = {"arm": effect.arm, "paper": effect.paper, "seeds": shared, "figures": figures,
-                              "verdict": "shown" if shown else "not shown"}
+                              "verdict": verdict}
     missing = [f"{arm} seed {seed}" for arm in ARMS for seed in seeds if (arm, seed) not in records]
     return {"seeds": seeds, "techniques": results, "missing": missing}
 
