@@ -44,3 +44,33 @@ def test_weights_reach_every_rollout_worker_in_buckets():
     assert walked == list(weights)  # the other trainer rank produced every weight (a collective in FSDP)
     for engine in engines:
         engine.finalize()
+
+
+def test_a_sync_whose_other_side_is_gone_fails_with_what_to_do_instead_of_waiting():
+    """A rollout worker killed mid-run (Ray's memory monitor) left a weight sync waiting forever: each side now gives
+    up after its timeout with a message, the trainer's push to a receiver nobody serves as well as a receive that
+    no trainer feeds."""
+    import importlib
+    import socket
+
+    import pytest
+
+    module = importlib.import_module(CPU_CHECKPOINT_ENGINE_MODULE)
+    with socket.socket() as probe:  # a port nothing listens on: the receiver is gone
+        probe.bind(("127.0.0.1", 0))
+        gone = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    sender = CheckpointEngineRegistry.new(CPU_CHECKPOINT_ENGINE, bucket_size=1 << 20, is_master=True, timeout_s=0.5)
+    sender.init_process_group(role="send", receivers=[gone])
+    with pytest.raises(module.WeightSyncStalled, match=f"no rollout worker at {gone} took no bucket.*--resume"):
+        asyncio.run(sender.send_weights(iter({"w": torch.zeros(4)}.items())))
+    sender.finalize()
+
+    receiver = CheckpointEngineRegistry.new(CPU_CHECKPOINT_ENGINE, bucket_size=1 << 20, timeout_s=0.5)
+    receiver.prepare()
+
+    async def receive() -> list:
+        return [item async for item in receiver.receive_weights()]
+
+    with pytest.raises(module.WeightSyncStalled, match="memory monitor"):
+        asyncio.run(receive())
+    receiver.finalize()

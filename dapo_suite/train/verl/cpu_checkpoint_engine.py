@@ -13,7 +13,9 @@ verl imports it where it builds engines, through its hook for engine plugins
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Generator
+from typing import Any
 
 import ray
 import torch
@@ -24,6 +26,13 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from dapo_suite.train.verl.keys import CPU_CHECKPOINT_ENGINE
 
 SEND, IDLE, RECEIVE = "send", "idle", "receive"
+# A bucket not taken or not arriving in this long means the other side is gone (a rollout server killed by Ray's
+# memory monitor, a dead trainer): the run fails with what to do instead of waiting forever.
+SYNC_TIMEOUT_S = 600.0
+
+
+class WeightSyncStalled(RuntimeError):
+    """A bucket of weights was neither taken nor delivered within the engine's timeout."""
 
 
 @CheckpointEngineRegistry.register(CPU_CHECKPOINT_ENGINE)
@@ -31,11 +40,13 @@ class ZMQCheckpointEngine(CheckpointEngine):
     """verl's checkpoint engine interface: the trainer's rank 0 sends, the other trainer ranks only produce their
     share of each weight (gathering a weight is collective over them), every rollout worker receives."""
 
-    def __init__(self, bucket_size: int, is_master: bool = False) -> None:
+    def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = SYNC_TIMEOUT_S) -> None:
         self.bucket_size = bucket_size
         self.is_master = is_master
+        self.timeout_s = timeout_s
         self.context = zmq.asyncio.Context.instance()
         self.sockets: list[zmq.asyncio.Socket] = []
+        self.addresses: list[str] = []
         self.role = SEND if is_master else RECEIVE
 
     def prepare(self) -> str | None:
@@ -45,8 +56,8 @@ class ZMQCheckpointEngine(CheckpointEngine):
         socket = self.context.socket(zmq.PULL)
         host = ray.util.get_node_ip_address().strip("[]")
         port = socket.bind_to_random_port(f"tcp://{host}")
-        self.sockets = [socket]
-        return f"tcp://{host}:{port}"
+        self.sockets, self.addresses = [socket], [f"tcp://{host}:{port}"]
+        return self.addresses[0]
 
     @classmethod
     def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list) -> tuple[dict, dict]:
@@ -61,7 +72,9 @@ class ZMQCheckpointEngine(CheckpointEngine):
             self.finalize()
         elif role == SEND:
             self.sockets = [self.context.socket(zmq.PUSH) for _ in receivers]
+            self.addresses = list(receivers)
             for socket, address in zip(self.sockets, receivers, strict=True):
+                socket.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a live receiver: a dead one blocks, then times out
                 socket.connect(address)
 
     def finalize(self) -> None:
@@ -87,13 +100,22 @@ class ZMQCheckpointEngine(CheckpointEngine):
         await self._send(bucket, last=True)
 
     async def _send(self, bucket: list[tuple[str, torch.Tensor]], last: bool) -> None:
-        for socket in self.sockets:
-            await socket.send_pyobj((bucket, last))
+        for socket, address in zip(self.sockets, self.addresses, strict=True):
+            await self._within_timeout(socket.send_pyobj((bucket, last)), f"no rollout worker at {address} took")
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor]]:
-        (socket,) = self.sockets
+        (socket,), (address,) = self.sockets, self.addresses
         last = False
         while not last:
-            bucket, last = await socket.recv_pyobj()
+            bucket, last = await self._within_timeout(socket.recv_pyobj(), f"the rollout worker at {address} got")
             for name, weight in bucket:
                 yield name, weight
+
+    async def _within_timeout(self, transfer: Awaitable[Any], what: str) -> Any:
+        try:
+            return await asyncio.wait_for(transfer, self.timeout_s)
+        except TimeoutError:
+            raise WeightSyncStalled(
+                f"weight sync stalled: {what} no bucket of weights in {self.timeout_s:.0f} s. The other side is gone: "
+                "look in the run's log for a process Ray killed (its memory monitor, when the machine runs out of "
+                "memory), free memory or lower the rollout's, and continue with --resume") from None
