@@ -257,7 +257,7 @@ async def measure(url: str, clients: int, max_tokens: int, duration_s: float, mo
             "completed": sum(r["done"] and not r["failure"] for r in requests),
             "cut_by_window_end": len(cut), "failed_requests": len(failed),
             "failures": dict(Counter(record["failure"] for record in failed)),
-            "errors": len(failed), "first_error": failed[0]["error"] if failed else None,
+            "first_error": failed[0]["error"] if failed else None,
             "failed_tokens_not_counted": sum(record["tokens"] for record in failed),
             "no_first_token": sum(record["first"] is None and not record["failure"] for record in requests),
             "ttft_p50_s": statistics.median(firsts), "ttft_p95_s": p95(firsts),
@@ -396,7 +396,7 @@ def summarised(engine: str, clients: int, windows: list[dict], endpoint: Endpoin
               "failures_total": dict(sum((Counter(w["failures"]) for w in windows), Counter())),
               "no_first_token_total": sum(w["no_first_token"] for w in windows)}
     if endpoint.exit_code() is not None or not any(window["tokens"] for window in windows):
-        error = next((window["first_error"] for window in windows if window["errors"]), "no request answered")
+        error = next((window["first_error"] for window in windows if window["failed_requests"]), "no request answered")
         died = f"; {endpoint.diagnose()}" if endpoint.exit_code() is not None else ""
         return {"engine": engine, "clients": clients, "failed": f"{error}{died}", "log": str(endpoint.log_path),
                 **totals, "windows": windows}

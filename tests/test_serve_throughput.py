@@ -64,7 +64,7 @@ def test_every_request_is_counted_and_failed_ones_add_no_tokens(monkeypatch: pyt
 
     window = asyncio.run(run())
     assert window["completed"] >= 2 and {"http", "disconnect", "timeout"} <= set(window["failures"])
-    assert window["failed_requests"] == sum(window["failures"].values()) == window["errors"]
+    assert window["failed_requests"] == sum(window["failures"].values())
     assert window["requests"] == window["completed"] + window["cut_by_window_end"] + window["failed_requests"]
     assert window["failed_tokens_not_counted"] == 2 * window["failures"]["disconnect"]
     assert window["tokens"] == PIECES * window["completed"]  # the window ends in a full answer or on a silent one
