@@ -90,7 +90,8 @@ verl-cpu-env: .venv-verl-cpu/.installed
 
 # The scale path on this CPU (.venv-vllm is built on first use): eval's vllm engine with seeds, the
 # trainer's vLLM engine taking the policy's weights after an update, then verl's own trainer (vLLM-CPU rollout,
-# FSDP2 update, checkpoint, resume, export, and the bound on dynamic sampling).
+# FSDP2 update, checkpoint; one-step async killed, resumed and exported; then sync resume and export, LoRA and the
+# bound on dynamic sampling: in CI, those three only as CI's budget allows, tests/conftest.py).
 test-scale: .venv-verl-cpu/.installed
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} .venv-vllm/bin/python -m pytest -m slow -q tests/test_vllm_cpu.py
 	.venv-verl-cpu/bin/python -m pytest -m slow -q tests/test_verl_cpu_run.py

@@ -37,3 +37,38 @@ def embedded_model_dir() -> Path:
     from dapo_suite.inference.models import embedded_model_path
 
     return embedded_model_path()
+
+
+# CI's deadline (.ci/run sets it: its start plus the budget for this CPU, docs/architecture.md "CI"). A test marked
+# `budgeted` runs only if its `launches(N)` fit before the deadline at the pace of the launches this process has
+# measured so far: checks that extend a cheaper one run where time allows, and are named as skipped where not.
+DEADLINE_ENV = "DAPO_SUITE_TEST_DEADLINE"
+_launches: dict[str, int] = {}  # nodeid -> launches of a test being run
+_setup_seconds: dict[str, float] = {}
+_seconds_per_launch: list[float] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    import time
+
+    marker = item.get_closest_marker("launches")
+    if marker is None:
+        return
+    _launches[item.nodeid] = marker.args[0]
+    deadline = os.environ.get(DEADLINE_ENV)
+    if deadline and item.get_closest_marker("budgeted") and _seconds_per_launch:
+        need = marker.args[0] * max(_seconds_per_launch)
+        left = float(deadline) - time.time()
+        if need > left:
+            pytest.skip(f"over CI's budget: needs about {need:.0f} s, {max(left, 0):.0f} s left "
+                        f"(it runs in `make test-scale` outside CI)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid not in _launches:
+        return
+    if report.when == "setup":  # a module fixture's launch is paid in the setup of the first test using it
+        _setup_seconds[report.nodeid] = report.duration
+    elif report.when == "call" and report.passed:
+        seconds = _setup_seconds.pop(report.nodeid, 0.0) + report.duration
+        _seconds_per_launch.append(seconds / _launches.pop(report.nodeid))

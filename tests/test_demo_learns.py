@@ -71,7 +71,8 @@ def test_a_second_seed_shows_the_early_signal(demo_data, tmp_path):
     if not native_bf16():  # float32 triples a step: CI's budget on such a CPU keeps the full training only
         pytest.skip("no native bf16 here: the second seed is left to `make test-learning` (the full training's own "
                     "first steps are checked for the early signal)")
-    train_demo(demo_data, tmp_path / "seed1", 1, "--max-steps", str(EARLY_STEPS))
+    # the proxy reads the training steps only: no held-out evaluation before or after
+    train_demo(demo_data, tmp_path / "seed1", 1, "--max-steps", str(EARLY_STEPS), "--set", "heldout_eval=false")
     train_acc, format_rate = training_steps(tmp_path / "seed1")
     assert len(train_acc) == EARLY_STEPS
     assert early_signal(train_acc, format_rate), {"train_acc": train_acc, "format_rate": format_rate}

