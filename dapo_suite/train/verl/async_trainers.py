@@ -13,7 +13,9 @@ Both count kept and dropped groups (`dapo/*` metrics; the fully async trainer lo
 
 A one-step checkpoint of step k holds the data loader and the filter's totals as they were when step k's batch was
 complete: verl saves the data loader as it is at the save, when step k+1's batch has already been drawn, so a run
-resumed from it would skip those prompts, and the totals would restart at zero.
+resumed from it would skip those prompts, and the totals would restart at zero. A fully async checkpoint holds the
+rollouter's totals; its data loader is verl's, as of the save (the groups then in flight or queued are not kept:
+verl's own TODO), so a resumed run skips at most those prompts.
 
 verl's async entry points take their trainer classes from module globals, not from the config, so the task runners
 here put these subclasses in those globals, in their own Ray process, just before verl's method that uses them.
@@ -35,11 +37,12 @@ from verl.experimental.fully_async_policy import fully_async_main
 from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
 from verl.experimental.one_step_off_policy import main_ppo as one_step_main
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from dapo_suite.train.verl.group_filter import GroupFilter, group_count, take_groups
 from dapo_suite.train.verl.replay import TooManyFilteredGroups
 
-# beside verl's files in a one-step checkpoint's global_step_N: the group filter's totals (GroupFilter.counts)
+# beside verl's files in an async checkpoint's global_step_N: the group filter's totals (GroupFilter.counts)
 FILTER_STATE = "dapo_group_filter.json"
 
 
@@ -158,6 +161,29 @@ class DAPOFullyAsyncRollouter(FullyAsyncRollouter.__ray_actor_class__):
             self._step_generated_samples += 1
         else:
             self.dropped_stale_samples += 1
+        return None
+
+    async def save_checkpoint(self, local_global_step_folder: str):
+        # verl's trainer calls this before it writes its marker of a complete checkpoint
+        await super().save_checkpoint(local_global_step_folder)
+        if self.group_filter is not None:
+            (Path(local_global_step_folder) / FILTER_STATE).write_text(json.dumps(self.group_filter.counts()))
+
+    def load_checkpoint(self):
+        loaded = super().load_checkpoint()
+        folder = self._resumed_folder()
+        if self.group_filter is not None and folder is not None and (folder / FILTER_STATE).is_file():
+            self.group_filter.restore(json.loads((folder / FILTER_STATE).read_text()))
+        return loaded
+
+    def _resumed_folder(self) -> Path | None:
+        """The global_step_N folder verl's load_checkpoint resumed from (resume_mode auto or resume_path)."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return Path(trainer.resume_from_path)
+        if trainer.resume_mode == "auto":
+            latest = find_latest_ckpt_path(str(Path(trainer.default_local_dir).absolute()))
+            return Path(latest) if latest else None
         return None
 
     async def reset_staleness(self):
