@@ -60,7 +60,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         need = marker.args[0] * max(_seconds_per_launch)
         left = float(deadline) - time.time()
         if need > left:
-            pytest.skip(f"over CI's budget: needs about {need:.0f} s, {max(left, 0):.0f} s left "
+            pytest.skip(f"{item.name} over CI's budget: needs about {need:.0f} s, {max(left, 0):.0f} s left "
                         f"(it runs in `make test-scale` outside CI)")
 
 

@@ -44,7 +44,7 @@ def test_a_budgeted_test_that_does_not_fit_is_skipped_with_what_it_needs(tmp_pat
     # two launches at the measured 1.5 s each need about 3 s; 2 s are left after the first test
     output = run_session(tmp_path, deadline_in_s=3.5)
     assert "1 passed, 1 skipped" in output
-    assert "over CI's budget: needs about 3 s" in output and "make test-scale" in output
+    assert "test_extends_it over CI's budget: needs about 3 s" in output and "make test-scale" in output
 
 
 def test_a_budgeted_test_that_fits_runs(tmp_path):

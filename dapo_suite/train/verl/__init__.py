@@ -25,7 +25,7 @@ from dapo_suite.train.verl.keys import (
     overlong_filter_loss_name,
     split_gpus,
 )
-from dapo_suite.train.verl.launch import command, dry_run, launch, stop_reason
+from dapo_suite.train.verl.launch import command, dry_run, launch, steps_short, stop_reason
 from dapo_suite.train.verl.validate import compose, validate
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "overlong_filter_loss_name",
     "prepare",
     "split_gpus",
+    "steps_short",
     "stop_reason",
     "validate",
     "write_aime24_parquet",

@@ -132,6 +132,20 @@ def stop_reason(run_dir: Path) -> str | None:
     return json.loads(path.read_text())["message"] if path.is_file() else None
 
 
+def steps_short(run_dir: Path, max_steps: int) -> str | None:
+    """Why a run that verl ended without an error is still unfinished: its newest checkpoint (verl writes one at
+    the last step) is of an earlier step than `max_steps`; None when it reached it."""
+    marker = Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt"
+    reached = int(marker.read_text().strip() or 0) if marker.is_file() else 0
+    if reached >= max_steps:
+        return None
+    return (f"verl's trainer ended without an error after step {reached} of {max_steps} (its newest checkpoint): "
+            "with --set async=fully the rollouter stops feeding prompts at rollout.total_rollout_steps, so when "
+            "dynamic sampling drops the groups of the last prompts it fed, no batch is left to train on. Check the "
+            "reward on a few samples (data the model never or always solves has no signal), or run with "
+            "--set async=one_step or off, whose bound stops such a run with its reason; then --resume")
+
+
 def run_environment(hw: Hardware) -> dict[str, str]:
     """What the driver's environment adds: the checkout on PYTHONPATH, and for a CPU run the platform's variables
     (Ray workers get them through the runtime_env of the override list)."""
