@@ -125,6 +125,10 @@ def test_a_run_verl_ended_short_of_its_steps_says_so(tmp_path):
     assert "after step 1 of 2" in vb.steps_short(tmp_path, 2) and "async=fully" in vb.steps_short(tmp_path, 2)
     (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
     assert vb.steps_short(tmp_path, 2) is None
+    # a run told to save no checkpoint (a verl override) is not judged by them
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    (tmp_path / "verl_config.yaml").write_text("trainer:\n  save_freq: -1\n")
+    assert vb.steps_short(tmp_path, 2) is None
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

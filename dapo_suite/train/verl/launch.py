@@ -134,7 +134,12 @@ def stop_reason(run_dir: Path) -> str | None:
 
 def steps_short(run_dir: Path, max_steps: int) -> str | None:
     """Why a run that verl ended without an error is still unfinished: its newest checkpoint (verl writes one at
-    the last step) is of an earlier step than `max_steps`; None when it reached it."""
+    the last step) is of an earlier step than `max_steps`; None when it reached it, or when the run saves none."""
+    from omegaconf import OmegaConf
+
+    config = Path(run_dir) / "verl_config.yaml"
+    if config.is_file() and OmegaConf.load(config).trainer.save_freq <= 0:  # checkpoints turned off by an override
+        return None
     marker = Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt"
     reached = int(marker.read_text().strip() or 0) if marker.is_file() else 0
     if reached >= max_steps:
