@@ -14,21 +14,26 @@ from pathlib import Path
 EXPORT_RECORD = "dapo_suite_export.json"
 
 
+def checkpointed_step(root: Path) -> int | None:
+    """The newest complete step of a verl checkpoint folder (ROOT/global_step_N): verl's marker, which it writes
+    last, else the highest N; None when there is none."""
+    marker = Path(root) / "latest_checkpointed_iteration.txt"
+    if marker.is_file():
+        return int(marker.read_text().strip())
+    steps = [int(p.name.rsplit("_", 1)[1]) for p in Path(root).glob("global_step_*")]
+    return max(steps) if steps else None
+
+
 def latest_actor_dir(run_dir: Path) -> Path:
     """RUN_DIR/checkpoints/global_step_N/actor of the newest step (verl's layout; also accepts the dir itself)."""
     run_dir = Path(run_dir)
     if (run_dir / "fsdp_config.json").is_file():
         return run_dir
     root = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
-    marker = root / "latest_checkpointed_iteration.txt"
-    if marker.is_file():
-        step_dir = root / f"global_step_{marker.read_text().strip()}"
-    else:
-        steps = sorted(root.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
-        if not steps:
-            raise FileNotFoundError(f"no verl checkpoint under {root} (expected global_step_N/actor)")
-        step_dir = steps[-1]
-    actor = step_dir / "actor"
+    step = checkpointed_step(root)
+    if step is None:
+        raise FileNotFoundError(f"no verl checkpoint under {root} (expected global_step_N/actor)")
+    actor = root / f"global_step_{step}" / "actor"
     if not (actor / "fsdp_config.json").is_file():
         raise FileNotFoundError(f"{actor} is not an FSDP actor checkpoint (no fsdp_config.json)")
     return actor

@@ -11,6 +11,7 @@ from typing import Any
 
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.verl.data import prepare
+from dapo_suite.train.verl.export import checkpointed_step
 from dapo_suite.train.verl.keys import (
     ASYNC_ENTRY,
     ASYNC_TRAINERS,
@@ -140,8 +141,7 @@ def steps_short(run_dir: Path, max_steps: int) -> str | None:
     config = Path(run_dir) / "verl_config.yaml"
     if config.is_file() and OmegaConf.load(config).trainer.save_freq <= 0:  # checkpoints turned off by an override
         return None
-    marker = Path(run_dir) / "checkpoints" / "latest_checkpointed_iteration.txt"
-    reached = int(marker.read_text().strip() or 0) if marker.is_file() else 0
+    reached = checkpointed_step(Path(run_dir) / "checkpoints") or 0
     if reached >= max_steps:
         return None
     return (f"verl's trainer ended without an error after step {reached} of {max_steps} (its newest checkpoint): "
