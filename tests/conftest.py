@@ -39,6 +39,23 @@ def embedded_model_dir() -> Path:
     return embedded_model_path()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_folders_removed_when_it_passes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A module fixture's folder (a trained run: 1.6 GB of checkpoints) is removed when its module's tests all
+    passed, not kept to the session's end: summed over the suite they filled CI's disk. A failed module keeps its
+    folders, as pytest keeps a failed test's (tmp_path_retention_policy)."""
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed_before:
+        for path in set(base.iterdir()) - before:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+
+
 # CI's deadline (.ci/run sets it: its start plus the budget for this CPU, docs/architecture.md "CI"). A test marked
 # `budgeted` runs only if its `launches(N)` fit before the deadline at the pace of the launches this process has
 # measured so far: checks that extend a cheaper one run where time allows, and are named as skipped where not.
