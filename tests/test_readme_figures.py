@@ -239,7 +239,7 @@ def check_time_to_accuracy(row: dict[str, str]) -> None:
     ratio, ours, trl, as_trl, trl_low, trl_high, low, high, every = figures(
         row["result"], r"\*\*([\d.]+)x\*\* sooner \(median per seed; ([\d.]+) vs ([\d.]+) min\), with TRL's settings "
                        r"([\d.]+)x: the time per batch, TRL's `generate` \+ update (\d+)-(\d+) s vs (\d+)-(\d+) s; "
-                       r"evaluated every (\d) batches")
+                       r"evaluated every (batch|\d+ batches)")
     versus = {side: [t / o for t, o in zip(first["trl"], first[side], strict=True)]
               for side in ("ours", "ours-trl-settings")}
     assert shows(ratio, statistics.median(versus["ours"])) and shows(as_trl, statistics.median(versus["ours-trl-settings"]))
@@ -249,7 +249,8 @@ def check_time_to_accuracy(row: dict[str, str]) -> None:
                  for side in ("trl", "ours-trl-settings")}
     assert shows(trl_low, min(per_batch["trl"])) and shows(trl_high, max(per_batch["trl"]))
     assert shows(low, min(per_batch["ours-trl-settings"])) and shows(high, max(per_batch["ours-trl-settings"]))
-    assert {c["batches"] for c in curves} == set(range(0, max(c["batches"] for c in curves) + 1, int(every)))
+    every = 1 if every == "batch" else int(every.split()[0])
+    assert {c["batches"] for c in curves} == set(range(0, max(c["batches"] for c in curves) + 1, every))
     assert f"{len(seeds)} seeds" in row["measured"]
     # TRL's precision as its runs printed it: bf16 autocast, as ours (`auto` on a CPU with native bf16)
     precisions = re.findall(r"^\[trl seed (\d)\] torch .*, (bf16 autocast|float32)$", (folder / "run.log").read_text(),
