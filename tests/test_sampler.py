@@ -172,6 +172,26 @@ def test_attention_merged_from_two_key_sets_equals_attention_over_both():
     torch.testing.assert_close(merge_attention(first, first_lse, second, second_lse), whole, atol=1e-6, rtol=1e-5)
 
 
+
+def test_attention_by_ops_equals_the_cpu_kernel_and_gives_a_masked_row_no_weight():
+    """Off a CPU the sampler attends by torch's ops (the flash kernel with a log-sum-exp is CPU-only): the same
+    output and log-sum-exp as that kernel under a padding bias, and a row with every key masked merges to the other
+    key set alone."""
+    from dapo_suite.inference.attention import _attention_with_lse, attention_with_lse_by_ops, merge_attention
+
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 4, 16, generator=generator) for _ in range(3))
+    bias = torch.zeros(3, 1, 1, 4)
+    bias[0, ..., :2] = float("-inf")  # left padding of the first row
+    out, lse = attention_with_lse_by_ops(q, k, v, bias, 0.25)
+    expected, expected_lse = _attention_with_lse(q, k, v, attn_mask=bias, scale=0.25)[:2]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)
+    masked = torch.full((3, 1, 1, 4), float("-inf"))
+    none, none_lse = attention_with_lse_by_ops(q, k, v, masked, 0.25)
+    assert not none.any() and torch.isneginf(none_lse).all()
+    torch.testing.assert_close(merge_attention(none, none_lse, out, lse), out)
+
 @pytest.mark.kernels
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 30, 64, 130])
 def test_linear_equals_the_float32_product_within_bf16_rounding(rows):

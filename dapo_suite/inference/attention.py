@@ -24,8 +24,21 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
 _attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
+def attention_with_lse_by_ops(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + bias) v and the log-sum-exp of those scores, in float32 by torch's ops, on any device
+    (`sdpa_with_lse` off a CPU). A row whose keys are all masked gets zeros and a log-sum-exp of -inf, so
+    `merge_attention` gives it no weight."""
+    scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * scale + bias.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(nan=0.0)  # -inf - -inf: a fully masked row
+    return torch.matmul(weights, values.float()).to(q.dtype), lse
+
+
 def sdpa_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`attention_with_lse` by PyTorch's CPU flash-attention kernel (what F.scaled_dot_product_attention runs)."""
-    return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
-
+    """(output, log-sum-exp) of scaled-dot-product attention: PyTorch's CPU flash-attention kernel on a CPU (what
+    F.scaled_dot_product_attention runs there), `attention_with_lse_by_ops` elsewhere (that kernel is CPU-only)."""
+    if q.device.type == "cpu":
+        return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
+    return attention_with_lse_by_ops(q, keys, values, bias, scale)
