@@ -15,7 +15,8 @@ from data_pipeline.config import BuildConfig
 
 def test_provenance_gives_the_version_and_a_revision_or_none():
     record = provenance()
-    assert set(record) == {"version", "git_rev", "machine", "torch_threads"} and record["version"] == __version__
+    assert set(record) == {"version", "git_rev", "machine", "torch_threads", "accelerator"}
+    assert record["version"] == __version__
     assert record["git_rev"] is None or re.fullmatch("[0-9a-f]{40}", record["git_rev"])
     assert re.search(r", \d+ cores, flags ", record["machine"])
 

@@ -1,5 +1,5 @@
 """What made a run: the package version and the git revision it ran from, and the machine (CPU, the vector
-extensions that pick the kernels, torch's thread count). Every run directory records them (the trainer's
+extensions that pick the kernels, torch's thread count, the GPU when one is visible). Every run directory records them (the trainer's
 config.yaml, the evaluator's and the data build's config.json), so a figure can be traced to its code, and a seed's
 numbers to what they depend on beside it."""
 
@@ -15,7 +15,7 @@ from dapo_suite import __version__
 
 # Keys a run's saved config carries beside its fields; a config read back as input (a run's config.yaml as a
 # preset, a build's config.json as --config) skips them.
-PROVENANCE_KEYS = ("version", "git_rev", "machine", "torch_threads")
+PROVENANCE_KEYS = ("version", "git_rev", "machine", "torch_threads", "accelerator")
 # The CPU features that choose the sampler's kernels and the precisions `auto` resolves to.
 VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16")
 
@@ -43,7 +43,8 @@ def provenance() -> dict[str, str | int | None]:
     """{"version": the package version, "git_rev": HEAD of the git checkout holding this package, or None when it
     is not in one (an installed wheel) or git is missing, "machine": cpu_description(), "torch_threads": torch's
     intra-op thread count when torch is loaded (it sets the order of reductions, so a seed's exact numbers depend
-    on it), else None}."""
+    on it), else None, "accelerator": the CUDA device's name when torch is loaded and sees one (a run on it names
+    the GPU as well as the host's CPU), else None}."""
     try:
         git_rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True,
                                  cwd=Path(__file__).parent).stdout.strip() or None
@@ -51,4 +52,5 @@ def provenance() -> dict[str, str | int | None]:
         git_rev = None
     torch = sys.modules.get("torch")  # not imported for this: a data build does not load torch
     return {"version": __version__, "git_rev": git_rev, "machine": cpu_description(),
-            "torch_threads": torch.get_num_threads() if torch else None}
+            "torch_threads": torch.get_num_threads() if torch else None,
+            "accelerator": torch.cuda.get_device_name() if torch and torch.cuda.is_available() else None}
