@@ -203,6 +203,34 @@ def test_workers_on_one_ladder_split_its_runs(tmp_path):
     assert json.loads((out / PLAN_FILE).read_text())["presets"] == ["grpo", "dapo"]
 
 
+@pytest.mark.slow
+def test_workers_flag_trains_runs_at_once_each_on_a_core_of_its_own(tmp_path):
+    """--workers 2: two processes share the ladder, every run is trained once (by one of them), each worker's
+    output is in its log, and on a machine with two cores each run trained with one torch thread."""
+    import yaml
+
+    out = tmp_path / "ladder"
+    result = dapo_suite("train", "ladder", "--out", str(out), "--seeds", "1", "--max-steps", "1",
+                        "--presets", "grpo,dapo", "--workers", "2", *TOY_FLAGS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    logs = sorted((out / "workers").glob("worker-*.log"))
+    assert [log.name for log in logs] == ["worker-0.log", "worker-1.log"]
+    trained = [line for log in logs for line in log.read_text().splitlines() if "seed 0: 1 steps -> " in line]
+    assert sorted(line.split("] ")[1].split(" seed")[0] for line in trained) == ["dapo", "grpo"]
+    assert json.loads((out / "ladder.json").read_text())["missing"] == []
+    if len(os.sched_getaffinity(0)) >= 2:
+        for rung in ("grpo", "dapo"):
+            assert yaml.safe_load((run_path(out, rung, 0) / "config.yaml").read_text())["torch_threads"] == 1
+
+
+def test_workers_start_only_once_every_config_resolves(tmp_path):
+    """A bad --set stops the command with the field named before any worker starts (no worker logs)."""
+    out = tmp_path / "ladder"
+    result = dapo_suite("train", "ladder", "--out", str(out), "--seeds", "1", "--presets", "dapo", "--workers", "2",
+                        "--set", "group_size=0", timeout=120)
+    assert result.returncode != 0 and "group_size" in result.stderr and "Traceback" not in result.stderr
+    assert not (out / "workers").exists()
+
 @pytest.mark.parametrize("folder", ["ladder", "successors", "precision", "entropy/pilot-seed-0", "entropy",
                                     "token-loss"])
 def test_the_committed_ladder_tables_rebuild_from_the_committed_metrics(folder: str, tmp_path: Path) -> None:

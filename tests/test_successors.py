@@ -391,10 +391,12 @@ def trainer(tmp_path_factory):
 
 
 def configure(trainer, presets, **overrides):
-    """Point the shared trainer at another resolved config: the objective is read from it at every step."""
+    """Point the shared trainer at another resolved config: the objective is read from it at every step. The sampler
+    gets the weights as they are, as after a step: a test before may have updated them without a step's sync."""
     from dapo_suite.train.config import resolve_config
 
     trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY}, {**FLOAT32, **overrides})
+    trainer.engine.sync_weights()
     return trainer
 
 

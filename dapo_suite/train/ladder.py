@@ -125,18 +125,7 @@ def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[
     every rung (by default tiny-cpu applies only to the embedded model, not to a checkpoint trained from it).
     A finished run's checkpoints are deleted unless `keep_checkpoints`: the table needs its metrics alone, and 18
     runs of the embedded model would otherwise hold ~56 GB."""
-    rungs = [rung_name(preset) for preset in presets]
-    if len(set(rungs)) < len(rungs):
-        raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
-    check_overrides(presets, overrides)
-    # Every config first, so a bad preset or value stops the ladder before hours of training.
-    configs = {(preset, seed): resolve_config([scale, preset] if scale else [preset], {"seed": seed,
-                                                         "out": str(run_path(out, rung_name(preset), seed))},
-                                              overrides)
-               for seed in seeds for preset in presets}
-    with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
-        write_plan(out, {"presets": presets, "seeds": seeds, "overrides": overrides,
-                         **({"scale": scale} if scale else {})})
+    configs = plan_ladder(out, presets, seeds, overrides, scale)
     befores: dict[tuple, dict] = {}
     for index, ((preset, seed), config) in enumerate(configs.items(), 1):
         run_dir, label = Path(config.out), f"[{index}/{len(configs)}] {rung_name(preset)} seed {seed}"
@@ -150,6 +139,24 @@ def run_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[
             befores.setdefault(heldout_key(config), summary["before"])
     with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
         return write_ladder_outputs(out)
+
+
+def plan_ladder(out: Path, presets: list[str], seeds: list[int], overrides: dict[str, Any],
+                scale: str | None = None) -> dict[tuple[str, int], TrainConfig]:
+    """Every run's config, seed after seed, resolved before any run trains (a bad preset or value stops the ladder
+    before hours of training, and before workers start), with OUT's plan written."""
+    rungs = [rung_name(preset) for preset in presets]
+    if len(set(rungs)) < len(rungs):
+        raise UserError(f"--presets {','.join(presets)}: a rung appears twice")
+    check_overrides(presets, overrides)
+    configs = {(preset, seed): resolve_config([scale, preset] if scale else [preset], {"seed": seed,
+                                                         "out": str(run_path(out, rung_name(preset), seed))},
+                                              overrides)
+               for seed in seeds for preset in presets}
+    with output_lock(out, wait_seconds=SHARED_FILE_WAIT):
+        write_plan(out, {"presets": presets, "seeds": seeds, "overrides": overrides,
+                         **({"scale": scale} if scale else {})})
+    return configs
 
 
 def write_plan(out: Path, plan: dict[str, Any]) -> None:
