@@ -73,9 +73,11 @@ LABELS = {"ours": "dapo-suite (dapo preset)",
 SHORT = {"ours": "ours", "ours-trl-settings": "ours as TRL", "trl": "TRL"}
 
 
-def shared_config(seed: int, out: str, eval_every: int) -> TrainConfig:
-    """The one `dapo` config both sides read their settings from (tiny-cpu scale, the embedded model)."""
-    return resolve_config(["dapo"], {"seed": seed, "out": out, "eval_every": eval_every, "device": "cpu"})
+def shared_config(seed: int, out: str, eval_every: int, heldout_size: int | None = None) -> TrainConfig:
+    """The one `dapo` config both sides read their settings from (tiny-cpu scale, the embedded model); `heldout_size`
+    replaces the preset's held-out problem count (a quick check's)."""
+    return resolve_config(["dapo"], {"seed": seed, "out": out, "eval_every": eval_every, "device": "cpu",
+                                     **({"heldout_size": heldout_size} if heldout_size else {})})
 
 
 # ---- the runs --------------------------------------------------------------------------------------------------
@@ -87,7 +89,8 @@ def run_ours(args, seed: int, run_dir: Path, settings: tuple[str, ...] = ()) -> 
     resume = ["--resume"] if any(run_dir.glob("checkpoint-*")) else []
     command = [str(Path(sys.executable).parent / "dapo-suite"), "train", "--preset", "dapo", "--out", str(run_dir),
                "--max-steps", str(args.steps), "--set", f"seed={seed}", "--set", f"eval_every={args.eval_every}",
-               "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *settings, *resume]
+               "--set", f"save_every={args.eval_every}", "--set", "keep_checkpoints=1", *settings, *resume,
+               *(["--set", f"heldout_size={args.heldout_size}"] if args.heldout_size else [])]
     process = subprocess.Popen(command, env=thread_env(args.threads))
     while process.poll() is None:
         time.sleep(2.0)
@@ -116,7 +119,7 @@ def run_trl(args, seed: int, run_dir: Path) -> None:
     command = [sys.executable, __file__, "--side", "trl", "--seed", str(seed), "--run-dir", str(run_dir),
                "--eval-every", str(args.eval_every), "--target", str(args.target),
                "--budget-minutes", str(args.budget_minutes), "--threads", str(args.threads),
-               "--trl-reward", args.trl_reward]
+               "--trl-reward", args.trl_reward, *(["--heldout-size", str(args.heldout_size)] if args.heldout_size else [])]
     subprocess.run(command, check=True, env=thread_env(args.threads))
 
 
@@ -175,7 +178,7 @@ def train_trl(args) -> None:
     transformers.logging.set_verbosity_error()
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = shared_config(args.seed, str(run_dir), args.eval_every)
+    config = shared_config(args.seed, str(run_dir), args.eval_every, args.heldout_size)
     precision = resolve_precision(config.autocast_dtype)
     config_for_eval = replace(config, sampling_dtype=resolve_precision(config.sampling_dtype))
     train, heldout = train_and_heldout(config)
@@ -377,6 +380,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="ours: rollout batches (DAPO steps) per run")
     parser.add_argument("--eval-every", type=int, default=2, help="held-out evaluation every N rollout batches")
     parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy whose time is compared")
+    parser.add_argument("--heldout-size", type=int, help="held-out problems per evaluation, both sides (default: the "
+                        "dapo preset's 100); fewer for a quick check, whose times are not comparable with the results'")
     parser.add_argument("--budget-minutes", type=float, default=45.0,
                         help="TRL: training minutes after which a run that has not reached --target stops")
     parser.add_argument("--trl-reward", choices=["correctness", "dapo"], default="correctness",
@@ -416,7 +421,8 @@ def main() -> None:
 
 RUNNERS = {"ours": run_ours, "trl": run_trl,
            "ours-trl-settings": lambda args, seed, run_dir: run_ours(
-               args, seed, run_dir, trl_settings(shared_config(seed, str(run_dir), args.eval_every)))}
+               args, seed, run_dir, trl_settings(shared_config(seed, str(run_dir), args.eval_every,
+                                                               args.heldout_size)))}
 
 
 def finished(side: str, run_dir: Path) -> bool:

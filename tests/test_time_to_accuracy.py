@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "time_to_accuracy.py"
@@ -95,13 +96,14 @@ def test_our_run_stops_at_its_first_evaluation_at_the_target(tmp_path):
     """The dapo-suite side stops where TRL's does, at its first held-out evaluation at or above the target (0 %
     here: the first one after training starts), marked as reached, and a rerun does not train it again."""
     flags = ["--sides", "ours", "--seeds", "1", "--steps", "3", "--eval-every", "1", "--target", "0",
-             "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r")]
+             "--heldout-size", "16", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r")]
     run = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / "runs" / "ours" / "seed-0"
     assert (run_dir / "reached").is_file() and not any(run_dir.glob("checkpoint*"))
     curve = [json.loads(line) for line in (tmp_path / "r" / "curves.jsonl").read_text().splitlines()]
     assert [point["batches"] for point in curve] == [0, 1] and curve[1]["seconds"] > 0
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["heldout_size"] == 16  # --heldout-size reached it
     again = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "ours seed 0:" not in again.stdout
 
