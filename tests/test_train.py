@@ -144,7 +144,10 @@ def test_training_writes_metrics_checkpoints_and_plots(tmp_path):
 
 
 @pytest.mark.slow  # ~1 minute quiet, 4+ beside a training run (`make test` runs it with the slow tests)
-def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
+def test_kill_mid_step_and_resume_loses_at_most_one_step_and_an_extension_is_evaluated_at_its_end(tmp_path):
+    """A SIGKILL inside step 3 loses that step only: the resume redoes it and nothing before it. The finished run
+    extended by one step is evaluated again: its summary's held-out "after" is the new last step's, not the one
+    measured when it first finished."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, "--max-steps", "4"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -169,6 +172,13 @@ def test_kill_mid_step_and_resume_loses_at_most_one_step(tmp_path):
     state = torch.load(out / "checkpoint-last" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 4 and state["sampler_cursor"] == 8  # 4 steps x 2 prompts, none skipped or repeated
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
+
+    extended = run_train(out, "--max-steps", "5", "--resume")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    evaluated = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val/acc" in line]
+    assert summary["steps"] == 5 and [r["step"] for r in evaluated] == [0, 4, 5]
+    assert summary["after"]["acc"] == evaluated[-1]["val/acc"]
 
 
 def test_gradient_checkpointing_trades_memory_for_time_not_maths(tmp_path):
@@ -195,20 +205,6 @@ def test_gradient_checkpointing_trades_memory_for_time_not_maths(tmp_path):
     # The checkpointed forward runs every row whole (no shared prompt): equal up to float32 summation order.
     drift = [float((got - expected).norm() / expected.norm()) for expected, got in zip(*gradients, strict=True)]
     assert max(drift) < 1e-3, max(drift)
-
-
-@pytest.mark.slow
-def test_a_finished_run_extended_with_more_steps_is_evaluated_again_at_its_new_end(tmp_path):
-    # Its summary's held-out "after" must be the new last step's, not the one measured when it first finished.
-    out = tmp_path / "run"
-    assert run_train(out, "--max-steps", "1").returncode == 0
-    extended = run_train(out, "--max-steps", "2", "--resume")
-    assert extended.returncode == 0, extended.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    evaluated = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-                 if "val/acc" in line]
-    assert summary["steps"] == 2 and [r["step"] for r in evaluated] == [0, 1, 2]
-    assert summary["after"]["acc"] == evaluated[-1]["val/acc"]
 
 
 def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
