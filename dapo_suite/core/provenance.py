@@ -1,7 +1,7 @@
 """What made a run: the package version and the git revision it ran from, and the machine (CPU, the vector
-extensions that pick the kernels, torch's thread count, the GPU when one is visible). Every run directory records them (the trainer's
-config.yaml, the evaluator's and the data build's config.json), so a figure can be traced to its code, and a seed's
-numbers to what they depend on beside it."""
+extensions that pick the kernels, torch's thread count, the GPU when one is visible). Every run directory records
+them (the trainer's config.yaml, the evaluator's and the data build's config.json), so a figure can be traced to its
+code, and a seed's numbers to what they depend on beside it."""
 
 from __future__ import annotations
 

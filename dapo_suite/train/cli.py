@@ -326,6 +326,15 @@ def export(run_dir: str, out: str | None) -> None:
     click.echo(str(target))
 
 
+# `train ladder` and `train effects`: several runs at once (dapo_suite.train.workers)
+workers_option = click.option(
+    "--workers", type=click.IntRange(1, 64), default=1, show_default=True, metavar="N",
+    help="Runs trained at once, each by a process of its own taking the next run no other holds. On a CPU each gets "
+         "an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 cores). On one GPU they "
+         "share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); 25 workers of the effects study "
+         "ran on one H200 at 6-9 s a step each.")
+
+
 @train.command()
 @click.option("--out", default="runs/ladder", show_default=True, type=click.Path(file_okay=False),
               help="Ladder directory: OUT/<rung>/seed-<s>/ per run, plus ladder_plan.json, ladder.md, ladder.json, "
@@ -349,11 +358,7 @@ def export(run_dir: str, out: str | None) -> None:
 @click.option("--keep-checkpoints", is_flag=True,
               help="Keep each finished run's checkpoints (by default deleted once the run finishes: the table "
                    "needs the metrics alone, and each run of the embedded model holds ~3 GB of them).")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, metavar="N",
-              help="Runs trained at once, each by a process of its own taking the next run no other holds. On a "
-                   "CPU each gets an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 "
-                   "cores). On one GPU they share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); "
-                   "25 workers of the effects study ran on one H200 at 6-9 s a step each.")
+@workers_option
 def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int | None, model: str | None,
            scale: str | None, assignments, report_only: bool, keep_checkpoints: bool, workers: int) -> None:
     """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by default.
@@ -433,11 +438,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                    "reads whatever has finished.")
 @click.option("--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs.")
 @click.option("--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default).")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, metavar="N",
-              help="Runs trained at once, each by a process of its own taking the next run no other holds. On a "
-                   "CPU each gets an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 "
-                   "cores). On one GPU they share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); "
-                   "25 workers of the effects study ran on one H200 at 6-9 s a step each.")
+@workers_option
 def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep_checkpoints: bool,
             workers: int) -> None:
     """What each DAPO technique fixes: full DAPO against DAPO without it, on a setting where the problem appears.
@@ -474,8 +475,8 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
             if workers > 1:
                 command = ["train", "effects", "--out", out, "--seeds", str(seeds), "--arms", ",".join(arms),
                            *(["--keep-checkpoints"] if keep_checkpoints else [])]
-                run_workers(Path(out), command, workers, len(plan_ladder(Path(out), arms, list(range(seeds)), {},
-                                                                        SCALE)))
+                configs = plan_ladder(Path(out), arms, list(range(seeds)), {}, SCALE)
+                run_workers(Path(out), command, workers, len(configs))
                 table = write_effects_outputs(Path(out))
             else:
                 table = run_effects(Path(out), arms, list(range(seeds)), keep_checkpoints)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_suite.core.stats import paired_t_test, sign_flip_test
-from dapo_suite.train.ladder import finite_or_null, read_plan, run_ladder, run_path
+from dapo_suite.train.ladder import finite_or_null, read_plan, run_finished, run_ladder, run_path
 from dapo_suite.train.run_log import read_metrics
 
 SCALE = "effects-cpu"
@@ -158,8 +158,7 @@ def effects_results(out: Path) -> dict:
     and the verdict on the primary figure."""
     seeds = read_plan(out)["seeds"]
     records = {(arm, seed): read_metrics(path) for arm in ARMS for seed in seeds
-               if (path := run_path(out, arm, seed)).joinpath("summary.json").is_file()
-               and "after" in json.loads(path.joinpath("summary.json").read_text())}
+               if run_finished(path := run_path(out, arm, seed))}
     results = {}
     for technique, effect in EFFECTS.items():
         shared = [seed for seed in seeds if (BASELINE, seed) in records and (effect.arm, seed) in records]

@@ -200,6 +200,14 @@ def train_run(config: TrainConfig, label: str, befores: dict[tuple, dict], keep_
     return summary
 
 
+def run_finished(run_dir: Path) -> bool:
+    """Whether a run has its held-out evaluation after training (summary.json's "after"): a finished run."""
+    try:
+        return "after" in json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being written by a worker right now
+        return False
+
+
 def heldout_key(config: TrainConfig) -> tuple:
     return tuple(getattr(config, name) for name in HELDOUT_FIELDS)
 

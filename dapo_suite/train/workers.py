@@ -4,7 +4,6 @@ of its own on a CPU. On one GPU the workers share it; the CUDA MPS daemon lets t
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import click
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.train.ladder import run_finished
 
 WORKER_LOGS = "workers"  # OUT/workers/worker-<i>.log
 POLL_SECONDS = 5.0
@@ -31,14 +31,8 @@ def core_sets(workers: int) -> list[set[int] | None]:
 
 
 def finished_runs(out: Path) -> int:
-    """Runs under OUT whose summary.json has the evaluation after training (the ladder's "finished")."""
-    count = 0
-    for path in out.glob("*/seed-*/summary.json"):
-        try:
-            count += "after" in json.loads(path.read_text())
-        except (OSError, ValueError):  # being written by a worker right now
-            continue
-    return count
+    """Runs under OUT that finished (`ladder.run_finished`)."""
+    return sum(run_finished(path.parent) for path in out.glob("*/seed-*/summary.json"))
 
 
 def run_workers(out: Path, command: list[str], workers: int, runs: int) -> None:
