@@ -414,7 +414,7 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                            *(["--keep-checkpoints"] if keep_checkpoints else [])]
                 configs = plan_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)),
                                       overrides, scale)
-                run_workers(Path(out), command, workers, len(configs))
+                run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = report_ladder(Path(out))
             else:
                 table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)),
@@ -476,7 +476,7 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
                 command = ["train", "effects", "--out", out, "--seeds", str(seeds), "--arms", ",".join(arms),
                            *(["--keep-checkpoints"] if keep_checkpoints else [])]
                 configs = plan_ladder(Path(out), arms, list(range(seeds)), {}, SCALE)
-                run_workers(Path(out), command, workers, len(configs))
+                run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = write_effects_outputs(Path(out))
             else:
                 table = run_effects(Path(out), arms, list(range(seeds)), keep_checkpoints)

@@ -30,14 +30,9 @@ def core_sets(workers: int) -> list[set[int] | None]:
     return [set(cores[index * size:(index + 1) * size]) for index in range(workers)]
 
 
-def finished_runs(out: Path) -> int:
-    """Runs under OUT that finished (`ladder.run_finished`)."""
-    return sum(run_finished(path.parent) for path in out.glob("*/seed-*/summary.json"))
-
-
-def run_workers(out: Path, command: list[str], workers: int, runs: int) -> None:
+def run_workers(out: Path, command: list[str], workers: int, run_dirs: list[Path]) -> None:
     """Run `dapo-suite <command> --workers 1` in `workers` processes and wait for all of them, with a progress bar
-    of finished runs (out of `runs`); their output goes to OUT/workers/worker-<i>.log. Ctrl-C or SIGTERM stops
+    of the command's runs (`run_dirs`) finished (`ladder.run_finished`); their output goes to OUT/workers/worker-<i>.log. Ctrl-C or SIGTERM stops
     them all (a rerun resumes every run). A worker that fails is named with its log once the others are done."""
     from tqdm import tqdm
 
@@ -59,10 +54,10 @@ def run_workers(out: Path, command: list[str], workers: int, runs: int) -> None:
                     stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
                     preexec_fn=pin)))
         click.echo(f"{workers} workers on {out}; their output: {logs}/worker-<i>.log")
-        with tqdm(total=runs, initial=finished_runs(out), desc="runs finished") as bar:
+        with tqdm(total=len(run_dirs), initial=sum(map(run_finished, run_dirs)), desc="runs finished") as bar:
             while any(process.poll() is None for _, process in processes):
                 time.sleep(POLL_SECONDS)
-                bar.update(finished_runs(out) - bar.n)
+                bar.update(sum(map(run_finished, run_dirs)) - bar.n)
     finally:
         for _, process in processes:  # stopped early (Ctrl-C, SIGTERM): the runs resume on a rerun
             if process.poll() is None:
