@@ -198,7 +198,6 @@ def test_lora_on_verls_cpu_path_merges_the_adapters_and_says_what_blocks_it_unme
     assert not vb.validate(config, gpu, vb.build_overrides(config, gpu))[0].actor_rollout_ref.model.lora.merge
 
 
-
 def test_a_cpu_runs_sync_trainer_gives_its_workers_every_core_and_the_async_ones_rays_default(data, tmp_path,
                                                                                              monkeypatch):
     """Ray starts an actor without num_cpus at one OpenMP thread: the sync trainer's rollout and update take turns,
