@@ -27,6 +27,11 @@ TAKEN_SHARE = 1 / 3  # another program using this much of a core takes that core
 KEEP_SECONDS = 5.0  # a sampling block this soon after the last one starts at the thread count that one ended with
 
 
+def usable_cores() -> set[int]:
+    """The cores this process may run on (its affinity, as `taskset` sets it; every core where the OS has none)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
 def fixed_threads() -> int | None:
     """The thread count the user set ($DAPO_SUITE_THREADS, else $OMP_NUM_THREADS), or None."""
     for variable in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
@@ -65,7 +70,7 @@ class FreeCores:
     """Adapts torch's thread count to the cores other programs leave free, for the length of a `sampling` block."""
 
     def __init__(self) -> None:
-        self.cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.cores = usable_cores()
         self.last: tuple[float, float, float] | None = None  # (wall, machine busy, own CPU) at the last reading
         self.rising = False  # the last reading asked for more threads: the next must too (the load may come in bursts)
         self.threads: int | None = None  # the count the last block ended with

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from dapo_suite.core.errors import UserError
+from dapo_suite.core.threads import usable_cores
 from dapo_suite.train.ladder import run_finished
 
 WORKER_LOGS = "workers"  # OUT/workers/worker-<i>.log
@@ -23,7 +24,7 @@ POLL_SECONDS = 5.0
 def core_sets(workers: int) -> list[set[int] | None]:
     """The cores each worker is pinned to: this process's cores split evenly (the remainder unused), or None for
     every worker when there are more workers than cores (a GPU's workers: each mostly waits on the device)."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = sorted(usable_cores())
     if workers > len(cores):
         return [None] * workers
     size = len(cores) // workers

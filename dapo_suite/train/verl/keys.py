@@ -14,14 +14,13 @@ verl 0.9.1 traps handled here (see docs/train-at-scale.md):
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.core.threads import fixed_threads
+from dapo_suite.core.threads import fixed_threads, usable_cores
 from dapo_suite.inference.hub import registered_id
 from dapo_suite.train.config import TrainConfig
 
@@ -434,7 +433,7 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
         # Ray gives an actor without num_cpus one OpenMP thread; the sync trainer's rollout and update take turns,
         # so its workers may use every core (a 2-step launch 246 -> 211 s on 2 cores, docs/train-at-scale.md)
-        *([(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(os.sched_getaffinity(0))))]
+        *([(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(usable_cores())))]
           if config.async_mode not in ASYNC_TRAINERS else []),
         # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a sync
         *([("actor_rollout_ref.model.lora.merge", True)] if config.lora_rank else []),
