@@ -33,8 +33,9 @@ def core_sets(workers: int) -> list[set[int] | None]:
 
 def run_workers(out: Path, command: list[str], workers: int, run_dirs: list[Path]) -> None:
     """Run `dapo-suite <command> --workers 1` in `workers` processes and wait for all of them, with a progress bar
-    of the command's runs (`run_dirs`) finished (`ladder.run_finished`); their output goes to OUT/workers/worker-<i>.log. Ctrl-C or SIGTERM stops
-    them all (a rerun resumes every run). A worker that fails is named with its log once the others are done."""
+    of the command's runs (`run_dirs`) finished (`ladder.run_finished`); their output goes to
+    OUT/workers/worker-<i>.log. Ctrl-C or SIGTERM stops them all (a rerun resumes every run). A worker that fails
+    is named with its log once the others are done."""
     from tqdm import tqdm
 
     logs = out / WORKER_LOGS
