@@ -345,17 +345,18 @@ def test_vllm_rollout_follows_the_policy(tmp_path):
 
 
 def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_path):
-    """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit.
-    Without held-out evaluation (`heldout_eval=false`: no before/after, no verdict), as a smoke run trains."""
+    """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit, over
+    two steps (the second samples from the first's update); another seed's first step differs. Without held-out
+    evaluation (`heldout_eval=false`: no before/after, no verdict), as a smoke run trains."""
     import hashlib
     import shutil
 
     from safetensors.torch import load_file
 
-    def run(name: str, seed: int) -> tuple[list[dict], dict]:
+    def run(name: str, seed: int, steps: int = 2) -> tuple[list[dict], dict]:
         """The run's metrics and a digest of each final weight; its folder is then removed (a checkpoint: 1.6 GB)."""
         out = tmp_path / name
-        result = run_train(out, "--max-steps", "2", "--seed", str(seed), "--set", "heldout_eval=false",
+        result = run_train(out, "--max-steps", str(steps), "--seed", str(seed), "--set", "heldout_eval=false",
                            "--set", "keep_checkpoints=1")
         assert result.returncode == 0, result.stderr[-3000:]
         assert "verdict" not in result.stdout and "before" not in json.loads((out / "summary.json").read_text())
@@ -372,8 +373,8 @@ def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_p
     again, weights_again = run("b", 3)
     assert first == again
     assert weights == weights_again
-    other, weights_other = run("c", 4)
-    assert other != first or weights != weights_other
+    other, _ = run("c", 4, steps=1)
+    assert other[0] != first[0]
 
 
 def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_gradients(tmp_path):
