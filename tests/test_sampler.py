@@ -539,20 +539,22 @@ def test_a_build_lock_that_turns_stale_while_waited_on_is_removed_and_the_wait_e
 def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torch_ops(embedded_model_dir, tmp_path,
                                                                                       monkeypatch):
     """On a CPU without avx512_bf16 the module builds without the attention and linear kernels (NATIVE_BF16 false):
-    `sample_next` still draws the tokens, and the bf16 stepper decodes with torch's ops. Built here with
-    -mno-avx512bf16, into a fresh extension cache."""
+    `sample_next` still draws the tokens, and the bf16 stepper decodes with torch's ops. Where this CPU has
+    avx512_bf16, built here with -mno-avx512bf16 into a fresh extension cache; elsewhere its own build is that one."""
     import dapo_suite.inference.decoding as decoding
     import dapo_suite.inference.sampling as sampling
     import dapo_suite.inference.weights as weights
     from dapo_suite.inference.fused_step import CFLAGS, SOURCE
     from dapo_suite.inference.models import load_model_and_tokenizer
 
-    _fused()  # a compiler and ninja are here
-    from torch.utils import cpp_extension
+    plain = _fused()  # a compiler and ninja are here
+    if plain.NATIVE_BF16:
+        from torch.utils import cpp_extension
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(SOURCE)],
-                               extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"], extra_ldflags=["-fopenmp"])
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+        plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(SOURCE)],
+                                   extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"],
+                                   extra_ldflags=["-fopenmp"])
     assert plain.NATIVE_BF16 is False
     assert plain.pack_weight(torch.zeros(16, 64, dtype=torch.bfloat16)).numel() == 0
     monkeypatch.setattr(weights, "kernels", lambda: plain)
