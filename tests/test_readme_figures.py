@@ -159,6 +159,23 @@ def paired(results: dict, a: str, b: str, measure: str) -> dict:
     return next(t for t in results["tests"] if (t["a"], t["b"]) == (a, b))["measures"][measure]["t_test"]
 
 
+def check_effects(row: dict[str, str]) -> None:
+    """While the study runs: per technique, the seeds whose pre-registered figure (the first) moved the paper's way
+    with it, of the seeds both arms finished; no verdict before the pre-registered 5."""
+    techniques = json.loads((RESULTS / "effects" / "effects.json").read_text())["techniques"]
+    shown_as = {"dynamic sampling": "dynamic sampling", "token-level loss": "token-level loss",
+                "overlong": "overlong handling", "Clip-Higher": "clip-higher"}
+    for label, technique in shown_as.items():
+        agree, seeds = figures(row["result"], rf"{label} (?:\*\*)?(\d+) of (\d+)")
+        primary = techniques[technique]["figures"][0]
+        sign = 1 if primary["dapo_higher_expected"] else -1
+        moved = [sign * (with_it - without) > 0 for with_it, without in zip(primary["dapo"], primary["arm"],
+                                                                             strict=True)]
+        assert (int(agree), int(seeds)) == (sum(moved), len(moved)), label
+        assert len(moved) < 5 and row["result"].endswith("verdicts at 5"), "5 seeds: the row gives the verdicts"
+    check_cpu(row, (RESULTS / "effects").glob("*/seed-*/config.yaml"))
+
+
 def check_ladder(row: dict[str, str]) -> None:
     results = ladder_of("ladder")
     rows = {r["rung"]: r for r in results["rows"]}
@@ -430,6 +447,7 @@ def check_real_shapes(row: dict[str, str]) -> None:
 CHECKS = {
     "demo": check_demo,
     "GSM8K": check_gsm8k,
+    "DAPO effects": check_effects,
     "ablation ladder": check_ladder,
     "Clip-Higher": check_entropy,
     "token-level loss": check_token_loss,
