@@ -18,6 +18,7 @@ from dapo_suite.train.effects import (
     SCALE,
     accuracy_jitter,
     effects_results,
+    metrics_from_step_zero,
     write_effects_outputs,
 )
 from dapo_suite.train.ladder import run_path, write_plan
@@ -70,6 +71,18 @@ def test_each_verdict_needs_significance_in_the_papers_direction(study):
     assert techniques["dynamic sampling"]["verdict"] == "not shown"
     signal = techniques["dynamic sampling"]["figures"][3]
     assert signal["dapo"] == [4.0] * 5 and signal["arm"] == [2.0] * 5
+
+
+def test_a_run_whose_seed_shared_its_evaluation_before_training_draws_it_as_step_0(study):
+    """The ladder measures held-out accuracy before training once a seed and copies it to the other runs'
+    summary.json only: the curves of those runs start at step 0 too, and a run that logged it keeps its own."""
+    shared = run_path(study, "dapo-sample-loss", 0)
+    metrics = shared / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()[1:]))  # no step 0
+    (shared / "summary.json").write_text(json.dumps({"before": {"acc": 0.125, "pass_at_8": 0.5}}))
+    first = metrics_from_step_zero(shared)[0]
+    assert first == {"step": 0, "val/acc": 0.125, "val/pass_at_8": 0.5}
+    assert metrics_from_step_zero(run_path(study, "dapo", 0))[0] == {"step": 0, "val/acc": 0.05, "val/pass_at_8": 0.2}
 
 
 def test_the_table_and_plot_are_written_and_an_unfinished_run_is_named(study):

@@ -238,6 +238,17 @@ def _row(technique: str, figure: dict, result: dict, bold: bool) -> str:
             f"{len(result['seeds'])} | {last} |")
 
 
+def metrics_from_step_zero(run_dir: Path) -> Records:
+    """A run's metrics with its held-out evaluation before training as step 0, as the trainer logs it: a run whose
+    seed's evaluation another run made (the ladder shares it) holds it only in its summary.json."""
+    records = read_metrics(run_dir)
+    summary = run_dir / "summary.json"
+    before = json.loads(summary.read_text()).get("before") if summary.is_file() else None
+    if before is None or any(record.get("step") == 0 for record in records):
+        return records
+    return [{"step": 0, **{f"val/{key}": value for key, value in before.items()}}, *records]
+
+
 def plot_effects(out: Path, seeds: list[int]) -> Path:
     """One panel per drawn figure: DAPO and the arm per step, the median over seeds as a line, min-max as a band."""
     import matplotlib
@@ -248,7 +259,7 @@ def plot_effects(out: Path, seeds: list[int]) -> Path:
     panels = [(technique, effect, figure) for technique, effect in EFFECTS.items()
               for figure in (effect.primary, *effect.secondary) if figure.series]
     # every run that has metrics (unfinished ones too, unlike the tables), read once for all the panels
-    records = {(arm, seed): read_metrics(path) for arm in ARMS for seed in seeds
+    records = {(arm, seed): metrics_from_step_zero(path) for arm in ARMS for seed in seeds
                if (path := run_path(out, arm, seed)).joinpath("metrics.jsonl").is_file()}
     columns = 3
     rows = math.ceil(len(panels) / columns)
