@@ -1,7 +1,7 @@
 """The `hf` engine's reference for the vLLM eval test (tests/test_vllm_cpu.py): `dapo-suite eval run --engine hf`
 on 20 arithmetic problems, 4 samples each, the DAPO protocol (T 1.0, top_p 0.7, the DAPO prompt, 96 new tokens,
-float32), over ten seeds pooled (800 samples). The test then runs vLLM alone against it: in under half the time
-the two engines took side by side (77 -> 33 s), against a reference ten times as large.
+float32), over ten seeds pooled (800 samples). The test then runs vLLM alone against it: one engine's run instead
+of two, against a reference ten times the size of its own sample.
 
     python scripts/hf_eval_reference.py    # writes tests/data/hf_eval_reference.json
 """
