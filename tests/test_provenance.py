@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 from dapo_suite import __version__
 from dapo_suite.core.provenance import provenance
@@ -19,6 +20,9 @@ def test_provenance_gives_the_version_and_a_revision_or_none():
     assert record["version"] == __version__
     assert record["git_rev"] is None or re.fullmatch("[0-9a-f]{40}", record["git_rev"])
     assert re.search(r", \d+ cores, flags ", record["machine"])
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "cpu family" in cpuinfo.read_text():  # an x86 Linux: the CPU generation is named
+        assert re.search(r" \(family \d+ model \d+\), ", record["machine"])
 
 
 def test_the_torch_thread_count_is_recorded_once_torch_is_loaded():

@@ -21,7 +21,9 @@ VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu_description() -> str:
-    """"<CPU model>, <N> cores, flags <the VECTOR_FLAGS it has>" (from /proc/cpuinfo; "unknown" elsewhere)."""
+    """"<CPU model> (family F model M), <N> cores, flags <the VECTOR_FLAGS it has>" (from /proc/cpuinfo; "unknown"
+    elsewhere). The family and model tell CPU generations apart where the model name does not (a cloud VM's "AMD
+    EPYC" is Zen 4 as family 25, Zen 5 as family 26)."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -29,7 +31,10 @@ def cpu_description() -> str:
     model = re.search(r"model name\s*:\s*(.*)", info)
     flags = set(flags_line[1].split()) if (flags_line := re.search(r"flags\s*:\s*(.*)", info)) else set()
     vector = [flag for flag in VECTOR_FLAGS if flag in flags]
-    return f"{model[1] if model else 'unknown'}, {os.cpu_count()} cores, flags {' '.join(vector) or 'none'}"
+    family, number = re.search(r"cpu family\s*:\s*(\d+)", info), re.search(r"^model\s*:\s*(\d+)", info, re.MULTILINE)
+    generation = f" (family {family[1]} model {number[1]})" if family and number else ""
+    return (f"{model[1] if model else 'unknown'}{generation}, {os.cpu_count()} cores, "
+            f"flags {' '.join(vector) or 'none'}")
 
 
 def cpu_line() -> str:
