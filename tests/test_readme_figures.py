@@ -15,7 +15,7 @@ import re
 import shutil
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -147,78 +147,33 @@ def check_gsm8k(row: dict[str, str]) -> None:
     check_cpu(row, [*folder.glob("eval/*/config.json"), *folder.glob("train/*/config.yaml")])
 
 
-def ladder_of(folder: str) -> dict:
-    """The ladder's table and paired tests as `dapo-suite train ladder --report-only` computes them from the
-    committed plan and per-run metrics."""
-    from dapo_suite.train.ladder import ladder_results
+def check_effect(technique: str) -> Callable[[dict[str, str]], None]:
+    """A technique's row of the DAPO-effects study: its verdict (shown: paired t-test p < 0.05 with the mean
+    difference in the paper's direction, as pre-registered), the medians of its pre-registered figure with and
+    without it, the seeds that moved the paper's way and p, recomputed from the committed per-run metrics."""
+    def check(row: dict[str, str]) -> None:
+        from dapo_suite.train.effects import effects_results
 
-    return ladder_results(RESULTS / folder)
-
-
-def paired(results: dict, a: str, b: str, measure: str) -> dict:
-    return next(t for t in results["tests"] if (t["a"], t["b"]) == (a, b))["measures"][measure]["t_test"]
-
-
-def check_effects(row: dict[str, str]) -> None:
-    """While the study runs: per technique, the seeds whose pre-registered figure (the first) moved the paper's way
-    with it, of the seeds both arms finished; no verdict before the pre-registered 5."""
-    techniques = json.loads((RESULTS / "effects" / "effects.json").read_text())["techniques"]
-    shown_as = {"dynamic sampling": "dynamic sampling", "token-level loss": "token-level loss",
-                "overlong": "overlong handling", "Clip-Higher": "clip-higher"}
-    for label, technique in shown_as.items():
-        agree, seeds = figures(row["result"], rf"{label} (?:\*\*)?(\d+) of (\d+)")
-        primary = techniques[technique]["figures"][0]
+        result = effects_results(RESULTS / "effects")["techniques"][technique]
+        primary = result["figures"][0]
+        verdict, with_it, without, unit, agree, seeds, p = figures(
+            row["result"], r"^\*\*(shown|not shown)\*\*: ([\d.]+) vs ([\d.]+) ?(%|nats|tokens)? \(medians\), "
+                           r"(\d+) of (\d+) seeds the paper's way, p ([\d.]+)")
+        scale = 100 if unit == "%" else 1
+        assert shows(with_it, scale * statistics.median(primary["dapo"]))
+        assert shows(without, scale * statistics.median(primary["arm"]))
         sign = 1 if primary["dapo_higher_expected"] else -1
-        moved = [sign * (with_it - without) > 0 for with_it, without in zip(primary["dapo"], primary["arm"],
-                                                                             strict=True)]
-        assert (int(agree), int(seeds)) == (sum(moved), len(moved)), label
-        assert len(moved) < 5 and row["result"].endswith("verdicts at 5"), "5 seeds: the row gives the verdicts"
-    check_cpu(row, (RESULTS / "effects").glob("*/seed-*/config.yaml"))
+        differences = [d - a for d, a in zip(primary["dapo"], primary["arm"], strict=True)]
+        assert (int(agree), int(seeds)) == (sum(sign * d > 0 for d in differences), len(differences))
+        assert int(seeds) >= 5 and f"{seeds} seeds x 60 steps" in row["measured"]  # the pre-registered minimum
+        p_value = primary["t_test"]["p_value"]
+        assert shows(p, p_value)
+        shown = p_value < 0.05 and sign * statistics.fmean(differences) > 0
+        assert verdict == ("shown" if shown else "not shown"), (verdict, p_value)
+        check_cpu(row, [path for arm in ("dapo", result["arm"])
+                        for path in (RESULTS / "effects" / arm).glob("seed-*/config.yaml")])
 
-
-def check_ladder(row: dict[str, str]) -> None:
-    results = ladder_of("ladder")
-    rows = {r["rung"]: r for r in results["rows"]}
-    test = paired(results, "+token-loss", "dapo", "heldout_acc")
-    delta, same, n, p = figures(row["result"], r"\*\*([+-][\d.]+) points\*\*, same sign in (\d) of (\d) seeds, p ([\d.]+)")
-    diffs = [b - a for a, b in zip(rows["+token-loss"]["heldout_acc"]["per_seed"],
-                                   rows["dapo"]["heldout_acc"]["per_seed"], strict=True)]
-    assert shows(delta, 100 * statistics.fmean(diffs)) and shows(p, test["p_value"])
-    assert int(n) == len(diffs)
-    assert int(same) == sum((d > 0) == (statistics.fmean(diffs) > 0) for d in diffs if d)
-    assert test["p_value"] > 0.05 and ("direction only" in row["result"] or "no difference" in row["result"])
-    low, high, start = figures(row["result"], r"every rung learns \(([\d.]+)-([\d.]+) % from ([\d.]+) %\)")
-    after = [100 * r["heldout_acc"]["mean"] for r in rows.values()]
-    before = [100 * r["before"] for r in rows.values()]
-    assert shows(low, min(after)) and shows(high, max(after)) and all(shows(start, value) for value in before)
-    check_cpu(row, (RESULTS / "ladder").glob("*/seed-*/config.yaml"))
-
-
-def check_entropy(row: dict[str, str]) -> None:
-    results = ladder_of("entropy")
-    rows = {r["rung"]: r for r in results["rows"]}
-    high, low, p, held_out, held_out_p, train, train_p = figures(
-        row["result"], r"([\d.]+) vs ([\d.]+) nats, p ([\d.]+): direction only; held-out fell ([\d.]+) points "
-                       r"\(p ([\d.]+)\), train accuracy ([\d.]+) points \(p ([\d.]+)\)")
-    assert shows(high, rows["clip-higher"]["entropy"]["mean"]) and shows(low, rows["grpo"]["entropy"]["mean"])
-    entropy_p = paired(results, "grpo", "clip-higher", "entropy")["p_value"]
-    assert shows(p, entropy_p) and entropy_p > 0.05  # "direction only"
-    for fell, p_shown, measure in ((held_out, held_out_p, "heldout_acc"), (train, train_p, "train_acc")):
-        change = rows["clip-higher"][measure]["mean"] - rows["grpo"][measure]["mean"]
-        assert change < 0 and shows(fell, -100 * change), measure  # "fell"
-        assert shows(p_shown, paired(results, "grpo", "clip-higher", measure)["p_value"]), measure
-    assert f"{len(rows['grpo']['seeds'])} seeds" in row["measured"]
-    check_cpu(row, (RESULTS / "entropy").glob("*/seed-*/config.yaml"))
-
-
-def check_token_loss(row: dict[str, str]) -> None:
-    folder = RESULTS / "token-loss"
-    steps = [r for r in jsonl(folder / "sample-mean" / "seed-0" / "metrics.jsonl") if "response_len/mean" in r]
-    lengths = [r["response_len/mean"] for r in sorted(steps, key=lambda r: r["step"])]
-    first, last = figures(row["result"], r"\((\d+) -> (\d+) tokens, steps 1-10 vs 21-30\)")
-    assert len(lengths) == 30 and row["result"].startswith("not shown")
-    assert shows(first, statistics.mean(lengths[:10])) and shows(last, statistics.mean(lengths[20:]))
-    check_cpu(row, folder.glob("*/seed-0/config.yaml"))
+    return check
 
 
 def check_verl_cpu(row: dict[str, str]) -> None:
@@ -447,10 +402,10 @@ def check_real_shapes(row: dict[str, str]) -> None:
 CHECKS = {
     "demo": check_demo,
     "GSM8K": check_gsm8k,
-    "DAPO effects": check_effects,
-    "ablation ladder": check_ladder,
-    "Clip-Higher": check_entropy,
-    "token-level loss": check_token_loss,
+    "Clip-Higher": check_effect("clip-higher"),
+    "dynamic sampling": check_effect("dynamic sampling"),
+    "token-level loss": check_effect("token-level loss"),
+    "overlong handling": check_effect("overlong handling"),
     "verl on a CPU": check_verl_cpu,
     "time to accuracy": check_time_to_accuracy,
     "rollout sampler": check_sampler,
@@ -492,6 +447,25 @@ def test_a_changed_raw_value_fails_its_row(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(sys.modules[__name__], "RESULTS", tmp_path)
     with pytest.raises(AssertionError):
         check_real_shapes(row)
+
+
+def test_a_changed_run_of_the_effects_study_fails_its_technique_row(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The technique rows are recomputed from each run's metrics.jsonl: DAPO's entropy over steps 51-60 tripled in
+    one seed of a copy of the study, under the same README, fails the Clip-Higher row and no other."""
+    copy = tmp_path / "effects"
+    shutil.copytree(RESULTS / "effects", copy, ignore=shutil.ignore_patterns("*.png", "h200"))
+    metrics = copy / "dapo" / "seed-0" / "metrics.jsonl"
+    records = jsonl(metrics)
+    for record in records:
+        if 51 <= record["step"] <= 60 and "actor/entropy" in record:
+            record["actor/entropy"] *= 3
+    metrics.write_text("".join(json.dumps(record) + "\n" for record in records))
+    rows = results_table()
+    monkeypatch.setattr(sys.modules[__name__], "RESULTS", tmp_path)
+    with pytest.raises(AssertionError):
+        CHECKS["Clip-Higher"](rows["Clip-Higher"])
+    CHECKS["dynamic sampling"](rows["dynamic sampling"])
 
 
 COMMIT_HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
