@@ -120,3 +120,19 @@ def test_a_verdict_waits_for_the_pre_registered_five_seeds(study):
     (run_path(study, "dapo-no-clip-higher", 4) / "summary.json").write_text(json.dumps({"before": {"acc": 0.05}}))
     clip_higher = effects_results(study)["techniques"]["clip-higher"]
     assert clip_higher["seeds"] == [0, 1, 2, 3] and clip_higher["verdict"] == "pending: 4 of 5 seeds"
+
+
+def test_the_committed_dapo_seed_4_is_the_same_run_on_zen_4_and_zen_5():
+    """The study's README says seed 4's mixed-CPU pairs compare the arms, not the CPUs: its `dapo` run, rerun on the
+    Zen 5 EPYC, logged every value but times and rates exactly as on the Zen 4 (docs/results/effects/)."""
+    results = Path(__file__).resolve().parent.parent / "docs" / "results" / "effects"
+    runs = [results / "dapo" / "seed-4", results / "zen5-rerun" / "dapo" / "seed-4"]
+    machines = [next(line for line in (run / "config.yaml").read_text().splitlines() if line.startswith("machine:"))
+                for run in runs]
+    assert "family" not in machines[0] and "(family 26 model 2)" in machines[1]  # recorded from the rerun on
+    logged = []
+    for run in runs:
+        records = {record["step"]: record for record in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+        logged.append({(step, key): value for step, record in records.items() for key, value in record.items()
+                       if key not in ("step", "time") and not key.startswith("perf/") and not key.endswith("seconds")})
+    assert len(logged[0]) == 2215 and logged[0] == logged[1]
