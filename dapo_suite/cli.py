@@ -19,6 +19,7 @@ STAGES = {
     "train": ("dapo_suite.train.cli", "train", "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale."),
     "eval": ("eval.cli", "eval_command", "Evaluate: avg@32 on AIME 2024 (the paper's protocol), pass@k, maj@k, more benchmarks."),
     "serve": ("serve.cli", "serve", "Chat with a trained reasoner in the browser (Gradio) or serve an OpenAI-compatible API."),
+    "sandbox": ("serve.sandbox_cli", "sandbox", "Run model-written Python isolated, once or as a SandboxFusion server."),
 }
 
 

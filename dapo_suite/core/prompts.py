@@ -24,13 +24,30 @@ FORMAT_EXAMPLES = (
 )
 
 
-def chat_messages(problem: str, template: str = DAPO_TEMPLATE, shots: int = 0) -> list[dict[str, str]]:
-    """The chat a model sees: `shots` worked examples (user and assistant turns, FORMAT_EXAMPLES), then the
-    problem as one user turn, as in the DAPO-Math-17K parquet's `prompt` column (shots=0, the paper's setting)."""
-    if not 0 <= shots <= len(FORMAT_EXAMPLES):
-        raise ValueError(f"shots must be between 0 and {len(FORMAT_EXAMPLES)}, got {shots}")
+# With the Python tool (`tools=True`): one sentence that says how to call it, and worked examples that call it on
+# the same kind of everyday question, ending with the same answer line (the tool's output is in the example).
+TOOL_INSTRUCTIONS = ("\n\nYou can run Python: write code in a ```python block and its output will be shown in an "
+                     "```output block.")
+TOOL_EXAMPLES = (
+    ("How many hours are in a week?",
+     "```python\nprint(24 * 7)\n```\n```output\n168\n```\nA week has 168 hours.\nAnswer: 168"),
+    ("How many minutes are in a day?",
+     "```python\nprint(60 * 24)\n```\n```output\n1440\n```\nA day has 1440 minutes.\nAnswer: 1440"),
+)
+
+
+def chat_messages(problem: str, template: str = DAPO_TEMPLATE, shots: int = 0,
+                  tools: bool = False) -> list[dict[str, str]]:
+    """The chat a model sees: `shots` worked examples (user and assistant turns, FORMAT_EXAMPLES, or
+    TOOL_EXAMPLES with `tools`), then the problem as one user turn, as in the DAPO-Math-17K parquet's `prompt`
+    column (shots=0, the paper's setting). `tools` adds TOOL_INSTRUCTIONS to every user turn."""
+    examples = TOOL_EXAMPLES if tools else FORMAT_EXAMPLES
+    if not 0 <= shots <= len(examples):
+        raise ValueError(f"shots must be between 0 and {len(examples)}, got {shots}")
+    if tools:
+        template += TOOL_INSTRUCTIONS
     turns = []
-    for example, response in FORMAT_EXAMPLES[:shots]:
+    for example, response in examples[:shots]:
         turns += [{"role": "user", "content": format_prompt(example, template)},
                   {"role": "assistant", "content": response}]
     return turns + [{"role": "user", "content": format_prompt(problem, template)}]

@@ -58,9 +58,33 @@ class Completion:
     num_tokens: int  # generated tokens, end-of-sequence token included
     token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (num_tokens,), in-process
     log_probs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the sampler's, HF only
+    # Multi-turn (tool_loop.ToolEngine): 1 on the model's own tokens, 0 on the tool's; None: all the model's
+    response_mask: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    tool_calls: tuple = field(default=(), repr=False, compare=False)  # tool_loop.ToolCall records, in order
+    model_text: str | None = None  # the model's own text (tool output left out): what is graded; None: text
+
+    @property
+    def graded_text(self) -> str:
+        """What is graded: the model's own words (an answer line a tool printed is not the model's answer)."""
+        return self.text if self.model_text is None else self.model_text
+
+    @property
+    def model_tokens(self) -> int:
+        """The model's own tokens (a tool's left out): what length statistics count."""
+        return self.num_tokens if self.response_mask is None else int(self.response_mask.sum())
 
 
 Emit = Callable[[Completion], None]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One continuation of a token context: its tokens (end-of-sequence token included), their log-probs, and
+    how it ended: "stop" (end of sequence), "length" (max_tokens) or "tool" (a stop rule: a code block to run)."""
+
+    token_ids: torch.Tensor
+    log_probs: torch.Tensor
+    finish: str
 
 
 class Engine(Protocol):
@@ -172,6 +196,40 @@ class HFEngine:
                     emit(self._completion(requests[index], sampled.tokens[row, :length].cpu(),
                                           sampled.log_probs[row, :length].cpu(), bool(sampled.stopped[row])))
                 bar.update(len(rows))
+
+    def continue_ids(self, contexts: list[torch.Tensor], samples_per_context: int, sampling: Sampling,
+                     generator: torch.Generator | None, stop_rule=None, prefix_cache=None) -> list[Piece]:
+        """`samples_per_context` continuations of each token context (1-D ids), in order, batch_size rows at a
+        time: the multi-turn loop's primitive (tool_loop.ToolEngine), which keeps token ids exact across turns.
+        `prefix_cache` (`prefill.PrefixCache`, for one snapshot of the weights): the contexts' common beginning
+        (the chat template, the worked example) computed once."""
+        import torch
+
+        from dapo_suite.inference.models import eval_mode
+        from dapo_suite.inference.sampling import sample_tokens
+
+        pad = self.tokenizer.pad_token_id
+        per_batch = max(self.batch_size // samples_per_context, 1)
+        pieces: list[Piece] = []
+        with eval_mode(self.model):
+            for start in range(0, len(contexts), per_batch):
+                batch = contexts[start : start + per_batch]
+                width = max(c.numel() for c in batch)
+                input_ids = torch.stack([torch.cat([torch.full((width - c.numel(),), pad), c]) for c in batch])
+                mask = torch.stack([torch.cat([torch.zeros(width - c.numel()), torch.ones(c.numel())])
+                                    for c in batch]).long()
+                sampled = sample_tokens(self.model, input_ids.to(self.model.device), mask.to(self.model.device),
+                                        sampling.max_tokens, sampling.temperature, sampling.top_p, self.eos_ids, pad,
+                                        samples_per_prompt=samples_per_context, generator=generator,
+                                        dtype=self.sampling_dtype, weights=self._stepper_weights(),
+                                        stop_rule=stop_rule, prefix_cache=prefix_cache)
+                for row in range(input_ids.shape[0] * samples_per_context):
+                    length = int(sampled.lengths[row])
+                    finish = ("tool" if bool(sampled.paused[row]) else "stop" if bool(sampled.stopped[row])
+                              else "length")
+                    pieces.append(Piece(sampled.tokens[row, :length].cpu(), sampled.log_probs[row, :length].cpu(),
+                                        finish))
+        return pieces
 
     def _batches(self, order: list[str], by_problem: dict[str, list[int]]) -> Iterator[list[str]]:
         """Runs of problems with the same number of pending samples, at most batch_size rows (one problem at

@@ -5,24 +5,37 @@ log-probs (`sample_tokens`). Decode steps run through `decoding.make_stepper`.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from dapo_suite.core.threads import free_cores
 from dapo_suite.inference.decoding import make_stepper
 from dapo_suite.inference.fused_step import kernels
+from dapo_suite.inference.prefill import PrefixCache
 from dapo_suite.inference.weights import StepperWeights
 
 
 @dataclass
 class SampledBatch:
     """What `sample_tokens` returns: (N, T) tokens (pad after each row's end) and their log-probs, and per row
-    the number of generated tokens (end-of-sequence token included) and whether it ended with one."""
+    the number of generated tokens (end-of-sequence token included), whether it ended with one, and whether the
+    caller's stop rule ended it (`paused`: a tool call to run before the row goes on)."""
 
     tokens: torch.Tensor
     log_probs: torch.Tensor
     lengths: torch.Tensor
     stopped: torch.Tensor
+    paused: torch.Tensor | None = None
+
+
+class StopRule(Protocol):
+    """Ends a row before its end-of-sequence token: `trigger_ids` are the tokens after which `matches` is asked
+    (rarely, so a decode step stays cheap), with the row's generated tokens so far."""
+
+    trigger_ids: torch.Tensor
+
+    def matches(self, row: int, tokens: torch.Tensor) -> bool: ...
 
 
 # a token's log-prob and its most likely alternatives, (token id, log-prob) in descending order
@@ -124,7 +137,8 @@ def scored_tokens(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list
 def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                   temperature: float, top_p: float, eos_ids: set[int], pad_id: int, samples_per_prompt: int = 1,
                   generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
-                  decoder: str = "auto", weights: StepperWeights | None = None) -> SampledBatch:
+                  decoder: str = "auto", weights: StepperWeights | None = None,
+                  stop_rule: StopRule | None = None, prefix_cache: PrefixCache | None = None) -> SampledBatch:
     """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
@@ -139,10 +153,13 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16 matmuls);
     the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot of the model's
     weights in `dtype`, for a caller that samples many times between two updates (`weights.StepperWeights`).
+    `stop_rule` ends rows early (a finished code block: `tool_loop`); those rows come back `paused`.
+    `prefix_cache`: the beginning the prompts share computed once (`prefill.PrefixCache`; valid for one snapshot of
+    the weights).
     """
     with free_cores.sampling() as cores:  # threads on the cores other programs leave free (core/threads.py)
         stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
-                               weights=weights)
+                               prefix_cache, weights)
         input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
         attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
         count, device = input_ids.shape[0], input_ids.device
@@ -150,6 +167,7 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         log_probs = torch.zeros(count, max_new_tokens, device=device)
         lengths = torch.zeros(count, dtype=torch.long, device=device)
         stopped = torch.zeros(count, dtype=torch.bool, device=device)
+        paused = torch.zeros(count, dtype=torch.bool, device=device)
         positions = attention_mask.sum(-1) - 1  # position of each row's last prompt token
         eos = torch.tensor(sorted(eos_ids), device=device)
         rows = torch.arange(count, device=device)  # which output row each batch row is
@@ -165,6 +183,11 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             lengths[live_rows] += 1
             ended = alive & torch.isin(sampled, eos)
             stopped[rows[ended]] = True
+            if stop_rule is not None:
+                for index in (alive & ~ended & torch.isin(sampled, stop_rule.trigger_ids)).nonzero().flatten().tolist():
+                    row = int(rows[index])
+                    if stop_rule.matches(row, tokens[row, : lengths[row]]):
+                        paused[row] = ended[index] = True
             alive &= ~ended
             if not alive.any():
                 break
@@ -174,4 +197,4 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                 rows, alive, sampled, positions = rows[keep], alive[keep], sampled[keep], positions[keep]
             step_input = sampled
             positions = positions + 1
-        return SampledBatch(tokens, log_probs, lengths, stopped)
+        return SampledBatch(tokens, log_probs, lengths, stopped, paused)

@@ -438,8 +438,11 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                    "reads whatever has finished.")
 @click.option("--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs.")
 @click.option("--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default).")
+@click.option("--study", default="dapo-effects", show_default=True, type=click.Choice(["dapo-effects", "tool"]),
+              help="dapo-effects: DAPO against DAPO less each technique; tool: DAPO with the Python tool against "
+                   "DAPO on text alone (tools-cpu scale; docs/results/tools/README.md).")
 @workers_option
-def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep_checkpoints: bool,
+def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep_checkpoints: bool, study: str,
             workers: int) -> None:
     """What each DAPO technique fixes: full DAPO against DAPO without it, on a setting where the problem appears.
 
@@ -458,15 +461,17 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
       dapo-suite train effects --arms dapo --seeds 1 --out runs/effects  # one arm-seed
       dapo-suite train effects --out runs/effects --report-only          # the table from the runs on disk
       dapo-suite train effects --seeds 5 --workers 2 --out runs/effects  # two arm-seeds at once, a core each
+      dapo-suite train effects --study tool --seeds 5 --workers 2 --out runs/tools   # the tool study
     A rerun skips finished runs and resumes an interrupted one; workers on one OUT split the runs (train ladder).
     """
-    from dapo_suite.train.effects import ARMS, SCALE, run_effects, write_effects_outputs
+    from dapo_suite.train.effects import STUDIES, run_effects, write_effects_outputs
     from dapo_suite.train.ladder import plan_ladder
     from dapo_suite.train.workers import run_workers
 
-    arms = [name.strip() for name in arms_list.split(",") if name.strip()] if arms_list else list(ARMS)
-    if unknown := [arm for arm in arms if arm not in ARMS]:
-        raise click.UsageError(f"--arms {','.join(unknown)}: the study's arms are {','.join(ARMS)}")
+    chosen = STUDIES[study]
+    arms = [name.strip() for name in arms_list.split(",") if name.strip()] if arms_list else list(chosen.arms)
+    if unknown := [arm for arm in arms if arm not in chosen.arms]:
+        raise click.UsageError(f"--arms {','.join(unknown)}: the study's arms are {','.join(chosen.arms)}")
     try:
         if report_only:
             table = write_effects_outputs(Path(out))
@@ -474,12 +479,12 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             if workers > 1:
                 command = ["train", "effects", "--out", out, "--seeds", str(seeds), "--arms", ",".join(arms),
-                           *(["--keep-checkpoints"] if keep_checkpoints else [])]
-                configs = plan_ladder(Path(out), arms, list(range(seeds)), {}, SCALE)
+                           "--study", study, *(["--keep-checkpoints"] if keep_checkpoints else [])]
+                configs = plan_ladder(Path(out), arms, list(range(seeds)), {}, chosen.scale)
                 run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = write_effects_outputs(Path(out))
             else:
-                table = run_effects(Path(out), arms, list(range(seeds)), keep_checkpoints)
+                table = run_effects(Path(out), arms, list(range(seeds)), keep_checkpoints, chosen)
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     click.echo(table.read_text())

@@ -27,12 +27,16 @@ from dapo_suite.core.provenance import provenance
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
-SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu", "effects-cpu")
+SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu", "effects-cpu", "tools-cpu")
+# The scale an embedded-model run gets when no scale preset is named: tiny-cpu, or the one its preset names here.
+DEFAULT_SCALES = {"dapo-tool": "tools-cpu"}
 SUCCESSORS = ("gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov")
 # "off", then verl 0.9.1's two async trainers by their package names (verl/experimental/<name>)
 ASYNC_MODES = ("off", "one_step", "fully")
 # `--set` names that are not field names: `async` is a Python keyword, so its field is async_mode
-KEY_ALIASES = {"async": "async_mode"}
+KEY_ALIASES = {"async": "async_mode", "multi_turn.enable": "multi_turn",
+               **{f"multi_turn.{name}": name for name in ("max_assistant_turns", "max_tool_response_length",
+                                                          "tool_response_truncate_side", "tool_config_path")}}
 # The fields an ablation preset may set: the switches of the paper's Table 1 (and nothing about scale).
 SWITCHES = ("dynamic_sampling", "filter_metric", "clip_low", "clip_high", "loss_agg", "overlong_penalty",
             "overlong_filter")
@@ -63,6 +67,8 @@ RANGES: dict[str, tuple[str, str]] = {
     "val_max_response_length": ("[1, inf)", "or null for max_response_length"),
     "save_every": ("[1, inf)", ""), "keep_checkpoints": ("[1, inf)", ""),
     "lora_rank": ("[0, inf)", "0 = full fine-tuning"), "lora_alpha": ("(0, inf)", "adapter scale = lora_alpha / lora_rank"),
+    "max_assistant_turns": ("[1, inf)", "model turns; tool calls are at most one fewer"),
+    "max_tool_response_length": ("[1, inf)", "characters of a tool output the model sees"),
 }
 
 
@@ -133,6 +139,14 @@ class TrainConfig:
     rollout_rs: str | None = None  # rejection criteria, e.g. "seq_mean_k3" or "token_k1,seq_max_k2"; null = none
     rollout_rs_threshold: str | None = None  # one bound per criterion ("0.5_2.0" for k1, an upper bound for k2/k3)
 
+    # Multi-turn rollouts with a Python tool run in the sandbox (verl 0.9's rollout.multi_turn.*; docs/tools.md).
+    multi_turn: bool = False  # multi_turn.enable: the model may run ```python blocks between its turns
+    max_assistant_turns: int = 4  # model turns a response may take (verl: max_assistant_turns)
+    max_tool_response_length: int = 256  # characters of a tool output the model sees (verl's default)
+    tool_response_truncate_side: str = "middle"  # which part of a longer output is cut: left, middle, right
+    tool_config_path: str | None = None  # a tool config YAML in verl 0.9's shape; null: the shipped sandbox tool
+    tool_isolation: str = "bwrap"  # "unsafe-none" runs model-written code unsandboxed, as this user
+
     # Optimisation
     lr: float = 1e-6
     warmup_steps: int = 10  # linear warm-up, then constant (the recipe uses 10; the paper says 20)
@@ -201,10 +215,30 @@ class TrainConfig:
             problems.append(f"async={self.async_mode} runs verl's async trainers: add --backend verl (or async=off)")
         if self.rollout_engine not in ("auto", "hf", "vllm"):
             problems.append("rollout_engine must be 'auto', 'hf' or 'vllm'")
+        problems += self._tool_problems()
         if self.lora_rank and not self.lora_target_list:
             problems.append("lora_targets must be all-linear or a comma list of module names (q_proj,v_proj)")
         if problems:
             raise UserError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+    def _tool_problems(self) -> list[str]:
+        from dapo_suite.core.sandbox import ISOLATIONS
+        from dapo_suite.core.sandbox.limits import TRUNCATE_SIDES
+
+        problems = []
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            problems.append(f"tool_response_truncate_side must be one of {', '.join(TRUNCATE_SIDES)}")
+        if self.tool_isolation not in ISOLATIONS:
+            problems.append(f"tool_isolation must be one of {', '.join(ISOLATIONS)}")
+        if self.multi_turn and self.backend == "verl":
+            problems.append("multi_turn runs on the embedded trainer only for now: verl's agent loop is not wired "
+                            "(without it verl would train single-turn silently); drop --backend verl")
+        if self.multi_turn and self.backend == "embedded" and self.rollout_engine == "vllm":
+            problems.append("multi_turn on the embedded trainer samples with the hf engine: set rollout_engine=hf "
+                            "(or auto)")
+        if self.tool_config_path and not Path(self.tool_config_path).is_file():
+            problems.append(f"tool_config_path {self.tool_config_path}: no such file")
+        return problems
 
     def _objective_problems(self) -> list[str]:
         """Loss mode, aggregation, advantage estimator and rollout correction, checked by the registries that
@@ -316,7 +350,7 @@ def resolve_config(presets: list[str] | tuple[str, ...] = (), overrides: dict[st
     model = overrides.get("model", "embedded")
     applied = []
     if model in (None, "embedded") and not any(p in SCALE_PRESETS for p in presets):
-        applied.append("tiny-cpu")
+        applied.append(next((DEFAULT_SCALES[p] for p in presets if p in DEFAULT_SCALES), "tiny-cpu"))
     applied += list(presets)
     for name in applied:
         values.update(load_preset(name))

@@ -143,28 +143,90 @@ EFFECTS = {
                 True, metric("response_len/clip_ratio"), "truncated share"),
          Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True))),
 }
-ARMS = (BASELINE, *(effect.arm for effect in EFFECTS.values()))
 
 
-def run_effects(out: Path, arms: list[str], seeds: list[int], keep_checkpoints: bool = False) -> Path:
+def change(value: Callable[[dict], float | None], early: tuple[int, int], late: tuple[int, int]
+           ) -> Callable[[Records], float]:
+    """The mean of a per-step value over the `late` steps minus its mean over the `early` steps: how training
+    moved it (NaN where it was not logged, e.g. tool use in a text-only run)."""
+    first, last = steps_mean(value, *early), steps_mean(value, *late)
+    return lambda records: last(records) - first(records)
+
+
+# The tool study's pre-registration (docs/results/tools/README.md): DAPO with the Python tool against DAPO on text
+# alone, same task, same prompt but for the tool's instructions and example.
+TOOL_EFFECTS = {
+    "Python tool": Effect(
+        "dapo", "ReTool (arXiv 2504.11536): 67 % vs 40 % on AIME 2024, and RL raises tool use",
+        Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True, metric("val/acc"),
+               "held-out avg@8"),
+        (Figure("held-out pass@8 after step 60", heldout_at(60, "val/pass_at_8"), True, metric("val/pass_at_8"),
+                "held-out pass@8"),
+         Figure("held-out avg@8 before training", heldout_at(0, "val/acc"), True),
+         Figure("held-out avg@8, after step 60 minus before training",
+                lambda records: heldout_at(60, "val/acc")(records) - heldout_at(0, "val/acc")(records), True),
+         Figure("responses that call the tool, mean of steps 51-60 minus steps 1-10 (tool arm)",
+                change(metric("tool/call_rate"), (1, 10), (51, 60)), True, metric("tool/call_rate"),
+                "responses calling the tool"),
+         Figure("calls whose code fails, mean of steps 51-60 (tool arm)", steps_mean(metric("tool/error_rate"), 51, 60),
+                False, metric("tool/error_rate"), "calls whose code fails"))),
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    """A pre-registered comparison: `baseline` against each effect's arm, paired by seed, at the `scale` preset.
+    The labels name the two sides in its tables ("DAPO" / "without it")."""
+
+    name: str
+    scale: str
+    baseline: str
+    effects: dict[str, Effect]
+    baseline_label: str = "DAPO"
+    arm_label: str = "without it"
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return (self.baseline, *(effect.arm for effect in self.effects.values()))
+
+
+STUDIES = {study.name: study for study in (
+    Study("dapo-effects", SCALE, BASELINE, EFFECTS),
+    Study("tool", "tools-cpu", "dapo-tool", TOOL_EFFECTS, "with the tool", "text only"),
+)}
+ARMS = STUDIES["dapo-effects"].arms
+
+
+def study_of(out: Path) -> Study:
+    """The study a folder holds, from its plan's scale preset."""
+    scale = read_plan(out).get("scale")
+    for study in STUDIES.values():
+        if study.scale == scale:
+            return study
+    raise ValueError(f"{out}: its plan's scale {scale!r} is no study's ({', '.join(STUDIES)})")
+
+
+def run_effects(out: Path, arms: list[str], seeds: list[int], keep_checkpoints: bool = False,
+                study: Study = STUDIES["dapo-effects"]) -> Path:
     """Train every (arm, seed) not yet finished (the ladder's runner: resumable, one worker per run), then write
     the effects table; return its path."""
-    run_ladder(out, arms, seeds, {}, scale=SCALE, keep_checkpoints=keep_checkpoints)
+    run_ladder(out, arms, seeds, {}, scale=study.scale, keep_checkpoints=keep_checkpoints)
     return write_effects_outputs(out)
 
 
 def effects_results(out: Path) -> dict:
-    """Per technique: each figure per seed for DAPO and the arm, the paired tests over the seeds both finished,
-    and the verdict on the primary figure."""
+    """Per technique: each figure per seed for the baseline (DAPO) and the arm, the paired tests over the seeds
+    both finished, and the verdict on the primary figure."""
+    study = study_of(out)
     seeds = read_plan(out)["seeds"]
-    records = {(arm, seed): read_metrics(path) for arm in ARMS for seed in seeds
+    records = {(arm, seed): metrics_from_step_zero(path) for arm in study.arms for seed in seeds
                if run_finished(path := run_path(out, arm, seed))}
     results = {}
-    for technique, effect in EFFECTS.items():
-        shared = [seed for seed in seeds if (BASELINE, seed) in records and (effect.arm, seed) in records]
+    for technique, effect in study.effects.items():
+        shared = [seed for seed in seeds if (study.baseline, seed) in records and (effect.arm, seed) in records]
         figures = []
         for figure in (effect.primary, *effect.secondary):
-            dapo = [figure.measure(records[BASELINE, seed]) for seed in shared]
+            dapo = [figure.measure(records[study.baseline, seed]) for seed in shared]
             arm = [figure.measure(records[effect.arm, seed]) for seed in shared]
             pairs = [(a, d) for a, d in zip(arm, dapo, strict=True) if not (math.isnan(a) or math.isnan(d))]
             t_test = paired_t_test([a for a, _ in pairs], [d for _, d in pairs]) if pairs else None
@@ -180,15 +242,15 @@ def effects_results(out: Path) -> dict:
             f"pending: {len(shared)} of {MIN_SEEDS} seeds"
         results[technique] = {"arm": effect.arm, "paper": effect.paper, "seeds": shared, "figures": figures,
                               "verdict": verdict}
-    missing = [f"{arm} seed {seed}" for arm in ARMS for seed in seeds if (arm, seed) not in records]
-    return {"seeds": seeds, "techniques": results, "missing": missing}
+    missing = [f"{arm} seed {seed}" for arm in study.arms for seed in seeds if (arm, seed) not in records]
+    return {"study": study.name, "seeds": seeds, "techniques": results, "missing": missing}
 
 
 def write_effects_outputs(out: Path) -> Path:
     """effects.json, effects.md and effects.png from OUT; the path of effects.md."""
     results = effects_results(out)
     (out / RESULTS_FILE).write_text(json.dumps(finite_or_null(results), indent=2) + "\n")
-    plot_effects(out, results["seeds"])
+    plot_effects(out, results["seeds"], STUDIES[results["study"]])
     table = out / TABLE_FILE
     table.write_text(effects_markdown(results) + "\n")
     return table
@@ -203,20 +265,25 @@ def _cell(values: list[float]) -> str:
 
 def effects_markdown(results: dict) -> str:
     """One row per technique (the pre-registered figure and verdict), then every figure per seed."""
-    lines = [f"Seeds {', '.join(map(str, results['seeds']))}; DAPO against DAPO without each technique, paired by "
+    study = STUDIES[results.get("study", "dapo-effects")]
+    ours, theirs = study.baseline_label, study.arm_label
+    versus = (f"{ours} against {theirs}" if study.name != "dapo-effects"
+              else "DAPO against DAPO without each technique")
+    lines = [f"Seeds {', '.join(map(str, results['seeds']))}; {versus}, paired by "
              f"seed. Shown: paired t-test p < {SIGNIFICANCE} with the difference in the paper's direction; the exact "
              "sign-flip p is beside it (with 5 seeds it cannot go below 0.0625).", "",
-             "| technique | pre-registered figure | DAPO, median (range) | without it | DAPO - without (mean) | "
+             f"| technique | pre-registered figure | {ours}, median (range) | {theirs} | {ours} - {theirs} (mean) | "
              "p (t-test / sign-flip) | seeds | verdict |", "|---|---|---|---|---|---|---|---|"]
     for technique, result in results["techniques"].items():
-        lines.append(_row(technique, result["figures"][0], result, bold=True))
+        lines.append(_row(technique, result["figures"][0], result, bold=True, higher=f"{ours} higher",
+                          lower=f"{ours} lower"))
     lines += ["", "Secondary figures (reported, not tested for the verdict):", "",
-              "| technique | figure | DAPO, median (range) | without it | DAPO - without (mean) | "
+              f"| technique | figure | {ours}, median (range) | {theirs} | {ours} - {theirs} (mean) | "
               "p (t-test / sign-flip) | seeds | expected |", "|---|---|---|---|---|---|---|---|"]
     for technique, result in results["techniques"].items():
         for figure in result["figures"][1:]:
-            lines.append(_row(technique, figure, result, bold=False))
-    lines += ["", "Per seed (DAPO / without):", ""]
+            lines.append(_row(technique, figure, result, bold=False, higher=f"{ours} higher", lower=f"{ours} lower"))
+    lines += ["", f"Per seed ({ours} / {theirs}):", ""]
     for technique, result in results["techniques"].items():
         for figure in result["figures"]:
             pairs = ", ".join(f"{seed}: {d:.3g} / {a:.3g}"
@@ -228,11 +295,12 @@ def effects_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _row(technique: str, figure: dict, result: dict, bold: bool) -> str:
+def _row(technique: str, figure: dict, result: dict, bold: bool, higher: str = "DAPO higher",
+         lower: str = "DAPO lower") -> str:
     t_test, flip = figure["t_test"], figure["sign_flip"]
     delta = "-" if t_test is None else f"{t_test['delta']:+.3g}"
     p = "-" if t_test is None else f"{t_test['p_value']:.3g} / {flip['p_value']:.3g}"
-    direction = "DAPO higher" if figure["dapo_higher_expected"] else "DAPO lower"
+    direction = higher if figure["dapo_higher_expected"] else lower
     last = f"**{result['verdict']}** ({direction} expected)" if bold else direction
     return (f"| {technique} | {figure['label']} | {_cell(figure['dapo'])} | {_cell(figure['arm'])} | {delta} | {p} | "
             f"{len(result['seeds'])} | {last} |")
@@ -249,23 +317,23 @@ def metrics_from_step_zero(run_dir: Path) -> Records:
     return [{"step": 0, **{f"val/{key}": value for key, value in before.items()}}, *records]
 
 
-def plot_effects(out: Path, seeds: list[int]) -> Path:
+def plot_effects(out: Path, seeds: list[int], study: Study = STUDIES["dapo-effects"]) -> Path:
     """One panel per drawn figure: DAPO and the arm per step, the median over seeds as a line, min-max as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(technique, effect, figure) for technique, effect in EFFECTS.items()
+    panels = [(technique, effect, figure) for technique, effect in study.effects.items()
               for figure in (effect.primary, *effect.secondary) if figure.series]
     # every run that has metrics (unfinished ones too, unlike the tables), read once for all the panels
-    records = {(arm, seed): metrics_from_step_zero(path) for arm in ARMS for seed in seeds
+    records = {(arm, seed): metrics_from_step_zero(path) for arm in study.arms for seed in seeds
                if (path := run_path(out, arm, seed)).joinpath("metrics.jsonl").is_file()}
     columns = 3
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     for axis, (technique, effect, figure) in zip(axes.flat, panels, strict=False):
-        for arm, colour in ((BASELINE, "tab:blue"), (effect.arm, "tab:orange")):
+        for arm, colour in ((study.baseline, "tab:blue"), (effect.arm, "tab:orange")):
             per_seed = [{r["step"]: v for r in records[arm, seed] if (v := figure.series(r)) is not None}
                         for seed in seeds if (arm, seed) in records]
             steps = sorted(set().union(*per_seed)) if per_seed else []

@@ -41,19 +41,22 @@ def heldout_accuracy(engine: Engine, prompts: list[str], answers: list[str], n: 
                                                seed=seed + first), part.append)
             for completion in part:
                 problem = int(completion.problem_id)
-                correct[problem].append(bool(compute_score("heldout", completion.text, answers[problem])["acc"]))
+                correct[problem].append(bool(compute_score("heldout", completion.graded_text, answers[problem])["acc"]))
             completions += part
             bar.update(len(part))
     return {
         "acc": avg_at_k(correct),
         "acc_stderr": avg_at_k_standard_error(correct),
         f"pass_at_{n}": mean_pass_at_k(correct, n),
-        "format_rate": sum(extract_answer(c.text) is not None for c in completions) / len(completions),
-        "response_len_mean": sum(c.num_tokens for c in completions) / len(completions),
+        "format_rate": sum(extract_answer(c.graded_text) is not None for c in completions) / len(completions),
+        "response_len_mean": sum(c.model_tokens for c in completions) / len(completions),
         "truncated": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "problems": len(correct),
         "samples_per_problem": n,
         "seconds": time.monotonic() - start,
+        **({"tool_call_rate": sum(bool(c.tool_calls) for c in completions) / len(completions),
+            "tool_calls_per_response": sum(len(c.tool_calls) for c in completions) / len(completions)}
+           if any(c.tool_calls for c in completions) else {}),
     }
 
 

@@ -49,7 +49,9 @@ SHARED_FILE_WAIT = 120.0  # seconds a worker waits for another to finish writing
 LAST_STEPS = 3  # step figures are means over a run's last steps: one step of 4 prompts is noisy
 # What the held-out evaluation depends on; runs that agree on all of these share the measurement before training.
 HELDOUT_FIELDS = ("model", "task", "train_file", "val_file", "heldout_size", "seed", "val_n", "val_temperature",
-                  "val_top_p", "eval_max_tokens", "dtype", "device")
+                  "val_top_p", "eval_max_tokens", "dtype", "sampling_dtype", "device", "prompt_shots", "multi_turn",
+                  "max_assistant_turns", "max_tool_response_length", "tool_response_truncate_side",
+                  "tool_config_path")
 
 
 def zero_advantage_share(record: dict) -> float | None:

@@ -16,6 +16,7 @@ import torch
 
 from dapo_suite.inference.engines import Completion, HFEngine, Request, Sampling, VLLMEngine
 from dapo_suite.inference.models import choose_engine
+from dapo_suite.inference.tool_loop import ToolEngine, ToolSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,28 @@ class Rollout:
     advantage: float = 0.0
     rollout_log_prob: torch.Tensor | None = None  # (T,) the sampler's own log-probs, kept when the trainer
     #   recomputes old_log_prob for rollout correction (they come from another dtype or engine)
+    response_mask: torch.Tensor | None = None  # (T,) 1 on the model's tokens, 0 on a tool's; None: all the model's
+    tool_calls: tuple = ()  # tool_loop.ToolCall records of a multi-turn response
+    model_text: str | None = None  # the model's own text, what is graded; None: `text`
 
     @property
     def length(self) -> int:
+        """Tokens of the whole response, the tool's included: what the forward pass runs over."""
         return int(self.response_ids.numel())
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(T,) float: 1 on the tokens that carry loss, entropy and length (the model's own), 0 on a tool's."""
+        return torch.ones(self.length) if self.response_mask is None else self.response_mask
+
+    @property
+    def model_length(self) -> int:
+        """The model's own tokens: what the overlong penalty and the length metrics count (tools excluded)."""
+        return self.length if self.response_mask is None else int(self.response_mask.sum())
+
+    @property
+    def graded_text(self) -> str:
+        return self.text if self.model_text is None else self.model_text
 
 
 def sample_rollouts(engine: HFEngine | VLLMEngine, tokenizer, prompts: list[str], group_size: int,
@@ -57,14 +76,32 @@ def sample_rollouts(engine: HFEngine | VLLMEngine, tokenizer, prompts: list[str]
                   for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     completions.sort(key=lambda c: (int(c.problem_id), c.sample_index))
     return [Rollout(group=int(c.problem_id), prompt_ids=prompt_ids[int(c.problem_id)], response_ids=c.token_ids,
-                    old_log_prob=c.log_probs, truncated=c.finish_reason == "length", text=c.text)
+                    old_log_prob=c.log_probs, truncated=c.finish_reason == "length", text=c.text,
+                    response_mask=c.response_mask, tool_calls=c.tool_calls, model_text=c.model_text)
             for c in completions]
 
 
-def make_engine(config, model, tokenizer) -> HFEngine | VLLMEngine:
+def make_engine(config, model, tokenizer) -> HFEngine | VLLMEngine | ToolEngine:
     """The engine `config.rollout_engine` names, on the trainer's policy: "hf"; "vllm" (one GPU); or "auto", which
     is vLLM when it is installed and the policy is on a GPU, else "hf". On "auto", a vLLM that fails to start falls
-    back to "hf" with a warning that carries the error; on "vllm" the error stops the run."""
+    back to "hf" with a warning that carries the error; on "vllm" the error stops the run. With `multi_turn`,
+    the hf engine inside the tool loop, with the sandbox of the tool config."""
+    if config.multi_turn:
+        return tool_engine(config, hf_engine(config, model, tokenizer))
+    return single_turn_engine(config, model, tokenizer)
+
+
+def tool_engine(config, inner: HFEngine) -> ToolEngine:
+    from dapo_suite.core.sandbox import Sandbox
+    from dapo_suite.train.tool_config import sandbox_limits
+
+    settings = ToolSettings(config.max_assistant_turns, config.max_tool_response_length,
+                            config.tool_response_truncate_side)
+    return ToolEngine(inner, Sandbox(sandbox_limits(config.tool_config_path), isolation=config.tool_isolation),
+                      settings)
+
+
+def single_turn_engine(config, model, tokenizer) -> HFEngine | VLLMEngine:
     if choose_engine(config.rollout_engine, on_gpu=model.device.type == "cuda") == "hf":
         return hf_engine(config, model, tokenizer)
     max_model_len = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)

@@ -51,31 +51,62 @@ WORD_PROBLEM_MAX_NUMBER = 12
 
 
 def word_problems(operations: int, count: int = WORD_PROBLEMS_PER_LEVEL, max_number: int = WORD_PROBLEM_MAX_NUMBER,
-                  seed: int = 0) -> list[Problem]:
+                  seed: int = 0, min_number: int = 1) -> list[Problem]:
     """`count` distinct stories of `operations` gains and losses on a starting amount ("Tom has 7 apples. He gets
-    5 more. He gives away 3. How many apples does Tom have now?"), every number in 1..max_number and every running
-    total non-negative. The knob is `operations`: each adds a step the model must carry, so the untrained model's
-    accuracy falls with it and writing the steps out (longer responses) starts to pay."""
-    rng, problems, seen = random.Random(f"word-problems-{operations}-{seed}"), [], set()
+    5 more. He gives away 3. How many apples does Tom have now?"), every number in min_number..max_number and every
+    running total non-negative. The knob is `operations`: each adds a step the model must carry, so the untrained
+    model's accuracy falls with it and writing the steps out (longer responses) starts to pay."""
+    label = f"word-problems-{operations}-{seed}" + (f"-{min_number}-{max_number}" if min_number > 1 else "")
+    rng, problems, seen = random.Random(label), [], set()
     while len(problems) < count:
         (name, pronoun), thing = rng.choice(STORY_PEOPLE), rng.choice(STORY_THINGS)
-        total = rng.randint(2, max_number)
+        total = rng.randint(max(2, min_number), max_number)
         sentences = [f"{name} has {total} {thing}."]
         for _ in range(operations):
-            gain = total == 0 or rng.random() < 0.5
-            amount = rng.randint(1, max_number if gain else min(total, max_number))
+            gain = total < min_number or rng.random() < 0.5
+            amount = rng.randint(min_number, max_number if gain else min(total, max_number))
             total += amount if gain else -amount
             sentences.append(rng.choice(STORY_GAINS if gain else STORY_LOSSES).format(Pron=pronoun.capitalize(),
                                                                                        n=amount))
         text = " ".join([*sentences, f"How many {thing} does {name} have now?"])
         if text not in seen:
             seen.add(text)
-            problems.append(Problem(id=f"word{operations}:{len(problems)}", problem=text, answer=str(total)))
+            kind = f"word{operations}" + (f"-{min_number}-{max_number}" if min_number > 1 else "")
+            problems.append(Problem(id=f"{kind}:{len(problems)}", problem=text, answer=str(total)))
     return problems
 
 
+STORY_CONTAINERS = ("boxes", "bags", "rows", "shelves", "packs", "crates")
+
+
+def product_problems(count: int, low: int, high: int, seed: int = 0) -> list[Problem]:
+    """`count` distinct stories of equal groups ("Tom has 14 boxes. Each box holds 23 apples. How many apples does
+    Tom have?"), both factors in low..high: one multiplication the 135M model rarely does in its head."""
+    rng, problems, seen = random.Random(f"products-{low}-{high}-{seed}"), [], set()
+    while len(problems) < count:
+        (name, _), thing, container = rng.choice(STORY_PEOPLE), rng.choice(STORY_THINGS), rng.choice(STORY_CONTAINERS)
+        groups, each = rng.randint(low, high), rng.randint(low, high)
+        text = (f"{name} has {groups} {container}. Each of them holds {each} {thing}. How many {thing} does {name} "
+                "have?")
+        if text not in seen:
+            seen.add(text)
+            problems.append(Problem(id=f"product:{len(problems)}", problem=text, answer=str(groups * each)))
+    return problems
+
+
+# The tool study's task (docs/results/tools/): small sums the text arm can learn, and three-digit sums and
+# two-digit products where computing pays; the mix was chosen by scripts/tools_probe.py on training problems.
+TOOL_TASK_PARTS = {"small": partial(word_problems, 1, 400), "large": partial(word_problems, 1, 400, 999, 0, 100),
+                   "product": partial(product_problems, 400, 11, 40)}
+
+
+def tool_task() -> list[Problem]:
+    return [problem for part in TOOL_TASK_PARTS.values() for problem in part()]
+
+
 BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "arithmetic-in-words": arithmetic_in_words,
-                 **{f"word-problems-{steps}": partial(word_problems, steps) for steps in (1, 2, 3, 4)}}
+                 **{f"word-problems-{steps}": partial(word_problems, steps) for steps in (1, 2, 3, 4)},
+                 "word-problems-tool": tool_task}
 
 
 def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

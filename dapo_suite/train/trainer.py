@@ -136,13 +136,29 @@ def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: s
     return kept, counts
 
 
+def tool_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """`tool/*` over a step's sampled responses: calls per response, the share that call the tool, calls that
+    failed (an exception, a non-zero exit, a limit) and timed out, model turns, and tokens the tool wrote."""
+    calls = [call for r in rollouts for call in r.tool_calls]
+    count = max(len(rollouts), 1)
+    return {
+        "tool/calls_per_response": len(calls) / count,
+        "tool/call_rate": sum(bool(r.tool_calls) for r in rollouts) / count,
+        "tool/errors": sum(call.outcome != "ok" for call in calls),
+        "tool/error_rate": sum(call.outcome != "ok" for call in calls) / max(len(calls), 1),
+        "tool/timeouts": sum(call.outcome in ("timeout", "cpu_limit") for call in calls),
+        "tool/turns_mean": sum(len(r.tool_calls) + 1 for r in rollouts) / count,
+        "tool/tokens_mean": sum(r.length - r.model_length for r in rollouts) / count,
+    }
+
+
 def logprob_mismatch(rollouts: list[Rollout]) -> dict[str, float]:
     """|log pi_old (trainer) - log pi_rollout (sampler)| over the response tokens of rollouts that carry both:
     the rollout-training mismatch that rollout correction weighs. Empty when none carries both."""
-    both = [r for r in rollouts if r.rollout_log_prob is not None and r.old_log_prob is not None and r.length]
+    both = [r for r in rollouts if r.rollout_log_prob is not None and r.old_log_prob is not None and r.model_length]
     if not both:
         return {}
-    gap = torch.cat([(r.old_log_prob - r.rollout_log_prob).abs() for r in both])
+    gap = torch.cat([(r.old_log_prob - r.rollout_log_prob).abs()[r.mask > 0] for r in both])
     return {"rollout/logprob_diff_max": gap.max().item(), "rollout/logprob_diff_mean": gap.mean().item()}
 
 
@@ -191,7 +207,8 @@ class DAPOTrainer:
         return train_and_heldout(self.config)
 
     def prompt_text(self, problem: Problem) -> str:
-        return render_chat(self.tokenizer, chat_messages(problem.problem, shots=self.config.prompt_shots))
+        return render_chat(self.tokenizer, chat_messages(problem.problem, shots=self.config.prompt_shots,
+                                                         tools=self.config.multi_turn))
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
@@ -200,11 +217,12 @@ class DAPOTrainer:
         check in time (scored -1, counted as `reward/timeouts` so a run tells "wrong" from "could not check")."""
         config = self.config
         timeouts = 0
-        for rollout in rollouts:
-            result = compute_score("dapo-suite", rollout.text, problems[rollout.group].answer)
+        for rollout in rollouts:  # the model's own text: an answer line a tool printed is not the model's answer
+            result = compute_score("dapo-suite", rollout.graded_text, problems[rollout.group].answer)
             rollout.score, rollout.acc = result["score"], result["acc"]
             timeouts += result["timeout"]
-        lengths = torch.tensor([r.length for r in rollouts])
+        # The penalty counts the model's own tokens: a tool's long output is not the model's verbosity.
+        lengths = torch.tensor([r.model_length for r in rollouts])
         penalty = (soft_overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
                                          config.overlong_penalty_factor)
                    if config.overlong_penalty else torch.zeros(len(rollouts)))
@@ -219,7 +237,8 @@ class DAPOTrainer:
         rollouts = [r for group in groups for r in group]
         advantages = compute_advantages(
             self.config.adv_estimator, torch.tensor([r.reward for r in rollouts]),
-            [index for index, group in enumerate(groups) for _ in group], torch.tensor([r.length for r in rollouts]),
+            [index for index, group in enumerate(groups) for _ in group],
+            torch.tensor([r.model_length for r in rollouts]),
             self.config.adv_norm)
         for rollout, advantage in zip(rollouts, advantages.tolist(), strict=True):
             rollout.advantage = advantage
@@ -263,7 +282,7 @@ class DAPOTrainer:
         if kept:
             self.assign_advantages(kept)
         mismatch = logprob_mismatch([r for group in kept for r in group])
-        lengths = torch.tensor([r.length for r in all_rollouts], dtype=torch.float32)
+        lengths = torch.tensor([r.model_length for r in all_rollouts], dtype=torch.float32)
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
             "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
@@ -284,6 +303,8 @@ class DAPOTrainer:
             "perf/rollout_tokens_per_s": generated_tokens / max(rollout_seconds, 1e-9),
         }
         metrics.update(mismatch)
+        if config.multi_turn:
+            metrics.update(tool_metrics(all_rollouts))
         return kept, metrics
 
     # ---- policy update -----------------------------------------------------------------------------------
@@ -304,7 +325,7 @@ class DAPOTrainer:
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         targets = padded([r.response_ids for r in rollouts], logits.device)
-        mask = padded([torch.ones(r.length) for r in rollouts], logits.device)
+        mask = padded([r.mask for r in rollouts], logits.device)  # a tool's tokens: context, never trained
         log_prob = token_log_probs(logits, targets)
         with torch.no_grad():
             entropy = entropy_from_logits(logits)
@@ -375,34 +396,35 @@ class DAPOTrainer:
             for start in range(0, len(missing), self.config.micro_batch_size):
                 micro = missing[start : start + self.config.micro_batch_size]
                 log_prob, _, _ = self.forward_log_probs(micro)
-                for row, rollout in enumerate(micro):
-                    rollout.old_log_prob = log_prob[row, : rollout.length].cpu()
+                for row, rollout in enumerate(micro):  # on the model's own tokens; 0 on a tool's
+                    rollout.old_log_prob = log_prob[row, : rollout.length].cpu() * rollout.mask
 
     def correction(self, rollouts: list[Rollout]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]],
                                                             dict[str, float]]:
         """Per rollout (by id): rollout-correction weights and the mask of tokens that carry loss, (T,) each;
         computed over the whole training batch (as verl does) for the rollouts that carry the sampler's
         log-probs, ones for the others. Metrics `rollout_corr/*` when any rollout is corrected."""
-        result = {id(r): (torch.ones(r.length), torch.ones(r.length)) for r in rollouts}
+        result = {id(r): (torch.ones(r.length), r.mask) for r in rollouts}
         corrected = [r for r in rollouts if r.rollout_log_prob is not None]
         if not corrected:
             return result, {}
         config = self.config
         old = padded([r.old_log_prob for r in corrected], "cpu")
         sampled = padded([r.rollout_log_prob for r in corrected], "cpu")
-        mask = padded([torch.ones(r.length) for r in corrected], "cpu")
+        mask = padded([r.mask for r in corrected], "cpu")
         weights, kept, metrics = rollout_correction(
             old, sampled, mask, config.rollout_is, config.rollout_is_threshold, config.rollout_is_batch_normalize,
             config.rollout_rs, config.rollout_rs_threshold)
         weights = mask if weights is None else weights
-        result.update({id(r): (weights[row, : r.length], kept[row, : r.length]) for row, r in enumerate(corrected)})
+        result.update({id(r): (weights[row, : r.length], kept[row, : r.length] * r.mask)
+                       for row, r in enumerate(corrected)})
         return result, metrics
 
     def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
         """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
         config = self.config
         totals: dict[str, float] = {}
-        token_count, grad_norms, trained_tokens = 0.0, [], 0
+        token_count, grad_norms, trained_tokens, skipped = 0.0, [], 0, 0
         knobs = {f.name: getattr(config, f.name) for f in fields(LossHyperparameters)}  # same names in both
         # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
         trained = [[r for r in group if r.length and not (config.overlong_filter and r.truncated)]
@@ -436,13 +458,20 @@ class DAPOTrainer:
                         totals[key] = totals.get(key, 0.0) + value * micro_tokens
                     token_count += micro_tokens
                     trained_tokens += forward_tokens(micro, shared=self.shares_prompts)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip)))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip))
+                # No gradient (every advantage zero), no step: AdamW would still move the weights through its
+                # moments and weight decay, and the scheduler would count an update that did not happen.
+                if grad_norm == 0.0:
+                    skipped += 1
+                    continue
+                grad_norms.append(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
         metrics = {key: value / max(token_count, 1) for key, value in totals.items()} | correction_metrics
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["actor/updates"] = len(grad_norms)
+        metrics["actor/updates_skipped"] = skipped
         metrics["perf/trained_tokens"] = trained_tokens
         return metrics
 
