@@ -146,10 +146,13 @@ def main(debug: bool) -> None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
                    "float32; float32 runs as a CPU without native bf16 does.")
+@click.option("--tools", type=click.Choice(["python"]), default=None,
+              help="Let the model run ```python blocks in the sandbox between its turns, in training (the dapo-tool "
+                   "preset) and in both evaluations (docs/tools.md).")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
 def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
-         dtype: str, assignments: tuple[str, ...]) -> None:
+         dtype: str, tools: str | None, assignments: tuple[str, ...]) -> None:
     """The whole chain on the embedded model on a CPU (`make demo`; native bf16 is faster than float32, and the
     measured times are in docs/results/demo/README.md).
 
@@ -169,9 +172,10 @@ def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_ma
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     given = dict(aime_n=aime_n, aime_max_tokens=aime_max_tokens, aime_limit=aime_limit)
     run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, seed=seed, dtype=dtype, train_overrides=overrides,
-                                  **{key: value for key, value in given.items() if value is not None}))
+                                  tools=tools, **{key: value for key, value in given.items() if value is not None}))
     click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
-               f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}")
+               f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}"
+               + (f" --tools {tools}" if tools else ""))
 
 
 @main.command()

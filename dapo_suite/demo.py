@@ -8,7 +8,9 @@
   4. eval   AIME 2024 again with the trained checkpoint
   5. report report.md / report.html with the plots, the evaluation table, data statistics, commands, versions
 
-Every stage resumes: a rerun of the same command continues where the last one stopped.
+Every stage resumes: a rerun of the same command continues where the last one stopped. With `--tools python` the
+model may run Python in the sandbox between its turns, in training (the `dapo-tool` preset at the tiny-cpu scale)
+and in both evaluations (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -66,10 +68,18 @@ class DemoConfig:
     # one precision for every stage: "auto" (bf16 where the CPU has it natively), or float32 / bfloat16 everywhere,
     # e.g. float32 to run as a CPU without native bf16 does
     dtype: str = "auto"
+    tools: str | None = None  # "python": multi-turn with the sandbox in training and evaluation
 
     def __post_init__(self) -> None:
         if self.dtype not in DEMO_DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: choose one of {', '.join(DEMO_DTYPES)}.")
+        if self.tools not in (None, "python"):
+            raise ValueError(f"tools={self.tools!r}: the tools are python.")
+
+    @property
+    def presets(self) -> list[str]:
+        """The training presets: `preset`, or with the tool the `dapo-tool` preset at the demo's tiny-cpu scale."""
+        return ["tiny-cpu", "dapo-tool"] if self.tools else [self.preset]
 
 
 class Chain:
@@ -119,18 +129,20 @@ def _run_chain(config: DemoConfig, out: Path) -> Path:
 
     def aime(model: str | None, name: str) -> None:
         eval_config = EvalConfig(benchmark="aime24", model=model, n=config.aime_n, max_tokens=config.aime_max_tokens,
-                                 limit=config.aime_limit, dtype=config.dtype, out=str(out / "eval" / name))
+                                 limit=config.aime_limit, dtype=config.dtype, out=str(out / "eval" / name),
+                                 tools=config.tools)
         results = run_eval(eval_config)
         click.echo(f"AIME 2024 avg@{config.aime_n}: {100 * results['avg@k']:.1f} %")
 
     aime_flags = f"--n {config.aime_n} --max-tokens {config.aime_max_tokens}"
     aime_flags += f" --limit {config.aime_limit}" if config.aime_limit else ""
     aime_flags += f" --dtype {config.dtype}" if config.dtype != "auto" else ""
+    aime_flags += f" --tools {config.tools}" if config.tools else ""
     chain.run("eval before", f"dapo-suite eval aime24 {aime_flags} --out {out / 'eval/aime24-before'}",
               lambda: aime(None, "aime24-before"))
 
     train_settings = {**DEMO_DTYPES[config.dtype], **config.train_overrides}
-    train_config = resolve_config([config.preset], {"max_steps": config.max_steps, "seed": config.seed,
+    train_config = resolve_config(config.presets, {"max_steps": config.max_steps, "seed": config.seed,
                                                     "train_file": str(data_dir / "train.parquet"), "out": str(train_dir)},
                                   train_settings)
     train_flags = f" --max-steps {config.max_steps}" if config.max_steps else ""
@@ -148,7 +160,8 @@ def _run_chain(config: DemoConfig, out: Path) -> Path:
                    f"{100 * before['acc']:.1f} % -> {100 * after['acc']:.1f} %")
         click.echo(summary["verdict"]["text"])
 
-    chain.run("train", f"dapo-suite train --preset {config.preset} --train-file {data_dir / 'train.parquet'} "
+    preset_flags = " ".join(f"--preset {name}" for name in config.presets)
+    chain.run("train", f"dapo-suite train {preset_flags} --train-file {data_dir / 'train.parquet'} "
                        f"--out {train_dir}{train_flags}", train)
     chain.run("eval after", f"dapo-suite eval aime24 --model {checkpoint} {aime_flags} "
                             f"--out {out / 'eval/aime24-after'}", lambda: aime(str(checkpoint), "aime24-after"))

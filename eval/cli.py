@@ -89,6 +89,9 @@ def _default(name: str):
 @click.option("--dtype", default=_default("dtype"), show_default=True,
               help="Weights dtype (hf, vllm): auto = bfloat16 where bf16 matmuls are native (vLLM; AVX-512 "
                    "BF16/AMX CPUs), else float32; or float32, bfloat16, float16.")
+@click.option("--tools", type=click.Choice(["python"]), default=None,
+              help="Let the model run ```python blocks in the sandbox between its turns (hf engine); each call "
+                   "is recorded in generations.jsonl and tool statistics are reported beside avg@k.")
 @click.option("--batch-size", type=int, default=_default("batch_size"), show_default=True,
               help="hf: sequences generated together.")
 @click.option("--concurrency", type=int, default=_default("concurrency"), show_default=True,
@@ -180,4 +183,9 @@ def _print_summary(results: dict, run_dir: Path) -> None:
         f"truncated {100 * results['truncated_fraction']:.1f} %, mean length {results['response_len']['mean']:.0f} tokens"
         + (f", {results['tokens_per_s']:.1f} tokens/s" if results.get("tokens_per_s") else "")
     )
+    if tools := results.get("tools"):
+        failed = tools["failed_call_rate"]
+        click.echo(f"tools: {tools['calls_per_response']:.2f} calls a response, {100 * tools['call_rate']:.1f} % of "
+                   f"responses call, {'-' if failed is None else f'{100 * failed:.1f} %'} of calls fail, "
+                   f"{tools['timeouts']} timed out")
     click.echo(f"report: {run_dir / 'report.md'}, {run_dir / 'report.png'}, {run_dir / 'results.json'}")

@@ -17,8 +17,9 @@ ENGINES = ("auto", "hf", "vllm", "openai")
 # The rest (engine, batch size, concurrency, retries, output dir) only change how fast it gets there.
 GENERATION_KEYS = (
     "benchmark", "file", "problem_key", "answer_key", "id_key", "model", "endpoint", "n", "temperature", "top_p",
-    "max_tokens", "template", "chat_template", "seed", "limit", "dtype",
+    "max_tokens", "template", "chat_template", "seed", "limit", "dtype", "tools",
 )
+TOOLS = ("python",)  # --tools: the Python sandbox (dapo_suite/core/sandbox), as the trainer's multi_turn runs it
 
 
 @dataclass
@@ -44,6 +45,7 @@ class EvalConfig:
     # AVX-512 BF16/AMX CPU), else float32 (on an AVX2 CPU bf16 is emulated and slower). Resolved before the run
     # directory is made, so its config records the dtype used.
     dtype: str = "auto"
+    tools: str | None = None  # "python": the model may run ```python blocks in the sandbox between its turns
     batch_size: int = 64  # hf: sequences generated together (64-128 is the CPU sweet spot)
     concurrency: int = 64  # openai: requests in flight
     max_retries: int = 6  # openai: retries per request, exponential backoff from 1 s
@@ -66,6 +68,11 @@ class EvalConfig:
             raise ValueError("engine=openai needs --endpoint URL (e.g. http://127.0.0.1:8000/v1).")
         if self.endpoint and self.engine in ("hf", "vllm"):
             raise ValueError(f"--endpoint is served by engine=openai, not {self.engine}: drop --engine or --endpoint.")
+        if self.tools is not None and self.tools not in TOOLS:
+            raise ValueError(f"--tools {self.tools!r}: the tools are {', '.join(TOOLS)}.")
+        if self.tools and (self.endpoint or self.engine in ("vllm", "openai")):
+            raise ValueError("--tools python runs with the hf engine (the tool loop continues the model's own "
+                             "tokens); drop --endpoint / --engine, or use --engine hf.")
         if self.file is None and self.benchmark is None:
             raise ValueError("Name a benchmark (aime24, amc23, math500, gsm8k) or pass --file PATH.")
         if self.batch_size < 1 or self.concurrency < 1:

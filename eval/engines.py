@@ -124,6 +124,13 @@ def engine_dtype(config) -> str:
 def make_engine(config) -> Engine:
     """The engine `config` names (`engine_name`), loading weights in `engine_dtype(config)`."""
     engine = engine_name(config)
+    if config.tools:
+        from dapo_suite.core.sandbox import Sandbox
+        from dapo_suite.core.sandbox.tool_config import sandbox_limits
+        from dapo_suite.inference.tool_loop import ToolEngine
+
+        return ToolEngine(HFEngine.load(config.model, engine_dtype(config), config.batch_size),
+                          Sandbox(sandbox_limits(None)))
     if engine == "openai":
         return OpenAIEngine(config.endpoint, config.model, config.concurrency, config.max_retries,
                             config.request_timeout)

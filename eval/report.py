@@ -40,6 +40,7 @@ def markdown(results: dict) -> str:
         f"{length['p90']} / {length['max']} |",
         f"| wall time (s), tokens/s | {results['wall_s'] and round(results['wall_s'], 1)}, "
         f"{results['tokens_per_s'] and round(results['tokens_per_s'], 1)} |",
+        *_tool_rows(results.get("tools")),
         "",
         "| k | pass@k (%) | maj@k (%) |",
         "|---|---|---|",
@@ -97,3 +98,14 @@ def plot(results: dict, path: Path) -> None:
 def write_report(run_dir: Path, results: dict) -> None:
     (run_dir / "report.md").write_text(markdown(results))
     plot(results, run_dir / "report.png")
+
+
+def _tool_rows(tools: dict | None) -> list[str]:
+    """The tool's rows of the metric table (a run with --tools python)."""
+    if not tools:
+        return []
+    return [f"| tool: calls a response, responses that call (%) | {tools['calls_per_response']:.2f}, "
+            f"{_pct(tools['call_rate'])} |",
+            f"| tool: calls that fail (%), timed out | {_pct(tools['failed_call_rate'])}, {tools['timeouts']} |",
+            f"| accuracy with a call / without (%) | {_pct(tools['accuracy_with_calls'])} / "
+            f"{_pct(tools['accuracy_without_calls'])} |"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dapo_suite.core.lock import output_lock
 from dapo_suite.core.problems import Problem
+from dapo_suite.core.prompts import TOOL_INSTRUCTIONS
 from dapo_suite.core.provenance import provenance
 from dapo_suite.inference.engines import Completion, Engine, Request, Sampling, sample_seed
 from eval.config import EvalConfig
@@ -51,8 +52,9 @@ def prepare_run_dir(config: EvalConfig) -> Path:
 
 def build_requests(problems: list[Problem], config: EvalConfig, done: set[tuple[str, int]]) -> list[Request]:
     """One request per (problem, sample) not yet done, in problem order."""
+    suffix = TOOL_INSTRUCTIONS if config.tools else ""  # how to call the tool, as in training's prompt
     return [
-        Request(p.id, i, format_prompt(p.problem, config.template), sample_seed(config.seed, p.id, i))
+        Request(p.id, i, format_prompt(p.problem, config.template) + suffix, sample_seed(config.seed, p.id, i))
         for p in problems
         for i in range(config.n)
         if (p.id, i) not in done
@@ -87,8 +89,11 @@ def _generate_and_score(config: EvalConfig, problems: list[Problem], run_dir: Pa
                 answer = answers[completion.problem_id]
                 record = {"problem_id": completion.problem_id, "sample_index": completion.sample_index,
                           "text": completion.text, "finish_reason": completion.finish_reason,
-                          "num_tokens": completion.num_tokens, "answer": answer,
-                          **grade(completion.text, answer)}
+                          "num_tokens": completion.model_tokens, "answer": answer,
+                          **grade(completion.graded_text, answer)}
+                if config.tools:  # each call, and the model's own text (what was graded)
+                    record |= {"model_text": completion.graded_text,
+                               "tool_calls": [call.as_dict() for call in completion.tool_calls]}
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 handle.flush()
                 tokens += completion.num_tokens

@@ -83,7 +83,24 @@ def group_by_problem(records: Iterable[dict], problem_order: list[str] | None = 
 
 def regrade(records: list[dict]) -> list[dict]:
     """Records with fresh verdicts (score, acc, pred, timeout) from their text and stored answer."""
-    return [{**r, **grade(r["text"], r["answer"])} for r in records]
+    return [{**r, **grade(r.get("model_text", r["text"]), r["answer"])} for r in records]  # the model's own words
+
+
+def tool_statistics(records: list[dict]) -> dict:
+    """Tool use over graded records that carry their calls: calls per response, the share of responses that call,
+    the share of calls that fail (any outcome but ok) or time out, and the accuracy of responses with and without
+    a call."""
+    calls = [call for r in records for call in r.get("tool_calls", [])]
+    calling = [r for r in records if r.get("tool_calls")]
+    silent = [r for r in records if not r.get("tool_calls")]
+    return {
+        "calls_per_response": len(calls) / len(records),
+        "call_rate": len(calling) / len(records),
+        "failed_call_rate": sum(c["outcome"] != "ok" for c in calls) / len(calls) if calls else None,
+        "timeouts": sum(c["outcome"] in ("timeout", "cpu_limit") for c in calls),
+        "accuracy_with_calls": sum(bool(r["acc"]) for r in calling) / len(calling) if calling else None,
+        "accuracy_without_calls": sum(bool(r["acc"]) for r in silent) / len(silent) if silent else None,
+    }
 
 
 def summarize(records: list[dict], problem_order: list[str] | None = None, sessions: list[dict] | None = None,
@@ -118,6 +135,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         "response_len": metrics.length_statistics([s["num_tokens"] for s in flat]),
         "wall_s": wall if sessions else None,
         "tokens_per_s": metrics.tokens_per_second(tokens, wall) if sessions else None,
+        **({"tools": tool_statistics(flat)} if any("tool_calls" in s for s in flat) else {}),
     }
     summary["problems"] = [
         {

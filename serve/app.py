@@ -17,8 +17,10 @@ import time
 from collections.abc import Iterator
 
 from dapo_suite.core.problems import Problem
-from dapo_suite.core.prompts import format_prompt
+from dapo_suite.core.prompts import TOOL_INSTRUCTIONS, format_prompt
+from dapo_suite.core.sandbox import RunResult
 from dapo_suite.inference.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
+from dapo_suite.inference.tool_loop import last_code_block, tool_turn_text
 from serve.auth import read_logins
 from serve.chat import Speed, check, find_problem, load_examples, split_reply
 from serve.config import ServeConfig
@@ -27,6 +29,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no phoning home fr
 
 API_NAME = "chat"  # gradio_client: Client(url).submit(question, temperature, top_p, max_tokens, dapo, api_name="/chat")
 THINKING = "Thinking"
+TOOL_TITLE = "Ran Python"
 UPDATE_INTERVAL_S = 0.1
 _ANSWER_MESSAGE = re.compile(r"^\*\*Answer:\*\* (.*)$", re.MULTILINE)
 
@@ -51,14 +54,15 @@ def _text(content) -> str:
     return ""
 
 
-def history_to_messages(history: list[dict], dapo_prompt: bool) -> list[dict[str, str]]:
+def history_to_messages(history: list[dict], dapo_prompt: bool, tools: bool = False) -> list[dict[str, str]]:
     """Chat history as the model saw it: user turns (wrapped as they were sent), assistant turns rebuilt from the
-    Thinking message plus the `Answer:` line; badges, checks, speed lines and warnings are left out."""
+    Thinking message (which holds the code blocks and their outputs) plus the `Answer:` line; tool calls shown
+    apart, badges, checks, speed lines and warnings are left out."""
     messages: list[dict[str, str]] = []
     for entry in history:
         role, content = entry.get("role"), _text(entry.get("content"))
         if role == "user":
-            messages.append({"role": "user", "content": format_prompt(content) if dapo_prompt else content})
+            messages.append({"role": "user", "content": user_message(content, dapo_prompt, tools)})
             continue
         if role != "assistant":
             continue
@@ -73,6 +77,21 @@ def history_to_messages(history: list[dict], dapo_prompt: bool) -> list[dict[str
         else:
             messages.append({"role": "assistant", "content": part})
     return messages
+
+
+def user_message(question: str, dapo_prompt: bool, tools: bool) -> str:
+    """A question as it is sent: in the DAPO prompt or as typed, with the tool's instruction when it is on."""
+    return (format_prompt(question) if dapo_prompt else question) + (TOOL_INSTRUCTIONS if tools else "")
+
+
+def tool_message(code: str, result: RunResult):
+    """One call, folded as Thinking is: its code and what the model was shown."""
+    import gradio as gr
+
+    title = TOOL_TITLE + ("" if result.outcome == "ok" else f": {result.outcome.replace('_', ' ')}")
+    body = f"```python\n{code.rstrip()}\n```\n```\n{result.model_view(2000) or '(no output)'}\n```"
+    return gr.ChatMessage(role="assistant", content=body,
+                          metadata={"title": title, "status": "done", "duration": round(result.execution_time, 2)})
 
 
 def _shorten(text: str, limit: int = 70) -> str:
@@ -90,8 +109,10 @@ def balance_math(text: str) -> str:
     return text
 
 
-def render(text: str, speed: Speed, done: bool, problem: Problem | None, note: str | None = None):
-    """The assistant messages for a (partial) reply: Thinking, then the answer with its badges and figures."""
+def render(text: str, speed: Speed, done: bool, problem: Problem | None, note: str | None = None,
+           calls: tuple = ()):
+    """The assistant messages for a (partial) reply: Thinking, each tool call (`calls`: (code, RunResult)), then
+    the answer with its badges and figures."""
     import gradio as gr
 
     reply = split_reply(text)
@@ -99,7 +120,7 @@ def render(text: str, speed: Speed, done: bool, problem: Problem | None, note: s
     thinking_meta = ({"title": THINKING, "status": "done", "duration": round(speed.elapsed_s, 1)} if done
                      else {"title": THINKING, "status": "pending", "log": str(speed)})
     messages = [gr.ChatMessage(role="assistant", content=balance_math(reply.thinking) or "…",
-                               metadata=thinking_meta)]
+                               metadata=thinking_meta), *(tool_message(code, result) for code, result in calls)]
     if not done and reply.answer is None:
         return messages
     lines = []
@@ -136,6 +157,13 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
                            timeout=httpx.Timeout(config.request_timeout_s, connect=10.0), max_retries=0)
     problems = load_examples("aime24")
 
+    sandbox = None
+    if config.tools:
+        from dapo_suite.core.sandbox import Sandbox
+        from dapo_suite.core.sandbox.tool_config import sandbox_limits
+
+        sandbox = Sandbox(sandbox_limits(None))  # refuses, saying what to install, where it cannot isolate
+
     def respond(message: str, history: list[dict], temperature: float, top_p: float, max_tokens: float,
                 dapo_prompt: bool) -> Iterator[list]:
         if not message or not message.strip():
@@ -144,46 +172,68 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
             raise gr.Error(f"Your question has {len(message):,} characters; the limit is {config.max_prompt_chars:,}. "
                            f"Shorten it, or restart with --max-prompt-chars.")
         problem = find_problem(message, problems)
-        messages = history_to_messages(history, dapo_prompt)
-        messages.append({"role": "user", "content": format_prompt(message) if dapo_prompt else message})
+        messages = history_to_messages(history, dapo_prompt, bool(sandbox))
+        messages.append({"role": "user", "content": user_message(message, dapo_prompt, bool(sandbox))})
         start = time.perf_counter()
         text, tokens, first_token_s, finish, note, last_update = "", 0, None, None, None, 0.0
-        try:
-            stream = client.chat.completions.create(
-                model=endpoint.model_name, messages=messages, stream=True, temperature=float(temperature),
-                top_p=float(top_p), max_tokens=int(max_tokens), stream_options={"include_usage": True})
-        except (openai.APIConnectionError, openai.APITimeoutError) as error:
-            raise gr.Error(f"{endpoint.diagnose()} ({type(error).__name__})") from error
-        except openai.APIStatusError as error:
-            raise gr.Error(f"The model server refused the request ({error.status_code}): {error.message}") from error
-        try:
-            for chunk in stream:
-                if chunk.usage is not None and chunk.usage.completion_tokens:
-                    tokens = chunk.usage.completion_tokens  # exact count when the server reports it
-                first_text = first_token_s is None
-                for choice in chunk.choices:
-                    if choice.delta.content:
-                        text += choice.delta.content
-                        tokens += 1
-                        first_token_s = first_token_s or time.perf_counter() - start
-                    finish = choice.finish_reason or finish
-                first_text = first_text and first_token_s is not None  # show the first token at once
-                now = time.perf_counter()
-                if now - start > config.request_timeout_s:
-                    note = f"Stopped after {config.request_timeout_s:.0f} s (the per-reply timeout)."
-                    break
-                # Coalesce fast streams (a GPU's hundreds of tokens/s) into ~10 UI updates/s: each update is a
-                # diff, a JSON message and a re-render, CPU taken from a model server on the same machine.
-                if first_text or now - last_update >= UPDATE_INTERVAL_S:
-                    last_update = now
-                    yield render(text, Speed(tokens, now - start, first_token_s), False, problem)
-        except (openai.APIError, httpx.HTTPError) as error:
-            note = f"The reply was cut off: {endpoint.diagnose()} ({type(error).__name__})"
-        finally:
-            stream.close()  # on Stop too (GeneratorExit): the server sees the disconnect and stops generating
+        calls: list[tuple[str, RunResult]] = []
+        while True:  # one model turn a pass; with the tool, a finished code block ends the turn and runs
+            # A later turn continues the assistant's message, the tool's output appended (vLLM's extension).
+            turn = messages + [{"role": "assistant", "content": text}] if text else messages
+            extra = {"continue_final_message": True, "add_generation_prompt": False} if text else None
+            try:
+                stream = client.chat.completions.create(
+                    model=endpoint.model_name, messages=turn, stream=True, temperature=float(temperature),
+                    top_p=float(top_p), max_tokens=max(int(max_tokens) - tokens, 1),
+                    stream_options={"include_usage": True}, extra_body=extra)
+            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+                raise gr.Error(f"{endpoint.diagnose()} ({type(error).__name__})") from error
+            except openai.APIStatusError as error:
+                raise gr.Error(f"The model server refused the request ({error.status_code}): {error.message}") from error
+            turn_start, turn_tokens, code = len(text), 0, None
+            try:
+                for chunk in stream:
+                    if chunk.usage is not None and chunk.usage.completion_tokens:
+                        turn_tokens = chunk.usage.completion_tokens  # exact count when the server reports it
+                    first_text = first_token_s is None
+                    for choice in chunk.choices:
+                        if choice.delta.content:
+                            text += choice.delta.content
+                            turn_tokens += 1
+                            first_token_s = first_token_s or time.perf_counter() - start
+                            if sandbox and "`" in choice.delta.content:
+                                code = last_code_block(text[turn_start:])
+                        finish = choice.finish_reason or finish
+                    first_text = first_text and first_token_s is not None  # show the first token at once
+                    now = time.perf_counter()
+                    if now - start > config.request_timeout_s:
+                        note = f"Stopped after {config.request_timeout_s:.0f} s (the per-reply timeout)."
+                        break
+                    if code is not None:
+                        break  # the block is complete: stop this turn (closing the stream stops the server)
+                    # Coalesce fast streams (a GPU's hundreds of tokens/s) into ~10 UI updates/s: each update is a
+                    # diff, a JSON message and a re-render, CPU taken from a model server on the same machine.
+                    if first_text or now - last_update >= UPDATE_INTERVAL_S:
+                        last_update = now
+                        yield render(text, Speed(tokens + turn_tokens, now - start, first_token_s), False, problem,
+                                     calls=tuple(calls))
+            except (openai.APIError, httpx.HTTPError) as error:
+                note = f"The reply was cut off: {endpoint.diagnose()} ({type(error).__name__})"
+            finally:
+                stream.close()  # on Stop too (GeneratorExit): the server sees the disconnect and stops generating
+            tokens += turn_tokens
+            if code is None or note is not None or len(calls) >= config.max_tool_calls or tokens >= max_tokens:
+                break
+            result = sandbox.run(code)
+            calls.append((code, result))
+            text += tool_turn_text(result.model_view(256), text.endswith("\n"))
+            finish = None
+            yield render(text, Speed(tokens, time.perf_counter() - start, first_token_s), False, problem,
+                         calls=tuple(calls))
         if finish == "length" and note is None:
             note = f"Reached the max-tokens budget ({int(max_tokens)}); raise it for longer reasoning."
-        yield render(text, Speed(tokens, time.perf_counter() - start, first_token_s), True, problem, note)
+        yield render(text, Speed(tokens, time.perf_counter() - start, first_token_s), True, problem, note,
+                     tuple(calls))
 
     examples = sorted(problems, key=lambda problem: len(problem.problem))[:4]
     description = (f"Model `{endpoint.model_name}` served by `{endpoint.engine}` at `{endpoint.base_url}`. "

@@ -54,6 +54,9 @@ def _engine_option(func):
               help="Seconds a reply may stream before it is cut off.")
 @click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
               help="Seconds the model server may take to become healthy.")
+@click.option("--tools", type=click.Choice(["python"]), default=None,
+              help="Let the model run ```python blocks in the sandbox (docs/tools.md); each call and its output "
+                   "show folded in the reply, as Thinking does.")
 @click.option("--no-dapo-prompt", "dapo_prompt", flag_value=False, default=True,
               help="Start with the DAPO prompt checkbox off (questions are sent as typed).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),

@@ -40,6 +40,11 @@ class ServeConfig:
     """Upper end of the max-tokens slider (SmolLM2's context is 8192)."""
     dapo_prompt: bool = True
     """Wrap each question in the DAPO-Math-17K instruction (it asks for a final `Answer:` line)."""
+    tools: str | None = None
+    """"python": the model may run ```python blocks in the sandbox (docs/tools.md); each call and its output are
+    shown folded, as Thinking is."""
+    max_tool_calls: int = 3
+    """Code blocks run per reply (verl's max_assistant_turns - 1); a later block ends the reply."""
 
     # Limits that keep a shared app responsive.
     concurrency_limit: int = 2
@@ -54,6 +59,8 @@ class ServeConfig:
     """How long the model server may take to become healthy (generous: vLLM compiles its graphs first)."""
 
     def __post_init__(self) -> None:
+        if self.tools not in (None, "python"):
+            raise ValueError(f"tools={self.tools!r}: the tools are python.")
         if self.engine not in ENGINES:
             raise ValueError(f"engine={self.engine!r}: choose one of {', '.join(ENGINES)}.")
         if not 0.0 <= self.temperature <= 2.0:

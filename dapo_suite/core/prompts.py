@@ -53,11 +53,14 @@ def chat_messages(problem: str, template: str = DAPO_TEMPLATE, shots: int = 0,
     return turns + [{"role": "user", "content": format_prompt(problem, template)}]
 
 
-def render_chat(tokenizer, chat: str | list[dict[str, str]]) -> str:
+def render_chat(tokenizer, chat: str | list[dict[str, str]], continue_final: bool = False) -> str:
     """The text a chat model continues: `chat` (a list of messages, or one user turn as a string) through the
-    tokenizer's chat template, ending with the assistant's turn opened. The one place a template is applied, so
-    training, evaluation and serving feed a model the same text for the same chat."""
+    tokenizer's chat template, ending with the assistant's turn opened, or, with `continue_final`, inside the last
+    (assistant) message, left open to be continued (a tool's output was appended to it). The one place a template is
+    applied, so training, evaluation and serving feed a model the same text for the same chat."""
     messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
+    if continue_final:
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

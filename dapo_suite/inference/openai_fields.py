@@ -30,7 +30,10 @@ INERT = {"model", "user", "metadata", "store", "service_tier", "stream", "stream
 NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "tools": ([],),
            "functions": ([],), "tool_choice": ("none",), "function_call": ("none",),
            "response_format": ({"type": "text"},), "best_of": (1,), "suffix": ("",), "modalities": (["text"],)}
-FIELDS = {True: {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+# continue_final_message / add_generation_prompt: vLLM's extension, to continue an assistant message (a tool's output
+# appended to it: the chat's Python tool)
+FIELDS = {True: {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "continue_final_message",
+                 "add_generation_prompt"},
           False: {"prompt", "logprobs", "echo"}}
 COMMON = {"max_tokens", "n", "temperature", "top_p", "seed", "stop", "ignore_eos"}  # ignore_eos: vLLM's extension
 
@@ -41,6 +44,22 @@ class RequestFieldError(ValueError):
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param
+
+
+def continuation(body: dict, messages: list[dict]) -> bool:
+    """Whether the request continues its last message (`continue_final_message`, with `add_generation_prompt`
+    false or absent, as vLLM takes them); that message must be the assistant's."""
+    continue_final = body.get("continue_final_message", False)
+    generation_prompt = body.get("add_generation_prompt", not continue_final)
+    for name, value in (("continue_final_message", continue_final), ("add_generation_prompt", generation_prompt)):
+        if not isinstance(value, bool):
+            raise RequestFieldError(f"{name} must be true or false", name)
+    if continue_final and generation_prompt:
+        raise RequestFieldError("continue_final_message needs add_generation_prompt false", "add_generation_prompt")
+    if continue_final and messages[-1]["role"] != "assistant":
+        raise RequestFieldError("continue_final_message continues the last message, which must be the assistant's",
+                                "messages")
+    return continue_final
 
 
 @dataclass(frozen=True)
@@ -235,8 +254,10 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
         if "messages" not in body:
             raise RequestFieldError("the request has no messages", "messages")
         messages = chat_messages(body["messages"])
+        continue_final = continuation(body, messages)
         try:
-            prompts = [tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]]
+            prompts = [tokenizer(render_chat(tokenizer, messages, continue_final),
+                                 add_special_tokens=False)["input_ids"]]
         except Exception as error:  # noqa: BLE001 - a chat template refuses a conversation by raising (jinja's raise_exception)
             raise RequestFieldError(f"the model's chat template refuses these messages: {error}", "messages") from None
     else:

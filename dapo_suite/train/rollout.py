@@ -93,7 +93,7 @@ def make_engine(config, model, tokenizer) -> HFEngine | VLLMEngine | ToolEngine:
 
 def tool_engine(config, inner: HFEngine) -> ToolEngine:
     from dapo_suite.core.sandbox import Sandbox
-    from dapo_suite.train.tool_config import sandbox_limits
+    from dapo_suite.core.sandbox.tool_config import sandbox_limits
 
     settings = ToolSettings(config.max_assistant_turns, config.max_tool_response_length,
                             config.tool_response_truncate_side)

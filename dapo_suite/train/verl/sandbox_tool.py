@@ -1,5 +1,5 @@
 """dapo-suite's sandbox as a verl 0.9 tool (`BaseTool`), built by verl's agent loop from a tool config YAML
-(dapo_suite/train/presets/tools/sandbox_python.yaml names this class). One `Sandbox` per process, shared by the
+(dapo_suite/core/sandbox/python_tool.yaml names this class). One `Sandbox` per process, shared by the
 trajectories; each call still runs in a fresh isolated worker. `execute` returns what the model is shown and
 the call's outcome as a metric."""
 
@@ -13,7 +13,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from dapo_suite.core.sandbox import Sandbox
-from dapo_suite.train.tool_config import limits_from
+from dapo_suite.core.sandbox.tool_config import limits_from
 
 MAX_SHOWN = 256  # characters; verl's agent loop cuts again at multi_turn.max_tool_response_length
 

@@ -1,6 +1,6 @@
 """The tool config of a multi-turn run: a YAML in verl 0.9's shape (`tools: [{class_name, config, tool_schema}]`),
-the shipped one by default (presets/tools/sandbox_python.yaml). Both backends read the same file: verl builds its
-tools from it; the embedded trainer takes the sandbox's limits from the Python tool's `config`."""
+the shipped one by default (python_tool.yaml beside this module). Both backends read the same file: verl builds
+its tools from it; the embedded trainer and eval take the sandbox's limits from the Python tool's `config`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 
 from dapo_suite.core.errors import UserError
-from dapo_suite.core.sandbox import SandboxLimits
+from dapo_suite.core.sandbox.limits import SandboxLimits
 
-DEFAULT_TOOL_CONFIG = Path(__file__).parent / "presets" / "tools" / "sandbox_python.yaml"
+DEFAULT_TOOL_CONFIG = Path(__file__).parent / "python_tool.yaml"
 VERL_KEYS = ("type", "isolation")  # in a tool's config: verl's ToolType, and the isolation (not limits)
 
 
