@@ -5,12 +5,12 @@ the reply continues from the output (the endpoint's `continue_final_message`).""
 from __future__ import annotations
 
 import pytest
+from test_serve_app import running_app
 
 from dapo_suite.core.ports import free_port
 from dapo_suite.core.sandbox import isolation
 from dapo_suite.inference.endpoint import start_endpoint
 from serve.config import ServeConfig
-from test_serve_app import running_app
 
 pytest.importorskip("gradio_client")
 
