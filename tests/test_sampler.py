@@ -413,16 +413,19 @@ def test_fused_sampling_draws_from_the_nucleus_with_the_tempered_log_probs():
         probs = torch.softmax(logits[0] / temperature, -1)
         before = probs.cumsum(0) - probs
         nucleus = probs * (before <= top_p)
-        tokens, log_probs = fused.sample_next(logits, temperature, top_p, uniforms)
+        tokens, log_probs, entropies = fused.sample_next(logits, temperature, top_p, uniforms)
         frequencies = torch.bincount(tokens, minlength=5).double() / draws
         torch.testing.assert_close(frequencies, (nucleus / nucleus.sum()).double(), atol=0.01, rtol=0)
         torch.testing.assert_close(log_probs, torch.log_softmax(logits / temperature, -1).gather(
             -1, tokens[:, None]).squeeze(-1), atol=1e-6, rtol=0)
-    tokens, log_probs = fused.sample_next(torch.tensor([[0.0, 3.0, 3.0, 1.0]]), 0.0, 1.0, torch.zeros(1))
+        entropy = -(probs * probs.log()).sum()  # of softmax(logits / T), before top-p
+        torch.testing.assert_close(entropies, entropy.expand(draws), atol=1e-5, rtol=0)
+    tokens, log_probs, _ = fused.sample_next(torch.tensor([[0.0, 3.0, 3.0, 1.0]]), 0.0, 1.0, torch.zeros(1))
     assert tokens.tolist() == [1]
     torch.testing.assert_close(log_probs, torch.log_softmax(torch.tensor([0.0, 3.0, 3.0, 1.0]), -1)[1:2])
     flat = torch.randn(2000, 49152, generator=torch.Generator().manual_seed(1)) * 0.1  # nucleus: ~34k tokens
-    tokens, _ = fused.sample_next(flat, 1.0, 0.7, torch.rand(2000, generator=torch.Generator().manual_seed(2)))
+    tokens, _, entropies = fused.sample_next(flat, 1.0, 0.7, torch.rand(2000, generator=torch.Generator().manual_seed(2)))
+    torch.testing.assert_close(entropies, torch.distributions.Categorical(logits=flat).entropy(), atol=1e-3, rtol=0)
     assert tokens.unique().numel() > 1900  # spread over the nucleus, not the 1e-4 candidates only
     for dtype in (torch.bfloat16, torch.float32):  # bf16 logits are read as they are
         assert fused.sample_next(logits[:3].to(dtype), 0.0, 1.0, torch.zeros(3))[0].tolist() == [0, 0, 0]
@@ -438,10 +441,12 @@ def test_next_tokens_takes_the_fused_bf16_steps_logits_as_they_are(temperature):
     _fused()
     logits = (torch.randn(4, 300, generator=torch.Generator().manual_seed(7)) * 3).to(torch.bfloat16)
     uniforms = torch.rand(4, generator=torch.Generator().manual_seed(8))
-    tokens, log_probs = next_tokens(logits, temperature, 0.9, None, uniforms)
-    expected_tokens, expected_log_probs = next_tokens(logits.float(), temperature, 0.9, None, uniforms)
+    tokens, log_probs, entropies = next_tokens(logits, temperature, 0.9, None, uniforms)
+    expected_tokens, expected_log_probs, expected_entropies = next_tokens(logits.float(), temperature, 0.9, None,
+                                                                          uniforms)
     assert tokens.tolist() == expected_tokens.tolist() and log_probs.dtype == torch.float32
     torch.testing.assert_close(log_probs, expected_log_probs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropies, expected_entropies, atol=1e-5, rtol=0)
 
 
 @pytest.mark.kernels
@@ -454,7 +459,7 @@ def test_fused_sampling_draws_the_torch_samplers_token_from_the_same_uniform():
     fused = _fused()
     logits = torch.randn(512, 1000, generator=torch.Generator().manual_seed(3)) * 4
     for top_p in (0.9, 1.0):
-        tokens, _ = fused.sample_next(logits, 1.0, top_p, torch.rand(512, generator=torch.Generator().manual_seed(5)))
+        tokens, _, _ = fused.sample_next(logits, 1.0, top_p, torch.rand(512, generator=torch.Generator().manual_seed(5)))
         reference = sample_top_p(torch.log_softmax(logits, -1), top_p, torch.Generator().manual_seed(5))
         assert (tokens == reference).float().mean() > 0.99  # a row may differ where rounding moves a boundary
 

@@ -165,8 +165,22 @@ def test_the_tool_preset_trains_with_calls_in_the_sandbox_and_resumes(tmp_path):
     steps = [r for r in records if "tool/calls_per_response" in r]
     assert len(steps) == 2
     assert sum(r["tool/calls_per_response"] for r in steps) > 0  # the model called the tool; calls ran
+    assert all(0 < r["rollout/entropy"] < 11 for r in steps)  # every sampled token's entropy (log 49152 = 10.8)
     resumed = DAPOTrainer(resolve_config(["dapo-tool"], {**settings, "max_steps": 3}), resume=True)
     assert resumed.step_index == 2
     resumed.fit(progress=False)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "tool/call_rate" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_lora_trains_on_multi_turn_trajectories(tmp_path):
+    """LoRA's adapters train on the model's tokens of tool trajectories as full fine-tuning does."""
+    out = tmp_path / "lora"
+    settings = {"out": str(out), "max_steps": 1, "heldout_eval": False, "gen_batch_size": 4, "group_size": 4,
+                "train_batch_size": 2, "max_num_gen_batches": 2, "lora_rank": 8, "lora_alpha": 16,
+                "tool_isolation": "unsafe-none"}
+    DAPOTrainer(resolve_config(["dapo-tool"], settings)).fit(progress=False)
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["tool/calls_per_response"] > 0 and record["actor/updates"] >= 1
+    assert (out / "checkpoint-last" / "adapter_model.safetensors").is_file()

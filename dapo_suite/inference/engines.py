@@ -58,6 +58,8 @@ class Completion:
     num_tokens: int  # generated tokens, end-of-sequence token included
     token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (num_tokens,), in-process
     log_probs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the sampler's, HF only
+    # the entropy of each token's sampling distribution (before top-p), HF only; 0 on a tool's tokens
+    entropies: torch.Tensor | None = field(default=None, repr=False, compare=False)
     # Multi-turn (tool_loop.ToolEngine): 1 on the model's own tokens, 0 on the tool's; None: all the model's
     response_mask: torch.Tensor | None = field(default=None, repr=False, compare=False)
     tool_calls: tuple = field(default=(), repr=False, compare=False)  # tool_loop.ToolCall records, in order
@@ -85,6 +87,7 @@ class Piece:
     token_ids: torch.Tensor
     log_probs: torch.Tensor
     finish: str
+    entropies: torch.Tensor | None = None
 
 
 class Engine(Protocol):
@@ -194,7 +197,8 @@ class HFEngine:
                 for row, index in enumerate(rows):
                     length = int(sampled.lengths[row])
                     emit(self._completion(requests[index], sampled.tokens[row, :length].cpu(),
-                                          sampled.log_probs[row, :length].cpu(), bool(sampled.stopped[row])))
+                                          sampled.log_probs[row, :length].cpu(), bool(sampled.stopped[row]),
+                                          sampled.entropies[row, :length].cpu()))
                 bar.update(len(rows))
 
     def continue_ids(self, contexts: list[torch.Tensor], samples_per_context: int, sampling: Sampling,
@@ -228,7 +232,7 @@ class HFEngine:
                     finish = ("tool" if bool(sampled.paused[row]) else "stop" if bool(sampled.stopped[row])
                               else "length")
                     pieces.append(Piece(sampled.tokens[row, :length].cpu(), sampled.log_probs[row, :length].cpu(),
-                                        finish))
+                                        finish, sampled.entropies[row, :length].cpu()))
         return pieces
 
     def _batches(self, order: list[str], by_problem: dict[str, list[int]]) -> Iterator[list[str]]:
@@ -245,11 +249,11 @@ class HFEngine:
             yield batch
 
     def _completion(self, request: Request, tokens: torch.Tensor, log_probs: torch.Tensor,
-                    stopped: bool) -> Completion:
+                    stopped: bool, entropies: torch.Tensor | None = None) -> Completion:
         """`tokens` end with the end-of-sequence token when `stopped` (it is counted, not decoded)."""
         text = self.tokenizer.decode(tokens[:-1] if stopped else tokens, skip_special_tokens=True)
         return Completion(request.problem_id, request.sample_index, text, "stop" if stopped else "length",
-                          int(tokens.numel()), tokens, log_probs)
+                          int(tokens.numel()), tokens, log_probs, entropies)
 
 
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU default reserves 92 % of the machine's memory

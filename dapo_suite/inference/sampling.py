@@ -18,15 +18,17 @@ from dapo_suite.inference.weights import StepperWeights
 
 @dataclass
 class SampledBatch:
-    """What `sample_tokens` returns: (N, T) tokens (pad after each row's end) and their log-probs, and per row
-    the number of generated tokens (end-of-sequence token included), whether it ended with one, and whether the
-    caller's stop rule ended it (`paused`: a tool call to run before the row goes on)."""
+    """What `sample_tokens` returns: (N, T) tokens (pad after each row's end), their log-probs and the entropy of
+    the distribution each was drawn from, and per row the number of generated tokens (end-of-sequence token
+    included), whether it ended with one, and whether the caller's stop rule ended it (`paused`: a tool call to
+    run before the row goes on)."""
 
     tokens: torch.Tensor
     log_probs: torch.Tensor
     lengths: torch.Tensor
     stopped: torch.Tensor
     paused: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
 
 
 class StopRule(Protocol):
@@ -95,10 +97,11 @@ def _nucleus_draw(sorted_probs: torch.Tensor, order: torch.Tensor, top_p: float,
 
 
 def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-                uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's next token (temperature, then top-p; greedy at temperature 0) and its log-prob under
-    softmax(logits / T) (T = 1 when greedy). logits (N, V) -> tokens (N,), log-probs (N,). One uniform per row:
-    `uniforms` (N,), else drawn from `generator`.
+                uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's next token (temperature, then top-p; greedy at temperature 0), its log-prob under
+    softmax(logits / T) (T = 1 when greedy), and that distribution's entropy H = -sum p log p (what was sampled
+    from, before top-p: `rollout/entropy`). logits (N, V) -> tokens (N,), log-probs (N,), entropies (N,). One
+    uniform per row: `uniforms` (N,), else drawn from `generator`.
 
     On a CPU this is one call of the fused kernel (`fused_step`), much faster than the torch ops below (log-softmax,
     top-k, draw; docs/benchmarks.md), which remain where the kernel is not built and on other devices."""
@@ -106,16 +109,16 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
         uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
     fused = kernels() if logits.device.type == "cpu" else None
     if fused is not None:
-        sampled, log_probs = fused.sample_next(logits.contiguous(), temperature, top_p,
-                                               uniforms if temperature > 0 else torch.zeros(logits.shape[0]))
-        return sampled, log_probs
+        return fused.sample_next(logits.contiguous(), temperature, top_p,
+                                 uniforms if temperature > 0 else torch.zeros(logits.shape[0]))
     if temperature > 0:
         step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
         sampled = sample_top_p(step_log_probs, top_p, uniforms=uniforms)
     else:  # greedy
         step_log_probs = torch.log_softmax(logits, dim=-1)
         sampled = logits.argmax(dim=-1)
-    return sampled, step_log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+    entropies = -(step_log_probs.exp() * step_log_probs).sum(-1)
+    return sampled, step_log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1), entropies
 
 
 def scored_tokens(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],
@@ -165,6 +168,7 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         count, device = input_ids.shape[0], input_ids.device
         tokens = torch.full((count, max_new_tokens), pad_id, dtype=torch.long, device=device)
         log_probs = torch.zeros(count, max_new_tokens, device=device)
+        entropies = torch.zeros(count, max_new_tokens, device=device)
         lengths = torch.zeros(count, dtype=torch.long, device=device)
         stopped = torch.zeros(count, dtype=torch.bool, device=device)
         paused = torch.zeros(count, dtype=torch.bool, device=device)
@@ -176,10 +180,12 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         for step in range(max_new_tokens):
             if cores:
                 cores.adapt()
-            sampled, step_log_probs = next_tokens(stepper.step(step_input, positions), temperature, top_p, generator)
+            sampled, step_log_probs, step_entropies = next_tokens(stepper.step(step_input, positions), temperature,
+                                                                  top_p, generator)
             live_rows = rows[alive]
             tokens[live_rows, step] = sampled[alive]
             log_probs[live_rows, step] = step_log_probs[alive]
+            entropies[live_rows, step] = step_entropies[alive].float()
             lengths[live_rows] += 1
             ended = alive & torch.isin(sampled, eos)
             stopped[rows[ended]] = True
@@ -197,4 +203,4 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                 rows, alive, sampled, positions = rows[keep], alive[keep], sampled[keep], positions[keep]
             step_input = sampled
             positions = positions + 1
-        return SampledBatch(tokens, log_probs, lengths, stopped, paused)
+        return SampledBatch(tokens, log_probs, lengths, stopped, paused, entropies)

@@ -105,6 +105,7 @@ class Trajectory:
     context: torch.Tensor  # the prompt's ids
     token_ids: list[torch.Tensor] = field(default_factory=list)
     log_probs: list[torch.Tensor] = field(default_factory=list)
+    entropies: list[torch.Tensor] = field(default_factory=list)
     mask: list[torch.Tensor] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     turns: int = 0
@@ -114,9 +115,11 @@ class Trajectory:
     def length(self) -> int:
         return sum(t.numel() for t in self.token_ids)
 
-    def add(self, tokens: torch.Tensor, log_probs: torch.Tensor, from_model: bool) -> None:
+    def add(self, tokens: torch.Tensor, log_probs: torch.Tensor, from_model: bool,
+            entropies: torch.Tensor | None = None) -> None:
         self.token_ids.append(tokens)
         self.log_probs.append(log_probs)
+        self.entropies.append(torch.zeros(tokens.numel()) if entropies is None else entropies)
         self.mask.append(torch.full((tokens.numel(),), 1.0 if from_model else 0.0))
 
     def ids(self) -> torch.Tensor:
@@ -181,10 +184,11 @@ class ToolEngine:
     def _take_turn(self, trajectory: Trajectory, piece, budget: int) -> None:
         """Append a model turn, cut to what is left of the budget."""
         room = budget - trajectory.length
-        tokens, log_probs, finish = piece.token_ids, piece.log_probs, piece.finish
+        tokens, log_probs, finish, entropies = piece.token_ids, piece.log_probs, piece.finish, piece.entropies
         if tokens.numel() > room:
             tokens, log_probs, finish = tokens[:room], log_probs[:room], "length"
-        trajectory.add(tokens, log_probs, from_model=True)
+            entropies = None if entropies is None else entropies[:room]
+        trajectory.add(tokens, log_probs, from_model=True, entropies=entropies)
         trajectory.turns += 1
         trajectory.finish = finish
 
@@ -233,6 +237,7 @@ class ToolEngine:
         tokens = torch.cat(trajectory.token_ids) if trajectory.token_ids else torch.zeros(0, dtype=torch.long)
         log_probs = torch.cat(trajectory.log_probs) if trajectory.log_probs else torch.zeros(0)
         mask = torch.cat(trajectory.mask) if trajectory.mask else torch.zeros(0)
+        entropies = torch.cat(trajectory.entropies) if trajectory.entropies else torch.zeros(0)
         ended = trajectory.finish == "stop" and tokens.numel() and int(tokens[-1]) in self.inner.eos_ids
         shown = tokens[:-1] if ended else tokens
         text = self.tokenizer.decode(shown, skip_special_tokens=True)
@@ -240,4 +245,4 @@ class ToolEngine:
         model_text = self.tokenizer.decode(torch.cat(own), skip_special_tokens=True) if own else ""
         return Completion(request.problem_id, request.sample_index, text,
                           "length" if trajectory.finish == "length" else "stop", int(tokens.numel()), tokens,
-                          log_probs, response_mask=mask, tool_calls=tuple(trajectory.calls), model_text=model_text)
+                          log_probs, entropies, response_mask=mask, tool_calls=tuple(trajectory.calls), model_text=model_text)

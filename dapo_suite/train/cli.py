@@ -438,9 +438,11 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
                    "reads whatever has finished.")
 @click.option("--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs.")
 @click.option("--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default).")
-@click.option("--study", default="dapo-effects", show_default=True, type=click.Choice(["dapo-effects", "tool"]),
+@click.option("--study", default="dapo-effects", show_default=True,
+              type=click.Choice(["dapo-effects", "tool", "clip-higher-16"]),
               help="dapo-effects: DAPO against DAPO less each technique; tool: DAPO with the Python tool against "
-                   "DAPO on text alone (tools-cpu scale; docs/results/tools/README.md).")
+                   "DAPO on text alone (tools-cpu scale; docs/results/tools/); clip-higher-16: Clip-Higher at 16 "
+                   "updates a batch, the entropy of all sampled tokens (docs/results/clip-higher-16/).")
 @workers_option
 def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep_checkpoints: bool, study: str,
             workers: int) -> None:
@@ -480,7 +482,7 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
             if workers > 1:
                 command = ["train", "effects", "--out", out, "--seeds", str(seeds), "--arms", ",".join(arms),
                            "--study", study, *(["--keep-checkpoints"] if keep_checkpoints else [])]
-                configs = plan_ladder(Path(out), arms, list(range(seeds)), {}, chosen.scale)
+                configs = plan_ladder(Path(out), arms, list(range(seeds)), chosen.overrides, chosen.scale)
                 run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = write_effects_outputs(Path(out))
             else:

@@ -21,7 +21,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_suite.core.stats import paired_t_test, sign_flip_test
@@ -173,10 +173,30 @@ TOOL_EFFECTS = {
 }
 
 
+# Clip-Higher's second setting (docs/results/clip-higher-16/README.md): the paper's 16 updates a rollout batch, the
+# entropy of every sampled token.
+CLIP_HIGHER_16 = {
+    "clip-higher": Effect(
+        "dapo-no-clip-higher", "Figure 2: entropy collapses under the symmetric clip",
+        Figure("entropy of all sampled tokens, mean of steps 51-60 (nats/token)",
+               steps_mean(metric("rollout/entropy"), 51, 60), True, metric("rollout/entropy"), "sampled entropy"),
+        (Figure("held-out pass@8 after step 60", heldout_at(60, "val/pass_at_8"), True,
+                metric("val/pass_at_8"), "held-out pass@8"),
+         Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+         Figure("tokens at the upper clip, mean of steps 1-10", steps_mean(metric("actor/clipfrac_upper"), 1, 10),
+                False, metric("actor/clipfrac_upper"), "tokens at the upper clip"),
+         Figure("tokens at the upper clip, mean of steps 51-60", steps_mean(metric("actor/clipfrac_upper"), 51, 60),
+                False),
+         Figure("entropy of the trained tokens, mean of steps 51-60 (nats/token)",
+                steps_mean(metric("actor/entropy"), 51, 60), True))),
+}
+
+
 @dataclass(frozen=True)
 class Study:
-    """A pre-registered comparison: `baseline` against each effect's arm, paired by seed, at the `scale` preset.
-    The labels name the two sides in its tables ("DAPO" / "without it")."""
+    """A pre-registered comparison: `baseline` against each effect's arm, paired by seed, at the `scale` preset
+    with `overrides` (TrainConfig fields) on every run. The labels name the two sides in its tables ("DAPO" /
+    "without it")."""
 
     name: str
     scale: str
@@ -184,6 +204,7 @@ class Study:
     effects: dict[str, Effect]
     baseline_label: str = "DAPO"
     arm_label: str = "without it"
+    overrides: dict = field(default_factory=dict)
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -193,24 +214,26 @@ class Study:
 STUDIES = {study.name: study for study in (
     Study("dapo-effects", SCALE, BASELINE, EFFECTS),
     Study("tool", "tools-cpu", "dapo-tool", TOOL_EFFECTS, "with the tool", "text only"),
+    Study("clip-higher-16", SCALE, BASELINE, CLIP_HIGHER_16, overrides={"ppo_epochs": 4}),
 )}
 ARMS = STUDIES["dapo-effects"].arms
 
 
 def study_of(out: Path) -> Study:
-    """The study a folder holds, from its plan's scale preset."""
-    scale = read_plan(out).get("scale")
+    """The study a folder holds, from its plan's scale preset and overrides."""
+    plan = read_plan(out)
     for study in STUDIES.values():
-        if study.scale == scale:
+        if study.scale == plan.get("scale") and study.overrides == plan.get("overrides", {}):
             return study
-    raise ValueError(f"{out}: its plan's scale {scale!r} is no study's ({', '.join(STUDIES)})")
+    raise ValueError(f"{out}: its plan (scale {plan.get('scale')!r}, overrides {plan.get('overrides')}) is no "
+                     f"study's ({', '.join(STUDIES)})")
 
 
 def run_effects(out: Path, arms: list[str], seeds: list[int], keep_checkpoints: bool = False,
                 study: Study = STUDIES["dapo-effects"]) -> Path:
     """Train every (arm, seed) not yet finished (the ladder's runner: resumable, one worker per run), then write
     the effects table; return its path."""
-    run_ladder(out, arms, seeds, {}, scale=study.scale, keep_checkpoints=keep_checkpoints)
+    run_ladder(out, arms, seeds, study.overrides, scale=study.scale, keep_checkpoints=keep_checkpoints)
     return write_effects_outputs(out)
 
 

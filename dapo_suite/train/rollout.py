@@ -40,6 +40,7 @@ class Rollout:
     response_mask: torch.Tensor | None = None  # (T,) 1 on the model's tokens, 0 on a tool's; None: all the model's
     tool_calls: tuple = ()  # tool_loop.ToolCall records of a multi-turn response
     model_text: str | None = None  # the model's own text, what is graded; None: `text`
+    sampled_entropy: torch.Tensor | None = None  # (T,) the sampler's entropy at each token (0 on a tool's); HF only
 
     @property
     def length(self) -> int:
@@ -77,7 +78,8 @@ def sample_rollouts(engine: HFEngine | VLLMEngine, tokenizer, prompts: list[str]
     completions.sort(key=lambda c: (int(c.problem_id), c.sample_index))
     return [Rollout(group=int(c.problem_id), prompt_ids=prompt_ids[int(c.problem_id)], response_ids=c.token_ids,
                     old_log_prob=c.log_probs, truncated=c.finish_reason == "length", text=c.text,
-                    response_mask=c.response_mask, tool_calls=c.tool_calls, model_text=c.model_text)
+                    response_mask=c.response_mask, tool_calls=c.tool_calls, model_text=c.model_text,
+                    sampled_entropy=c.entropies)
             for c in completions]
 
 

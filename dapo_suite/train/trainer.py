@@ -136,6 +136,15 @@ def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: s
     return kept, counts
 
 
+def sampled_entropy(rollouts: list[Rollout]) -> dict[str, float]:
+    """`rollout/entropy`: the mean entropy of the distributions every sampled response token (the model's own) was
+    drawn from, trained or not: what `actor/entropy`, over the trained tokens only, leaves out when overlong
+    filtering drops truncated responses or dynamic sampling drops groups. Empty when the engine gives none (vLLM)."""
+    parts = [(r.sampled_entropy * r.mask).sum() for r in rollouts if r.sampled_entropy is not None]
+    tokens = sum(r.model_length for r in rollouts if r.sampled_entropy is not None)
+    return {"rollout/entropy": float(sum(parts)) / tokens} if parts and tokens else {}
+
+
 def tool_metrics(rollouts: list[Rollout]) -> dict[str, float]:
     """`tool/*` over a step's sampled responses: calls per response, the share that call the tool, calls that
     failed (an exception, a non-zero exit, a limit) and timed out, model turns, and tokens the tool wrote."""
@@ -302,7 +311,7 @@ class DAPOTrainer:
             "sampling/groups_surplus_dropped": len(surplus) - len(self.surplus),
             "perf/rollout_tokens_per_s": generated_tokens / max(rollout_seconds, 1e-9),
         }
-        metrics.update(mismatch)
+        metrics.update(mismatch | sampled_entropy(all_rollouts))
         if config.multi_turn:
             metrics.update(tool_metrics(all_rollouts))
         return kept, metrics

@@ -684,14 +684,15 @@ torch::Tensor silu_mul(torch::Tensor x) {
 
 // Next-token sampling from logits (B, V): temperature, then nucleus (top-p) sampling (Holtzman et al. 2019, arXiv
 // 1904.09751), one uniform per row (`uniforms` (B,), from the caller's torch generator); greedy when
-// temperature == 0. Returns the tokens (B,) int64 and their log-probs under softmax(logits / T) (T = 1 when
-// greedy), the distribution before top-p, which is what the trainer recomputes.
+// temperature == 0. Returns the tokens (B,) int64, their log-probs under softmax(logits / T) (T = 1 when
+// greedy), the distribution before top-p, which is what the trainer recomputes, and that distribution's entropy
+// (B,): log Z - sum_i p_i (z_i - z_max), one more sum in the pass that computes Z.
 // The nucleus: the most likely tokens, in descending order, whose mass before each is <= top_p. It is found among
 // the tokens above a probability threshold (1e-4, lowered while the tokens above it hold less than top_p; they
 // are a prefix of the descending order, so the nucleus lies inside them), sorted, not among the whole vocabulary.
 template <typename T>
 void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature, float top_p, const float* uniforms,
-                 int64_t* tokens, float* log_probs) {
+                 int64_t* tokens, float* log_probs, float* entropies) {
   at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
     std::vector<float> weights(vocab);  // e^(z - z_max), z = logits / T
     std::vector<std::pair<float, int64_t>> candidates;
@@ -700,10 +701,12 @@ void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature
       float largest = float(row[0]);
       for (int64_t i = 1; i < vocab; ++i) largest = std::max(largest, float(row[i]));
       const float t = temperature > 0 ? temperature : 1.f, top = largest / t;
-      float total = 0.f;
+      float total = 0.f, weighted = 0.f;  // Z and sum_i e^(z_i - z_max) (z_i - z_max)
       for (int64_t i = 0; i < vocab; ++i) {
-        weights[i] = std::exp(float(row[i]) / t - top);
+        const float shifted = float(row[i]) / t - top;
+        weights[i] = std::exp(shifted);
         total += weights[i];
+        weighted += weights[i] * shifted;
       }
       int64_t token = 0;
       if (temperature <= 0) {  // greedy: the first most likely token, as argmax
@@ -742,6 +745,7 @@ void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature
       }
       tokens[b] = token;
       log_probs[b] = std::log(weights[token]) - std::log(total);
+      entropies[b] = std::log(total) - weighted / total;
     }
   });
 }
@@ -753,15 +757,17 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   auto tokens = torch::empty({rows}, logits.options().dtype(at::kLong));
   auto log_probs = torch::empty({rows}, logits.options().dtype(at::kFloat));
+  auto entropies = torch::empty({rows}, logits.options().dtype(at::kFloat));
   if (logits.scalar_type() == at::kBFloat16)
     sample_rows(logits.data_ptr<BFloat16>(), rows, vocab, float(temperature), float(top_p),
-                uniforms.data_ptr<float>(), tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>());
+                uniforms.data_ptr<float>(), tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>(),
+                entropies.data_ptr<float>());
   else {
     const auto values = logits.to(at::kFloat);
     sample_rows(values.data_ptr<float>(), rows, vocab, float(temperature), float(top_p), uniforms.data_ptr<float>(),
-                tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>());
+                tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>(), entropies.data_ptr<float>());
   }
-  return {tokens, log_probs};
+  return {tokens, log_probs, entropies};
 }
 
 // x W^T (+ b) in bfloat16 with float32 sums, for every projection of the decode step and the prompt pass.
