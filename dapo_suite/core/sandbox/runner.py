@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import selectors
 import signal
 import subprocess
@@ -34,7 +35,9 @@ class Worker:
     """One started, not yet used sandboxed process."""
 
     def __init__(self, isolation: str, limits: SandboxLimits, preload: bool) -> None:
-        config = {"site": SITE if isolation == "bwrap" else "", "preload": preload,
+        # unsafe-none: the packages from where this interpreter finds them (nothing is bound under SITE)
+        site = SITE if isolation == "bwrap" else str(Path(__import__("numpy").__file__).parent.parent)
+        config = {"site": site, "preload": preload,
                   "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_mb * MB,
                   "file_size_bytes": limits.file_size_mb * MB}
         program = [str(Path(sys.executable).resolve()), "-I", "-S", "-c", WORKER_SOURCE, json.dumps(config)]
@@ -49,9 +52,6 @@ class Worker:
             argv = bwrap_argv(interpreter_binds(), limits.tmp_mb * MB, self._filter_fd) + program
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, None
         else:
-            if config["site"] == "":  # unsafe-none: the packages from where this interpreter finds them
-                config["site"] = str(Path(__import__("numpy").__file__).parent.parent)
-                program[-1] = json.dumps(config)
             argv, env, cwd = program, {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "OPENBLAS_NUM_THREADS": "1"}, "/tmp"
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=env, cwd=cwd, pass_fds=pass_fds, start_new_session=True)
@@ -89,6 +89,9 @@ class Sandbox:
     def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, isolation: str = "bwrap",
                  preload: bool = False) -> None:
         require_isolation(isolation)
+        if isolation == "bwrap" and seccomp.program() is None:
+            log.warning("no seccomp filter for this machine (%s: x86_64 and aarch64 only): sandboxed code may start "
+                        "processes, bounded only by the call's limits and its PID namespace", platform.machine())
         if isolation == "unsafe-none":
             log.warning("sandbox isolation is off (unsafe-none): model-written code runs as this user and can read "
                         "its files, its environment and the network")
