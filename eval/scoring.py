@@ -90,14 +90,13 @@ def tool_statistics(records: list[dict]) -> dict:
     """Tool use over graded records that carry their calls: calls per response, the share of responses that call,
     the share of calls that fail (any outcome but ok) or time out, and the accuracy of responses with and without
     a call."""
-    calls = [call for r in records for call in r.get("tool_calls", [])]
+    from dapo_suite.inference.tool_loop import tool_use  # torch: only for runs that used the tool
+
+    use = tool_use([[call["outcome"] for call in r.get("tool_calls", [])] for r in records])
     calling = [r for r in records if r.get("tool_calls")]
     silent = [r for r in records if not r.get("tool_calls")]
     return {
-        "calls_per_response": len(calls) / len(records),
-        "call_rate": len(calling) / len(records),
-        "failed_call_rate": sum(c["outcome"] != "ok" for c in calls) / len(calls) if calls else None,
-        "timeouts": sum(c["outcome"] in ("timeout", "cpu_limit") for c in calls),
+        **{key: use[key] for key in ("calls_per_response", "call_rate", "failed_call_rate", "timeouts")},
         "accuracy_with_calls": sum(bool(r["acc"]) for r in calling) / len(calling) if calling else None,
         "accuracy_without_calls": sum(bool(r["acc"]) for r in silent) / len(silent) if silent else None,
     }

@@ -93,8 +93,10 @@ def test_no_view_of_host_environment_or_processes(sandbox, monkeypatch):
 
 
 def test_writes_only_to_a_private_tmp(sandbox):
-    assert sandbox.run("open('/tmp/a.txt', 'w').write('x'); print(open('/tmp/a.txt').read())").stdout == "x\n"
-    assert "No such file" in sandbox.run("open('/tmp/a.txt')").stderr  # the next call gets a fresh /tmp
+    # a call's working folder is its private tmpfs
+    assert sandbox.run("import os; print(os.getcwd())").stdout == isolation_module.WORK_DIR + "\n"
+    assert sandbox.run("open('a.txt', 'w').write('x'); print(open('a.txt').read())").stdout == "x\n"
+    assert "No such file" in sandbox.run("open('a.txt')").stderr  # the next call gets a fresh one
     for path in ("/usr/lib/x", "/x", "/sandbox/site/numpy/x"):
         result = sandbox.run(f"open({path!r}, 'w')")
         assert result.outcome == "error" and ("Read-only file system" in result.stderr
@@ -102,9 +104,9 @@ def test_writes_only_to_a_private_tmp(sandbox):
 
 
 def test_file_size_and_tmp_size_are_bounded(sandbox):
-    big = sandbox.run("open('/tmp/big', 'wb').write(b'x' * (2 << 20))")  # over file_size_mb = 1
+    big = sandbox.run("open('big', 'wb').write(b'x' * (2 << 20))")  # over file_size_mb = 1
     assert big.outcome == "error" and "File too large" in big.stderr, big
-    many = sandbox.run("for i in range(8):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 900_000)")  # over tmp_mb 4
+    many = sandbox.run("for i in range(8):\n    open(f'f{i}', 'wb').write(b'x' * 900_000)")  # over tmp_mb 4
     assert many.outcome == "error" and "No space left on device" in many.stderr, many
 
 

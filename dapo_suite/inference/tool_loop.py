@@ -72,6 +72,21 @@ class ToolCall:
                 "execution_time": self.execution_time}
 
 
+TIME_LIMITS = ("timeout", "cpu_limit")  # sandbox outcomes of a call stopped for time
+
+
+def tool_use(outcomes: list[list[str]]) -> dict:
+    """Tool use over responses, each given as its calls' sandbox outcomes: calls per response, the share of
+    responses that call, failed calls (any outcome but ok) and their share (None without a call), and calls
+    stopped at a time limit. The trainer's `tool/*` metrics and eval's tool statistics both read it."""
+    calls = [outcome for response in outcomes for outcome in response]
+    failed = sum(outcome != "ok" for outcome in calls)
+    count = max(len(outcomes), 1)
+    return {"calls_per_response": len(calls) / count, "call_rate": sum(bool(r) for r in outcomes) / count,
+            "failed_calls": failed, "failed_call_rate": failed / len(calls) if calls else None,
+            "timeouts": sum(outcome in TIME_LIMITS for outcome in calls)}
+
+
 def tool_turn_text(shown: str, after_newline: bool) -> str:
     """The tool's turn as the model reads it: an ```output block right after the model's closing fence."""
     return ("" if after_newline else "\n") + f"```output\n{shown}\n```\n"

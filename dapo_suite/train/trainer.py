@@ -34,6 +34,7 @@ from dapo_suite.core.problems import Problem
 from dapo_suite.core.prompts import chat_messages, render_chat
 from dapo_suite.core.reward import compute_score, extract_answer
 from dapo_suite.inference.models import eval_mode, load_model_and_tokenizer, resolve_precision
+from dapo_suite.inference.tool_loop import tool_use
 from dapo_suite.train.algorithm import (
     LossHyperparameters,
     compute_advantages,
@@ -148,14 +149,14 @@ def sampled_entropy(rollouts: list[Rollout]) -> dict[str, float]:
 def tool_metrics(rollouts: list[Rollout]) -> dict[str, float]:
     """`tool/*` over a step's sampled responses: calls per response, the share that call the tool, calls that
     failed (an exception, a non-zero exit, a limit) and timed out, model turns, and tokens the tool wrote."""
-    calls = [call for r in rollouts for call in r.tool_calls]
+    use = tool_use([[call.outcome for call in r.tool_calls] for r in rollouts])
     count = max(len(rollouts), 1)
     return {
-        "tool/calls_per_response": len(calls) / count,
-        "tool/call_rate": sum(bool(r.tool_calls) for r in rollouts) / count,
-        "tool/errors": sum(call.outcome != "ok" for call in calls),
-        "tool/error_rate": sum(call.outcome != "ok" for call in calls) / max(len(calls), 1),
-        "tool/timeouts": sum(call.outcome in ("timeout", "cpu_limit") for call in calls),
+        "tool/calls_per_response": use["calls_per_response"],
+        "tool/call_rate": use["call_rate"],
+        "tool/errors": use["failed_calls"],
+        "tool/error_rate": use["failed_call_rate"] or 0.0,
+        "tool/timeouts": use["timeouts"],
         "tool/turns_mean": sum(len(r.tool_calls) + 1 for r in rollouts) / count,
         "tool/tokens_mean": sum(r.length - r.model_length for r in rollouts) / count,
     }

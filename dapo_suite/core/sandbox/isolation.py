@@ -22,9 +22,10 @@ from dapo_suite.core.errors import UserError
 
 ISOLATIONS = ("bwrap", "unsafe-none")
 SITE = "/sandbox/site"  # where numpy and sympy appear inside the sandbox
+WORK_DIR = "/tmp"  # inside the sandbox: its private tmpfs, the only writable place, and the call's working folder
 PACKAGES = ("numpy", "numpy.libs", "sympy", "mpmath")  # numpy.libs: a numpy wheel's own OpenBLAS
 SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")
-SANDBOX_ENV = {"PATH": "/usr/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+SANDBOX_ENV = {"PATH": "/usr/bin", "HOME": WORK_DIR, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
                 "bubblewrap`; Arch: `sudo pacman -S bubblewrap`), or, knowing that model-written code then reads "
@@ -123,8 +124,8 @@ def bwrap_argv(binds: tuple[tuple[str, str], ...], tmp_bytes: int, seccomp_fd: i
         argv += ["--ro-bind", outside, inside]
     for folder in hidden_folders(binds):
         argv += ["--tmpfs", folder]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp"]  # the root read-only: /tmp is the only writable place
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_bytes), "--tmpfs", WORK_DIR,
+             "--remount-ro", "/", "--chdir", WORK_DIR]  # the root read-only: WORK_DIR is the only writable place
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv
