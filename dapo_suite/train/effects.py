@@ -205,6 +205,7 @@ class Study:
     baseline_label: str = "DAPO"
     arm_label: str = "without it"
     overrides: dict = field(default_factory=dict)
+    comparison: str = "DAPO against DAPO without each technique"  # the tables' opening line
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -213,8 +214,10 @@ class Study:
 
 STUDIES = {study.name: study for study in (
     Study("dapo-effects", SCALE, BASELINE, EFFECTS),
-    Study("tool", "tools-cpu", "dapo-tool", TOOL_EFFECTS, "with the tool", "text only"),
-    Study("clip-higher-16", SCALE, BASELINE, CLIP_HIGHER_16, overrides={"ppo_epochs": 4}),
+    Study("tool", "tools-cpu", "dapo-tool", TOOL_EFFECTS, "with the tool", "text only",
+          comparison="DAPO with the Python tool against DAPO on text alone"),
+    Study("clip-higher-16", SCALE, BASELINE, CLIP_HIGHER_16, overrides={"ppo_epochs": 4},
+          comparison="DAPO against DAPO without Clip-Higher, 16 updates a rollout batch"),
 )}
 ARMS = STUDIES["dapo-effects"].arms
 
@@ -290,9 +293,7 @@ def effects_markdown(results: dict) -> str:
     """One row per technique (the pre-registered figure and verdict), then every figure per seed."""
     study = STUDIES[results.get("study", "dapo-effects")]
     ours, theirs = study.baseline_label, study.arm_label
-    versus = (f"{ours} against {theirs}" if study.name != "dapo-effects"
-              else "DAPO against DAPO without each technique")
-    lines = [f"Seeds {', '.join(map(str, results['seeds']))}; {versus}, paired by "
+    lines = [f"Seeds {', '.join(map(str, results['seeds']))}; {study.comparison}, paired by "
              f"seed. Shown: paired t-test p < {SIGNIFICANCE} with the difference in the paper's direction; the exact "
              "sign-flip p is beside it (with 5 seeds it cannot go below 0.0625).", "",
              f"| technique | pre-registered figure | {ours}, median (range) | {theirs} | {ours} - {theirs} (mean) | "
