@@ -34,9 +34,9 @@ def load_cases(path: Path = CASES_FILE) -> list[dict]:
 
 
 def dapo_suite_verdict(gold: str, response: str) -> bool | None:
-    """True/False, or None when the symbolic checker timed out."""
+    """True/False, or None when the symbolic checker could not check (a timeout, or past its work bound)."""
     result = compute_score("grader_agreement", response, gold)
-    return None if result["timeout"] else result["acc"]
+    return None if result["timeout"] or result["too_complex"] else result["acc"]
 
 
 def math_dapo_verdict(gold: str, response: str) -> bool:

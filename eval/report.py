@@ -35,6 +35,7 @@ def markdown(results: dict) -> str:
         f"| maj@{n} (%) | {_pct(results['maj@k'][str(n)])} |",
         f"| format failures (%) | {_pct(results['format_failure_rate'])} |",
         f"| grader timeouts (could not check, counted wrong) | {results.get('grader_timeouts', 'n/a')} |",
+        f"| answers past the grader's work bound (counted wrong) | {results.get('grader_too_complex', 'n/a')} |",
         f"| truncated (%) | {_pct(results['truncated_fraction'])} |",
         f"| response tokens mean / median / p90 / max | {length['mean']:.0f} / {length['median']:.0f} / "
         f"{length['p90']} / {length['max']} |",

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dapo_suite.core import stats
-from dapo_suite.core.reward import compute_score
+from dapo_suite.core.reward import UNCHECKED, compute_score
 from eval import metrics
 
 GENERATIONS_FILE = "generations.jsonl"
@@ -18,11 +18,11 @@ SESSIONS_FILE = "sessions.jsonl"  # one line per generation session: wall second
 
 
 def grade(text: str, answer: str) -> dict:
-    """The verdict of one sample: `{"score", "acc", "pred", "timeout"}` from the shared DAPO reward (`timeout`:
-    the checker could not decide in time, so the sample counts as wrong but is reported apart)."""
+    """The verdict of one sample: `{"score", "acc", "pred", "timeout", "too_complex"}` from the shared DAPO reward
+    (`timeout`, `too_complex`: the checker could not decide, so the sample counts as wrong but is reported apart)."""
     verdict = compute_score("eval", text, answer)
     return {"score": verdict["score"], "acc": bool(verdict["acc"]), "pred": verdict["pred"],
-            "timeout": bool(verdict["timeout"])}
+            **{reason: bool(verdict[reason]) for reason in UNCHECKED}}
 
 
 def generations_file(path: str | Path) -> Path:
@@ -130,6 +130,7 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         "maj@k": {str(k): metrics.maj_at_k(preds, correct, k) for k in metrics.k_values(n)},
         "format_failure_rate": metrics.format_failure_rate([s["pred"] for s in flat]),
         "grader_timeouts": sum(bool(s.get("timeout")) for s in flat),  # generations graded before it lack the field
+        "grader_too_complex": sum(bool(s.get("too_complex")) for s in flat),
         "truncated_fraction": metrics.truncated_fraction([s["finish_reason"] for s in flat]),
         "response_len": metrics.length_statistics([s["num_tokens"] for s in flat]),
         "wall_s": wall if sessions else None,

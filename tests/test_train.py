@@ -346,18 +346,25 @@ def test_vllm_rollout_follows_the_policy(tmp_path):
 
 def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_path):
     """Same seed, machine and thread count: the same metrics (timings aside) and the same weights, bit for bit, over
-    two steps (the second samples from the first's update); another seed's first step differs. Without held-out
-    evaluation (`heldout_eval=false`: no before/after, no verdict), as a smoke run trains."""
+    two steps (the second samples from the first's update), the second time beside a busy process (rewards bounded
+    by work, not by the clock); another seed's first step differs. Without held-out evaluation
+    (`heldout_eval=false`: no before/after, no verdict), as a smoke run trains."""
     import hashlib
     import shutil
 
     from safetensors.torch import load_file
 
-    def run(name: str, seed: int, steps: int = 2) -> tuple[list[dict], dict]:
+    def run(name: str, seed: int, steps: int = 2, busy: bool = False) -> tuple[list[dict], dict]:
         """The run's metrics and a digest of each final weight; its folder is then removed (a checkpoint: 1.6 GB)."""
         out = tmp_path / name
-        result = run_train(out, "--max-steps", str(steps), "--seed", str(seed), "--set", "heldout_eval=false",
-                           "--set", "keep_checkpoints=1")
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            result = run_train(out, "--max-steps", str(steps), "--seed", str(seed), "--set", "heldout_eval=false",
+                               "--set", "keep_checkpoints=1")
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
         assert result.returncode == 0, result.stderr[-3000:]
         assert "verdict" not in result.stdout and "before" not in json.loads((out / "summary.json").read_text())
         timed = ("time", "perf/", "seconds", "per_s")
@@ -370,7 +377,7 @@ def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_p
         return metrics, weights
 
     first, weights = run("a", 3)
-    again, weights_again = run("b", 3)
+    again, weights_again = run("b", 3, busy=True)
     assert first == again
     assert weights == weights_again
     other, _ = run("c", 4, steps=1)

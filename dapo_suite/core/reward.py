@@ -18,8 +18,10 @@ trainer calls it on each rollout, the evaluator grades with it. The protocol:
    matrices, text) is compared by math-verify in `dapo_suite.core.symbolic`: equations as equations (up to a non-zero
    factor, through math-verify's solver), relations as relations, intervals as intervals, a comma list as a set and
    a bracketed one as a tuple. An answer never scores by matching one side of an equation or one element of a list.
-   When the checker cannot decide in time (twice), the result says `timeout: True`: "could not check", which the
-   trainer and the evaluator count (`reward/timeouts`), scored -1.
+   An answer past the checker's work bound (an exact number of more than 10,000 digits, a power of a symbol past
+   256, a tree of more than 600 nodes) says `too_complex: True`, on any machine at any load; a comparison within
+   it that still runs out of its CPU or wall-clock budget says `timeout: True`. Both are "could not check",
+   scored -1, and counted apart by the trainer (`reward/too_complex`, `reward/timeouts`) and the evaluator.
 
 Deliberate differences from verl's `math_dapo.compute_score` (each has a test named `test_difference_*`): it
 compares normalised strings, so `042`, `42.0`, `**42**`, `42 apples` and `28` against `28\\%` fail there, while
@@ -37,6 +39,7 @@ from dapo_suite.core.symbolic import SymbolicChecker
 ANSWER_WINDOW = 300  # characters of the response's tail searched for the `Answer:` line (verl's math_dapo: 300)
 MAX_BOX_CHARS = 1000  # a \boxed{ whose brace does not close within this is not an answer (bounds the scan)
 MAX_SYMBOLIC_ANSWER_CHARS = 400  # the longest MATH-500 answer has 159 characters
+UNCHECKED = ("timeout", "too_complex")  # a result's fields for an answer the checker could not check, by why
 
 _ANSWER_LINE = re.compile(  # matched at a line start: heading/quote marks, a lead-in, emphasis, (Final) Answer:
     r"(?i)[ \t]*(?:[#>][#> \t]*)?"
@@ -92,17 +95,20 @@ def compute_score(
     answer_window: int = ANSWER_WINDOW,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Score one response: `{"score": +1.0 or -1.0, "acc": bool, "pred": answer or None, "timeout": bool}`.
+    """Score one response: `{"score": +1.0 or -1.0, "acc": bool, "pred": answer or None, "timeout": bool,
+    "too_complex": bool}`.
 
     The signature is the one verl's `custom_reward_function` calls (`data_source` and `extra_info` are accepted
     and unused: one protocol for every source). Any input, however malformed, gets a score; nothing raises.
-    `timeout` is True when the symbolic checker could not decide in time: the score is then -1, but the run can
-    tell "could not check" from "wrong".
+    `too_complex` is True when an answer is past the symbolic checker's work bound (the same verdict on any
+    machine), `timeout` when a comparison within it still ran out of its CPU or wall-clock budget: the score is
+    then -1, but the run can tell "could not check" from "wrong".
     """
     pred = extract_answer(_as_text(solution_str), answer_window)
-    verdict = False if pred is None else answers_match(pred, _as_text(ground_truth))
-    correct = verdict is True
-    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred, "timeout": verdict is None}
+    verdict = "different" if pred is None else answers_match(pred, _as_text(ground_truth))
+    correct = verdict == "equal"
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred, "timeout": verdict == "timeout",
+            "too_complex": verdict == "too_complex"}
 
 
 def extract_answer(text: str, window: int = ANSWER_WINDOW) -> str | None:
@@ -212,18 +218,18 @@ def _assigned_value(text: str) -> str | None:
     return parts[-1]
 
 
-def answers_match(pred: str, ground_truth: str) -> bool | None:
-    """Whether an extracted answer equals the ground truth: as integers when the truth is one, else symbolically.
-    None when the symbolic checker could not decide in time."""
+def answers_match(pred: str, ground_truth: str) -> str:
+    """Whether an extracted answer equals the ground truth, as one of the symbolic checker's `COMPARISONS`
+    (`equal`, `different`, `too_complex`, `timeout`): as integers when the truth is one, else symbolically."""
     truth_int = parse_integer(ground_truth, ground_truth=True)
     if truth_int is not None:
-        return parse_integer(pred) == truth_int
+        return "equal" if parse_integer(pred) == truth_int else "different"
     gold, answer = symbolic_form(ground_truth), symbolic_form(pred)
     if not gold or not answer or len(answer) > MAX_SYMBOLIC_ANSWER_CHARS:
-        return False
+        return "different"
     if _canonical_latex(answer) == _canonical_latex(gold):
-        return True
-    return SYMBOLIC_CHECKER.equivalent(gold, answer)
+        return "equal"
+    return SYMBOLIC_CHECKER.compare(gold, answer)
 
 
 def symbolic_form(answer: str) -> str:

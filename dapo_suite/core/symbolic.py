@@ -8,12 +8,16 @@ Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `pytho
 - It never compares anything itself: each request is computed in a child forked from it, so every comparison
   starts from the same warm state, a pathological one is killed (SIGKILL: a C-level big-integer power ignores
   signals) without costing the warm process, and the next request is served at once.
-- Each comparison has a CPU budget, `cpu_limit_s`, which does not depend on load (a busy machine slows the
-  clock, not the CPU bill), and a wall-clock cap, `wall_limit_s`, which bounds every call even when the machine
-  is so busy that the budget is not reached. A comparison that runs out of either is the verdict None ("could
-  not check"), never a silent "wrong"; it is not retried, since it would take the same CPU again. If the worker
-  process itself fails (dies, or stops answering), the call is retried once on a fresh worker, which warms up
-  before it serves.
+- **Work first, time last.** Before comparing, the child parses both answers without evaluating them and
+  bounds the work they imply (`exceeds_work_bound`: the digits of any exact number they denote, the degree of
+  any power of a symbol, their size): past a bound the verdict is `too_complex`, the same on any machine at any
+  load. Only what passes is compared, under a CPU budget (`cpu_limit_s`, twice the slowest comparison measured,
+  which a busy machine does not change: it slows the clock, not the CPU bill) and, as a last resort, a wall-clock
+  cap (`wall_limit_s`, far above what a comparison takes even at a load of 8 on 2 cores). Running out of either
+  is `timeout`. Neither is ever a silent "wrong": the reward counts them (`reward/too_complex`,
+  `reward/timeouts`). A timeout is not retried, since it would take the same CPU again. If the worker process
+  itself fails (dies, or stops answering), the call is retried once on a fresh worker, which warms up before it
+  serves.
 
 math-verify's own timeout uses SIGALRM, which works only on the main thread; here the limit holds from any
 thread. Only the LaTeX grammar parses model text: math-verify's plain-expression path goes through sympy's
@@ -29,10 +33,17 @@ import subprocess
 import sys
 import threading
 
-# About twice the CPU of the slowest comparison measured (docs/eval.md, "Symbolic time limits"); the wall limit
-# bounds every call, fork and kill included, even with both cores busy.
-SYMBOLIC_CPU_LIMIT_S = 1.0
-SYMBOLIC_WALL_LIMIT_S = 1.2
+# Last resorts behind the work bound (docs/eval.md, "Symbolic limits"): four times the CPU of the slowest
+# comparison measured, and a wall cap that a load of 8 on 2 cores stays far below.
+SYMBOLIC_CPU_LIMIT_S = 2.0
+SYMBOLIC_WALL_LIMIT_S = 30.0
+# The work bound: an answer past any of these is `too_complex` before it is compared.
+MAX_EXACT_DIGITS = 10_000  # decimal digits of an exact number (1/2006!, in the warm-up, has 5,760)
+MAX_SYMBOLIC_DEGREE = 256  # the largest power of an expression with symbols (x^{256})
+MAX_EXPRESSION_NODES = 600  # nodes of the unevaluated expression tree
+MAX_TERMS = 10_000  # terms of a sum or product written with \sum or \prod
+MAX_NESTING = 24  # brackets and braces inside each other, checked before parsing (ANTLR slows with depth)
+COMPARISONS = ("equal", "different", "timeout", "too_complex")  # what `SymbolicChecker.compare` returns
 CPU_POLL_S = 0.02  # how often the worker reads a comparison's CPU time (/proc has 10 ms resolution)
 STARTUP_TIMEOUT_S = 180.0  # importing sympy and math-verify and warming up, on a loaded 2-core machine
 MEMORY_LIMIT_BYTES = 2 * 1024**3  # per comparison: a runaway expression is stopped before it can swap the machine
@@ -74,15 +85,16 @@ class SymbolicChecker:
         with self._lock:
             self._spawn()
 
-    def equivalent(self, gold: str, pred: str) -> bool | None:
-        """True when math-verify proves `pred` equal to `gold`, False when not, None when the comparison ran out
-        of its CPU or wall-clock budget (or the worker failed twice)."""
+    def compare(self, gold: str, pred: str) -> str:
+        """One of `COMPARISONS`: `equal` when math-verify proves `pred` equal to `gold`, `different` when not,
+        `too_complex` when either answer is past the work bound, `timeout` when the comparison ran out of its CPU
+        or wall-clock budget (or the worker failed twice)."""
         with self._lock:
             for _ in range(2):  # a second attempt only after the worker itself failed: on a fresh, warm one
                 reply = self._ask(gold, pred)
                 if reply is not None:
-                    return {"true": True, "false": False}.get(reply)
-            return None
+                    return reply if reply in COMPARISONS else "timeout"
+            return "timeout"
 
     def close(self) -> None:
         with self._lock:
@@ -97,7 +109,7 @@ class SymbolicChecker:
             self._ready = False
 
     def _ask(self, gold: str, pred: str) -> str | None:
-        """The worker's reply (`true`, `false`, `timeout`), or None when the worker failed (it is then killed)."""
+        """The worker's reply (one of `COMPARISONS`), or None when the worker failed (it is then killed)."""
         self._spawn()
         try:
             if not self._ready:
@@ -215,6 +227,108 @@ def _make_comparator():
     return equivalent
 
 
+def exact_digits(expr: object, budget: list[int]) -> float:
+    """An upper bound on the decimal digits of the exact number an unevaluated sympy tree denotes (the larger of
+    its numerator and denominator), inf past `MAX_EXACT_DIGITS` or `MAX_SYMBOLIC_DEGREE`; a symbol or a constant
+    counts as one digit. `budget` holds the nodes left to visit (`MAX_EXPRESSION_NODES`): inf when it runs out.
+
+    Each rule bounds what evaluation would build: |a * b| <= |a| |b| (digits add), a^e has at most
+    digits(a) x |e| digits, n! and binomial(n, k) at most n log10(n + 1), a sum or product of N terms N times its
+    term's.
+    """
+    import math
+
+    from sympy import Add, Pow
+    from sympy.matrices import MatrixBase
+
+    budget[0] -= 1
+    if budget[0] < 0:
+        return math.inf
+    if getattr(expr, "is_Number", False) and not getattr(expr, "is_infinite", False) and expr.is_finite:
+        if expr.is_Rational:
+            return math.log10(max(abs(int(expr.p)), int(expr.q)) + 1)
+        return math.log10(abs(float(expr)) + 1)  # a float: inf when it overflows
+    if isinstance(expr, MatrixBase):
+        return sum(exact_digits(entry, budget) for entry in expr)
+    if isinstance(expr, Pow):
+        base, exponent = exact_digits(expr.base, budget), exact_digits(expr.exp, budget)
+        if exponent > 7:  # |e| >= 10^7
+            return math.inf
+        power = max(round(10**exponent - 1, 6), 1.0)  # |e|, or the larger of |p| and q for e = p/q
+        if getattr(expr.base, "free_symbols", None) and power > MAX_SYMBOLIC_DEGREE:
+            return math.inf
+        return _within(base * power)
+    grows = _GROWTH.get(type(expr).__name__)
+    args = getattr(expr, "args", ())
+    if grows is not None and args:
+        return _within(grows(exact_digits(args[0], budget), expr, budget))
+    digits = sum(exact_digits(arg, budget) for arg in args)
+    if isinstance(expr, Add):
+        digits += math.log10(len(args))
+    return _within(digits if args else 1.0)
+
+
+def _within(digits: float) -> float:
+    import math
+
+    return digits if digits <= MAX_EXACT_DIGITS else math.inf
+
+
+def _factorial_digits(argument_digits: float, expr: object, budget: list[int]) -> float:
+    """n! (and binomial(n, k), gamma(n)) for an n of `argument_digits` digits: at most n log10(n + 1)."""
+    import math
+
+    if argument_digits > 6:
+        return math.inf
+    n = 10**argument_digits
+    return n * math.log10(n + 1) + sum(exact_digits(arg, budget) for arg in expr.args[1:])
+
+
+def _series_digits(term_digits: float, expr: object, budget: list[int]) -> float:
+    """A \\sum or \\prod over limits (i, a, b): at most b - a + 1 terms, each of `term_digits` digits."""
+    import math
+
+    terms = 1.0
+    for limit in expr.limits:
+        low, high = (exact_digits(bound, budget) for bound in limit[1:])
+        if max(low, high) > 5:
+            return math.inf
+        terms *= 10**low + 10**high
+    return math.inf if terms > MAX_TERMS else terms * max(term_digits, 1.0)
+
+
+# Functions whose value outgrows their arguments' digits, by class name (sympy's classes, imported lazily).
+_GROWTH = {"factorial": _factorial_digits, "factorial2": _factorial_digits, "binomial": _factorial_digits,
+           "gamma": _factorial_digits, "Sum": _series_digits, "Product": _series_digits}
+
+
+def exceeds_work_bound(answer: str) -> bool:
+    """Whether comparing `answer` could take more work than the bound allows: it nests brackets more than
+    `MAX_NESTING` deep, or it parses, unevaluated, to a tree of
+    more than `MAX_EXPRESSION_NODES` nodes, or one whose exact value would have more than `MAX_EXACT_DIGITS`
+    digits, or a power of a symbol past `MAX_SYMBOLIC_DEGREE`. A deterministic verdict: the same on any machine,
+    at any load. An answer that does not parse is not bounded here (math-verify then finds it different)."""
+    import math
+
+    from latex2sympy2_extended import latex2sympy
+    from sympy import evaluate
+
+    depth = deepest = 0
+    for char in answer:
+        depth += (char in "([{") - (char in ")]}")
+        deepest = max(deepest, depth)
+    if deepest > MAX_NESTING:
+        return True
+    try:
+        with evaluate(False):
+            expr = latex2sympy(answer)
+        return math.isinf(exact_digits(expr, [MAX_EXPRESSION_NODES]))
+    except RecursionError:  # nesting deeper than Python's stack: past any bound
+        return True
+    except Exception:  # noqa: BLE001 - a parse failure: math-verify decides (and fails to parse it too)
+        return False
+
+
 def _cpu_seconds(pid: int) -> float:
     """CPU time (user + system) a running child has used, from /proc; 0 where /proc is not there."""
     try:
@@ -226,22 +340,26 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _compare_in_fork(equivalent, gold: str, pred: str, cpu_limit_s: float, wall_limit_s: float) -> str:
-    """`true`/`false` from a forked child, or `timeout` when it uses up its CPU or wall-clock budget (it is then
-    killed) or dies without answering (memory limit)."""
+    """One of `COMPARISONS` from a forked child: `too_complex` past the work bound, else the comparison's verdict,
+    or `timeout` when it uses up its CPU or wall-clock budget (it is then killed) or dies without answering
+    (memory limit)."""
     import resource
     import time
 
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: compare, write one byte, leave without running any parent clean-up
+    if pid == 0:  # the child: bound, compare, write one byte, leave without running any parent clean-up
         os.close(read_end)
         try:
             resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
             resource.setrlimit(resource.RLIMIT_CPU, (ORPHAN_CPU_LIMIT_S, ORPHAN_CPU_LIMIT_S))
-            verdict = equivalent(gold, pred)
+            if exceeds_work_bound(gold) or exceeds_work_bound(pred):
+                verdict = b"c"
+            else:
+                verdict = b"1" if equivalent(gold, pred) else b"0"
         except Exception:  # noqa: BLE001 - any parser or sympy failure means "not proven equal"
-            verdict = False
-        os.write(write_end, b"1" if verdict else b"0")
+            verdict = b"0"
+        os.write(write_end, verdict)
         os._exit(0)
     os.close(write_end)
     deadline = time.monotonic() + wall_limit_s
@@ -258,7 +376,7 @@ def _compare_in_fork(equivalent, gold: str, pred: str, cpu_limit_s: float, wall_
         if not answer:
             os.kill(pid, 9)
         os.waitpid(pid, 0)
-    return {b"1": "true", b"0": "false"}.get(answer, "timeout")
+    return {b"1": "equal", b"0": "different", b"c": "too_complex"}.get(answer, "timeout")
 
 
 def main() -> None:
@@ -277,7 +395,7 @@ def main() -> None:
             gold, pred, cpu_limit_s, wall_limit_s = json.loads(line)
             reply = _compare_in_fork(equivalent, str(gold), str(pred), float(cpu_limit_s), float(wall_limit_s))
         except (ValueError, TypeError):
-            reply = "false"
+            reply = "different"
         print(reply, flush=True)
 
 

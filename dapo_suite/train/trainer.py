@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import torch
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.problems import Problem
 from dapo_suite.core.prompts import chat_messages, render_chat
-from dapo_suite.core.reward import compute_score, extract_answer
+from dapo_suite.core.reward import UNCHECKED, compute_score, extract_answer
 from dapo_suite.inference.models import eval_mode, load_model_and_tokenizer, resolve_precision
 from dapo_suite.inference.tool_loop import tool_use
 from dapo_suite.train.algorithm import (
@@ -222,15 +223,16 @@ class DAPOTrainer:
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
-    def score(self, rollouts: list[Rollout], problems: list[Problem]) -> int:
+    def score(self, rollouts: list[Rollout], problems: list[Problem]) -> Counter:
         """Correctness reward plus the soft overlong penalty; returns how many answers the checker could not
-        check in time (scored -1, counted as `reward/timeouts` so a run tells "wrong" from "could not check")."""
+        check, by why (`timeout`, `too_complex`: scored -1 and logged as `reward/timeouts` and
+        `reward/too_complex`, so a run tells "wrong" from "could not check")."""
         config = self.config
-        timeouts = 0
+        unchecked: Counter = Counter()
         for rollout in rollouts:  # the model's own text: an answer line a tool printed is not the model's answer
             result = compute_score("dapo-suite", rollout.graded_text, problems[rollout.group].answer)
             rollout.score, rollout.acc = result["score"], result["acc"]
-            timeouts += result["timeout"]
+            unchecked.update(reason for reason in UNCHECKED if result[reason])
         # The penalty counts the model's own tokens: a tool's long output is not the model's verbosity.
         lengths = torch.tensor([r.model_length for r in rollouts])
         penalty = (soft_overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
@@ -239,7 +241,7 @@ class DAPOTrainer:
         rewards = torch.tensor([r.score for r in rollouts]) + penalty
         for rollout, reward in zip(rollouts, rewards.tolist(), strict=True):
             rollout.reward = reward
-        return timeouts
+        return unchecked
 
     def assign_advantages(self, groups: list[list[Rollout]]) -> None:
         """Advantages over the batch that trains (eq. 9 for grpo), so that batch-level statistics (Lite PPO's
@@ -260,7 +262,7 @@ class DAPOTrainer:
         self.surplus = []
         counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0, "zero_advantage": 0}
         gen_batches, generated_tokens, rollout_seconds, all_rollouts = 0, 0, 0.0, []
-        timeouts = 0
+        unchecked: Counter = Counter()
         while len(kept) < config.train_batch_size:
             if config.max_num_gen_batches and gen_batches >= config.max_num_gen_batches:
                 log.warning("step %d: %d generation batches gave %d/%d prompts with mixed outcomes; training on "
@@ -276,7 +278,7 @@ class DAPOTrainer:
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
-            timeouts += self.score(rollouts, problems)
+            unchecked += self.score(rollouts, problems)
             all_rollouts += rollouts
             groups = [[r for r in rollouts if r.group == g] for g in range(len(problems))]
             new_groups, new_counts = filter_groups(groups, config.dynamic_sampling, config.filter_metric)
@@ -297,7 +299,8 @@ class DAPOTrainer:
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
             "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
             "reward/format_rate": sum(extract_answer(r.text) is not None for r in all_rollouts) / len(all_rollouts),
-            "reward/timeouts": timeouts,
+            "reward/timeouts": unchecked["timeout"],
+            "reward/too_complex": unchecked["too_complex"],
             "response_len/mean": lengths.mean().item(),
             "response_len/max": lengths.max().item(),
             "response_len/clip_ratio": sum(r.truncated for r in all_rollouts) / len(all_rollouts),
