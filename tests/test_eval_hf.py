@@ -17,7 +17,7 @@ from dapo_suite.cli import main
 from eval.scoring import read_generations
 
 RECORD_FIELDS = {"problem_id", "sample_index", "text", "finish_reason", "num_tokens", "answer", "score", "acc", "pred",
-                 "timeout"}
+                 "timeout", "too_complex"}
 
 
 def invoke(*args: str):
