@@ -20,6 +20,7 @@ from dapo_suite.train.algorithm import (
     soft_overlong_penalty,
     token_log_probs,
 )
+from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 
 verl_core = pytest.importorskip("verl.trainer.ppo.core_algos")
 
@@ -55,7 +56,7 @@ def test_policy_loss_equals_verl_vanilla(agg, clip, seed):
     new_ours = new.clone().requires_grad_(True)
     new_verl = new.clone().requires_grad_(True)
 
-    ours, metrics = policy_loss(new_ours, old, adv, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, agg=agg)
+    ours, metrics = policy_loss(new_ours, old, adv, mask, LossHyperparameters(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, loss_agg=agg))
     theirs, verl_metrics = verl_core.compute_policy_loss_vanilla(
         old, new_verl, adv, mask, loss_agg_mode=agg, config=verl_actor_config(clip_low, clip_high, clip_c)
     )
@@ -95,7 +96,7 @@ def test_micro_batch_token_mean_matches_verl_global_batch_info():
     config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_c=1e30)
     config.global_batch_info["batch_num_tokens"] = 1000
     theirs, _ = verl_core.compute_policy_loss_vanilla(old, new, adv, mask, loss_agg_mode="token-mean", config=config)
-    ours, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2, num_global_tokens=1000)
+    ours, _ = policy_loss(new, old, adv, mask, LossHyperparameters(clip_low=0.2, clip_high=0.2), num_global_tokens=1000)
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-7)
 
 
@@ -105,7 +106,7 @@ def test_clip_higher_hand_computed():
     new = torch.log(torch.tensor([[1.5], [0.5]]))
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 1)
-    loss, metrics = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, metrics = policy_loss(new, old, adv, mask, LossHyperparameters(clip_low=0.2, clip_high=0.28))
     # token losses: -min(1.5*1, 1.28*1) = -1.28 ; -min(0.5*-1, 0.8*-1) = 0.8
     assert loss.item() == pytest.approx((-1.28 + 0.8) / 2)
     assert metrics["actor/clipfrac_upper"] == pytest.approx(0.5)
@@ -118,24 +119,24 @@ def test_equal_clip_bounds_is_ppo_clip():
     ratio = torch.exp(new - old)
     ppo = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
     expected = (ppo * mask).sum() / mask.sum()
-    loss, _ = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    loss, _ = policy_loss(new, old, adv, mask, LossHyperparameters(clip_low=0.2, clip_high=0.2))
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
 
 
 def test_dual_clip_bounds_negative_advantage_loss():
     old = torch.zeros(1, 1)
     new = torch.log(torch.tensor([[20.0]]))  # ratio 20 on a bad token: PPO loss 20, dual-clip caps it at c=3
-    loss, metrics = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1), clip_c=3.0)
+    loss, metrics = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1), LossHyperparameters(clip_c=3.0))
     assert loss.item() == pytest.approx(3.0)
     assert metrics["actor/dual_clipfrac"] == 1.0
     with pytest.raises(ValueError, match="clip_c"):
-        policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1), clip_c=1.0)
+        policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1), LossHyperparameters(clip_c=1.0))
 
 
 def test_unknown_aggregation_names_the_valid_ones():
     new, old, adv, mask = ragged_batch(0)
     with pytest.raises(ValueError, match="token-mean"):
-        policy_loss(new, old, adv, mask, agg="sample-mean")
+        policy_loss(new, old, adv, mask, LossHyperparameters(loss_agg="sample-mean"))
 
 
 @settings(max_examples=60, deadline=None)
@@ -143,7 +144,7 @@ def test_unknown_aggregation_names_the_valid_ones():
 def test_zero_advantage_gives_zero_loss_and_gradient(seed, agg):
     new, old, _, mask = ragged_batch(seed)
     new = new.requires_grad_(True)
-    loss, _ = policy_loss(new, old, torch.zeros(new.shape[0]), mask, agg=agg, clip_c=3.0)
+    loss, _ = policy_loss(new, old, torch.zeros(new.shape[0]), mask, LossHyperparameters(loss_agg=agg, clip_c=3.0))
     loss.backward()
     assert loss.item() == 0.0
     assert torch.count_nonzero(new.grad) == 0
@@ -153,8 +154,9 @@ def test_zero_advantage_gives_zero_loss_and_gradient(seed, agg):
 @given(seed=st.integers(0, 10_000), spread=st.floats(0.01, 2.0))
 def test_clipping_never_increases_the_objective(seed, spread):
     # The clipped surrogate is a pessimistic bound: its loss is never below the unclipped policy-gradient loss.
+    # Dual-clip (clip_c) is the exception by design, it caps the loss of A < 0 tokens: off here.
     new, old, adv, mask = ragged_batch(seed, spread=spread)
-    clipped, _ = policy_loss(new, old, adv, mask)
+    clipped, _ = policy_loss(new, old, adv, mask, LossHyperparameters(clip_c=None))
     unclipped = (-adv * torch.exp(new - old) * mask).sum() / mask.sum()
     assert clipped.item() >= unclipped.item() - 1e-6
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import typing
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ from dapo_suite.train.config import (
     parse_override,
     resolve_config,
 )
+from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 
 
 def test_dapo_preset_on_a_large_model_carries_the_papers_32b_settings():
@@ -142,3 +144,20 @@ def test_built_in_tasks_are_a_registry_of_disjoint_problem_sets():
     assert len(heldout) == 50 and len(train) == len(sets["arithmetic-in-words"]) - 50
     with pytest.raises(ValueError, match="the built-in tasks are arithmetic, arithmetic-in-words"):
         builtin_task("geometry", 10, seed=0)
+
+
+def test_the_docs_and_help_list_every_loss_knob_as_the_hyperparameters_define_it():
+    from click.testing import CliRunner
+
+    from dapo_suite.cli import main
+    from dapo_suite.train.loss_hyperparameters import LOSS_KNOBS, loss_knobs_markdown
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "train.md").read_text()
+    assert loss_knobs_markdown() in docs
+    help_text = CliRunner().invoke(main, ["train", "--help"]).output
+    assert all(f"  {name} = " in help_text for name in LOSS_KNOBS)
+    # one default: TrainConfig's is the record's, and the config builds the record the loss receives
+    config = TrainConfig()
+    assert config.loss == LossHyperparameters()
+    changed = TrainConfig(clip_high=0.5, loss_mode="gspo")
+    assert (changed.loss.clip_high, changed.loss.loss_mode) == (0.5, "gspo")

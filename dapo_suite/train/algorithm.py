@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dapo_suite.train.loss_hyperparameters import LOSS_DEFAULTS, LossHyperparameters
+
 LOSS_AGGREGATIONS = (
     "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_LIMIT = 20.0
@@ -32,23 +34,6 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `values` where `mask` is 1 (0 when the mask is empty). The 1e-8 is verl's: in float32 it leaves
     any count >= 1 unchanged, so Clip-Cov's covariance window selects bit-identically."""
     return (values * mask).sum() / (mask.sum() + 1e-8)
-
-
-@dataclass(frozen=True)
-class LossHyperparameters:
-    """Every policy-loss knob, under verl 0.9.1's config names (`clip_ratio_low` -> `clip_low`, the rest as
-    verl spells them in `actor.policy_loss.*` / `actor.*`); each mode reads the ones its equation has."""
-
-    clip_low: float = 0.2  # eps_low (vanilla, gspo, cispo, clip_cov; geo_mean in log space)
-    clip_high: float = 0.28  # eps_high
-    clip_c: float | None = None  # dual-clip bound (vanilla only); None = off
-    clip_cov_ratio: float = 0.0002  # Clip-Cov: share r of tokens whose gradient is detached
-    clip_cov_lb: float = 1.0  # Clip-Cov: covariance window (omega_low, omega_high)
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002  # KL-Cov: share k of tokens that get the KL penalty
-    ppo_kl_coef: float = 0.1  # KL-Cov: beta
-    tau_pos: float = 1.0  # SAPO: gate temperature for A > 0
-    tau_neg: float = 1.05  # SAPO: gate temperature for A <= 0
 
 
 def _clip_fractions(ratio, advantages, mask, hp: LossHyperparameters) -> dict[str, float]:
@@ -268,50 +253,38 @@ def policy_loss(
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    hp: LossHyperparameters = LOSS_DEFAULTS,
     *,
-    loss_mode: str = "vanilla",
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    clip_c: float | None = None,
-    clip_cov_ratio: float = 0.0002,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 0.1,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    agg: str = "token-mean",
     num_global_tokens: float | None = None,
     num_global_sequences: float | None = None,
     seq_sum_norm: float | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss of `loss_mode` (a name of `POLICY_LOSSES`, verl's), reduced to a scalar to minimise.
+    """The policy loss of `hp.loss_mode` (a name of `POLICY_LOSSES`, verl's), reduced to a scalar to minimise.
 
     Default: DAPO's clipped surrogate (`vanilla_loss`, eq. 8): Clip-Higher is `clip_high > clip_low` (paper 0.2 /
-    0.28); `clip_c` adds dual-clip. The other modes' equations are in their functions; hyperparameters beyond the
-    clip bounds carry verl's names (see `LossHyperparameters`). `agg` chooses the reduction: `token-mean` (DAPO,
-    sec. 3.3), `token-sum` (no denominator), `seq-mean-token-mean` (GRPO's sample-level mean),
-    `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`, default T);
-    a mode defined for fewer aggregations rejects the others. `num_global_tokens` / `num_global_sequences` replace this batch's own counts as denominators when it
-    is one micro-batch of a larger mini-batch. `rollout_is_weights` (B, T), rollout-correction weights (see
-    `rollout_correction.py`), multiply each token's loss (per-sequence modes: their geometric mean per sequence).
+    0.28); `clip_c` adds dual-clip. The other modes' equations are in their functions; every knob is described in
+    `LossHyperparameters`. `hp.loss_agg` chooses the reduction: `token-mean` (DAPO, sec. 3.3), `token-sum` (no
+    denominator), `seq-mean-token-mean` (GRPO's sample-level mean), `seq-mean-token-sum`,
+    `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`, default T); a mode defined for fewer
+    aggregations rejects the others. `num_global_tokens` / `num_global_sequences` replace this batch's own counts
+    as denominators when it is one micro-batch of a larger mini-batch. `rollout_is_weights` (B, T),
+    rollout-correction weights (see `rollout_correction.py`), multiply each token's loss (per-sequence modes:
+    their geometric mean per sequence).
 
     Shapes: `log_prob`, `old_log_prob`, `response_mask` (B, T); `advantages` (B, T) or (B,).
     Returns the scalar loss and metrics: the mode's clip fractions (`actor/pg_clipfrac` as verl counts it;
     `actor/clipfrac_upper` / `actor/clipfrac_lower`: tokens held back going up with A > 0 / down with A < 0),
     `actor/ppo_kl` (mean of log pi_old - log pi_theta, verl's approx KL) and ratio statistics over response tokens.
     """
-    mode = policy_loss_mode(loss_mode)
-    if agg not in mode.aggregations:
-        raise ValueError(f"loss_mode {loss_mode!r} aggregates only as {' / '.join(mode.aggregations)} (as verl "
-                         f"0.9.1 does), got agg={agg!r}")
+    mode = policy_loss_mode(hp.loss_mode)
+    if hp.loss_agg not in mode.aggregations:
+        raise ValueError(f"loss_mode {hp.loss_mode!r} aggregates only as {' / '.join(mode.aggregations)} (as verl "
+                         f"0.9.1 does), got loss_agg={hp.loss_agg!r}")
     mask = response_mask.to(log_prob.dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_prob)
-    hyper = LossHyperparameters(clip_low, clip_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
-                                ppo_kl_coef, tau_pos, tau_neg)
-    losses, metrics = mode.fn(log_prob, old_log_prob, advantages, mask, hyper)
+    losses, metrics = mode.fn(log_prob, old_log_prob, advantages, mask, hp)
     if mode.per_sequence:
         if rollout_is_weights is not None:  # geometric mean of the token weights, as the ratio is one
             log_weights = (torch.log(rollout_is_weights + 1e-10) * mask).sum(-1) / (mask.sum(-1) + 1e-8)
@@ -320,7 +293,7 @@ def policy_loss(
     else:
         if rollout_is_weights is not None:
             losses = losses * rollout_is_weights
-        loss = aggregate_loss(losses, mask, agg, num_global_tokens, num_global_sequences, seq_sum_norm)
+        loss = aggregate_loss(losses, mask, hp.loss_agg, num_global_tokens, num_global_sequences, seq_sum_norm)
 
     with torch.no_grad():
         log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)

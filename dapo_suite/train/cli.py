@@ -11,9 +11,11 @@ from dapo_suite.core.errors import UserError
 from dapo_suite.core.lock import output_lock
 from dapo_suite.inference.models import EMBEDDED_MODEL
 from dapo_suite.train.config import LADDER, SUCCESSORS
+from dapo_suite.train.loss_hyperparameters import loss_knobs_help
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="\b\nThe policy loss's knobs (--set NAME=VALUE), with their defaults:\n" + loss_knobs_help())
 @click.option("--preset", "presets", multiple=True, metavar="NAME",
               help="Preset(s), applied in order: a scale (tiny-cpu: the embedded default on the arithmetic task; "
                    "gsm8k-cpu: the embedded model on GSM8K), a rung of the ablation ladder "
@@ -391,7 +393,8 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       dapo-suite train ladder --seeds 4 --workers 2 --out runs/ladder   # two runs at once, one core each
     """
     from dapo_suite.train.config import parse_override
-    from dapo_suite.train.ladder import DEFAULT_SEEDS, plan_ladder, report_ladder, run_ladder
+    from dapo_suite.train.ladder import DEFAULT_SEEDS, plan_ladder, run_ladder
+    from dapo_suite.train.ladder_report import report_ladder
     from dapo_suite.train.workers import run_workers
 
     presets = [name.strip() for name in presets_list.split(",") if name.strip()] if presets_list else None

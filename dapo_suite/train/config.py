@@ -24,6 +24,7 @@ import yaml
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.fields import read_config_file, typed_value, within
 from dapo_suite.core.provenance import provenance
+from dapo_suite.train.loss_hyperparameters import LOSS_DEFAULTS, LOSS_KNOBS, LOSS_RANGES, LossHyperparameters
 
 PRESET_DIR = Path(__file__).parent / "presets"
 LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo")
@@ -53,12 +54,7 @@ RANGES: dict[str, tuple[str, str]] = {
                                                  "gradients and AdamW state"),
     "max_num_gen_batches": ("[0, inf)", "0 = no limit"),
     "staleness_threshold": ("[0, inf)", "0 = every sample from the policy of the step before"),
-    "clip_low": ("[0, 1]", "eps_low; 1 = no lower bound (CISPO)"), "clip_high": ("[0, inf)", "eps_high"),
-    "clip_c": ("(1, inf)", "dual-clip bound; null disables it"),
-    "clip_cov_ratio": ("(0, 1]", ""), "clip_cov_lb": ("[0, inf)", "Clip-Cov cuts high positive covariance"),
-    "clip_cov_ub": ("[0, inf)", ""),
-    "kl_cov_ratio": ("(0, 1]", ""), "ppo_kl_coef": ("[0, inf)", ""), "tau_pos": ("(0, inf)", ""),
-    "tau_neg": ("(0, inf)", ""),
+    **LOSS_RANGES,
     "overlong_buffer_len": ("[0, inf)", "L_cache"), "overlong_penalty_factor": ("[0, inf)", ""),
     "lr": ("(0, inf)", "DAPO: 1e-6"), "warmup_steps": ("[0, inf)", ""), "weight_decay": ("[0, inf)", ""),
     "grad_clip": ("(0, inf)", ""), "mini_batch_size": ("[1, inf)", ""), "micro_batch_size": ("[1, inf)", ""),
@@ -103,10 +99,11 @@ class TrainConfig:
     filter_metric: str = "acc"  # what the filter tests: "acc" (paper: mixed accuracy) or "reward" (incl. penalty)
     max_num_gen_batches: int = 10  # generation batches per step before training on what was found (0 = no limit)
     reuse_surplus_groups: bool = False  # keep mixed groups beyond train_batch_size for the next step
-    clip_low: float = 0.2  # eps_low
-    clip_high: float = 0.28  # eps_high (Clip-Higher)
-    clip_c: float | None = 10.0  # dual-clip bound for negative advantages (32B recipe: 10); None = off
-    loss_agg: str = "token-mean"  # token-level loss (eq. 8); GRPO: "seq-mean-token-mean"
+    # The loss's knobs: default, range and meaning in loss_hyperparameters.py (one place for each)
+    clip_low: float = LOSS_DEFAULTS.clip_low
+    clip_high: float = LOSS_DEFAULTS.clip_high
+    clip_c: float | None = LOSS_DEFAULTS.clip_c
+    loss_agg: str = LOSS_DEFAULTS.loss_agg
     overlong_penalty: bool = True  # soft overlong punishment (eq. 13)
     overlong_buffer_len: int = 4096  # L_cache
     overlong_penalty_factor: float = 1.0
@@ -119,14 +116,14 @@ class TrainConfig:
 
     # The objective: DAPO's (eq. 8 and 9) or a successor's, by verl's names (docs/train.md, "Methods").
     # Defaults of the successors' knobs are verl 0.9.1's; each method's preset sets its paper's.
-    loss_mode: str = "vanilla"  # vanilla (DAPO), gspo, cispo, sapo, geo_mean (GMPO), clip_cov, kl_cov
-    clip_cov_ratio: float = 0.0002  # Clip-Cov: share r of tokens whose gradient is cut
-    clip_cov_lb: float = 1.0  # Clip-Cov: covariance window (omega_low, omega_high)
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002  # KL-Cov: share k of tokens given the KL penalty
-    ppo_kl_coef: float = 0.1  # KL-Cov: beta
-    tau_pos: float = 1.0  # SAPO: gate temperature for A > 0
-    tau_neg: float = 1.05  # SAPO: gate temperature for A <= 0
+    loss_mode: str = LOSS_DEFAULTS.loss_mode
+    clip_cov_ratio: float = LOSS_DEFAULTS.clip_cov_ratio
+    clip_cov_lb: float = LOSS_DEFAULTS.clip_cov_lb
+    clip_cov_ub: float = LOSS_DEFAULTS.clip_cov_ub
+    kl_cov_ratio: float = LOSS_DEFAULTS.kl_cov_ratio
+    ppo_kl_coef: float = LOSS_DEFAULTS.ppo_kl_coef
+    tau_pos: float = LOSS_DEFAULTS.tau_pos
+    tau_neg: float = LOSS_DEFAULTS.tau_neg
     adv_estimator: str = "grpo"  # grpo (eq. 9), rloo, reinforce_plus_plus_baseline, grpo_passk
     adv_norm: str | None = None  # null = the estimator's own; grpo: "group" std, "batch" (Lite PPO), "none"
 
@@ -220,6 +217,11 @@ class TrainConfig:
             problems.append("lora_targets must be all-linear or a comma list of module names (q_proj,v_proj)")
         if problems:
             raise UserError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def loss(self) -> LossHyperparameters:
+        """The policy loss's knobs, built from this config in the one place they are (passed whole to the loss)."""
+        return LossHyperparameters(**{name: getattr(self, name) for name in LOSS_KNOBS})
 
     def _tool_problems(self) -> list[str]:
         from dapo_suite.core.sandbox import ISOLATIONS
