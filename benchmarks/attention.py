@@ -1,8 +1,8 @@
 """The decode step's attention (`attend`, the fused kernels) against what one thread can read: how close the
 bf16 and float32 kernels come to streaming the KV cache at memory speed, and how fast they run from cache.
 
-    .venv/bin/python benchmarks/attention.py                          # 64 rows x 300 positions, bf16 and float32
-    .venv/bin/python benchmarks/attention.py --rows 8 --positions 600 --repeats 5
+    .venv/bin/python -m benchmarks.attention                          # 64 rows x 300 positions, bf16 and float32
+    .venv/bin/python -m benchmarks.attention --rows 8 --positions 600 --repeats 5
 
 One decode step's attention over the embedded model's 30 layers: `--rows` queries (one per row), each attending to
 its row's `--positions` cached positions (9 query heads on 3 key/value heads of 64 dims, as SmolLM2-135M). Two

@@ -1,4 +1,4 @@
-"""Benchmark of the data stage: `.venv/bin/python benchmarks/data_build.py [--requests 400 --latency 0.05]`.
+"""Benchmark of the data stage: `.venv/bin/python -m benchmarks.data_build [--requests 400 --latency 0.05]`.
 
 1. Dedup (exact + MinHash near) and decontamination of the 17,917-row DAPO-Math-17K copy against every shipped
    evaluation set, on one core (target: under 30 s).
@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target says
-sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted server, a test double
 
 
 def bench_dedup_decontam() -> None:
@@ -50,8 +48,8 @@ def bench_dedup_decontam() -> None:
 
 def bench_llm(requests: int, latency: float, concurrency: int) -> None:
     import openai  # noqa: F401  (imported before the clock starts: the import takes about a second)
-    from scripted_server import scripted_server_process
 
+    from dapo_suite.testing.scripted_server import scripted_server_process
     from data_pipeline.llm import LLMRewriter
 
     reply = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})

@@ -1,7 +1,7 @@
 """Throughput of the evaluation engines.
 
-    .venv/bin/python benchmarks/eval_throughput.py            # both parts
-    .venv/bin/python benchmarks/eval_throughput.py --part hf --prompts 16 --max-tokens 32
+    .venv/bin/python -m benchmarks.eval_throughput            # both parts
+    .venv/bin/python -m benchmarks.eval_throughput --part hf --prompts 16 --max-tokens 32
 
 1. HF engine vs a plain `model.generate` loop (one prompt at a time) on the same GSM8K prompts, embedded model:
    tokens/s of each and the ratio (target: engine >= 1.5x the loop).
@@ -12,11 +12,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # the scripted server, a test double
 
 
 def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
@@ -60,9 +56,8 @@ def hf_part(prompts: int, max_tokens: int, batch_size: int) -> float:
 
 
 def endpoint_part(requests_total: int, concurrency: int, latency: float) -> float:
-    from scripted_server import scripted_server_process
-
     from dapo_suite.inference.engines import Request, Sampling
+    from dapo_suite.testing.scripted_server import scripted_server_process
     from eval.engines import OpenAIEngine
 
     with scripted_server_process(latency_s=latency) as url:

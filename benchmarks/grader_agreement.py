@@ -1,6 +1,6 @@
 """Grader agreement: this project's checker, verl's math_dapo and math-verify on the same answer-equivalence cases.
 
-    .venv/bin/python benchmarks/grader_agreement.py [--list]
+    .venv/bin/python -m benchmarks.grader_agreement [--list]
 
 The cases (`tests/data/grader_agreement.jsonl`, one JSON object per line: id, source, gold, response, expected,
 note) are written for this project after the public graders' own test suites (math-verify, Hendrycks MATH's
@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dapo_suite.core.provenance import cpu_line  # noqa: E402
-from dapo_suite.core.reward import compute_score  # noqa: E402
+from dapo_suite.core.provenance import cpu_line
+from dapo_suite.core.reward import compute_score
 
 CASES_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "grader_agreement.jsonl"
 

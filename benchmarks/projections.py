@@ -1,8 +1,8 @@
 """The bf16 decode step's projections: the fused kernels' `linear` against oneDNN's and aten's, at the row counts
 the sampler runs, with the weights read from memory as a decode step reads them.
 
-    .venv/bin/python benchmarks/projections.py                     # rows 1, 4, 8, 16, 30, 64, 2048
-    .venv/bin/python benchmarks/projections.py --rows 1,64 --repeats 20
+    .venv/bin/python -m benchmarks.projections                     # rows 1, 4, 8, 16, 30, 64, 2048
+    .venv/bin/python -m benchmarks.projections --rows 1,64 --repeats 20
 
 The embedded model's projections of one step (per layer q/k/v, o, gate/up and down; then the output
 projection), each layer with its own weights, so the 269 MB of bf16 weights stream from memory as in decoding
@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.sampler_bound import copy_bandwidth, matmul_flops  # noqa: E402
+from benchmarks.sampler_bound import copy_bandwidth, matmul_flops
 
 
 def step_shapes(config) -> list[tuple[int, int]]:

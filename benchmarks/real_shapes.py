@@ -3,11 +3,11 @@ Qwen3-0.6B/1.7B and Llama-3.2-1B (their layer sizes, head layouts, RoPE settings
 the figures are the ones those checkpoints would give without downloading them (cost does not depend on the
 weights' values: every row decodes the same number of tokens).
 
-    .venv/bin/python benchmarks/real_shapes.py                                  # all five shapes, both parts
-    .venv/bin/python benchmarks/real_shapes.py --shapes qwen2.5-0.5b --parts step --modes full,lora
-    .venv/bin/python benchmarks/real_shapes.py --shapes qwen2.5-1.5b --parts step --modes lora --json out.json
+    .venv/bin/python -m benchmarks.real_shapes                                  # all five shapes, both parts
+    .venv/bin/python -m benchmarks.real_shapes --shapes qwen2.5-0.5b --parts step --modes full,lora
+    .venv/bin/python -m benchmarks.real_shapes --shapes qwen2.5-1.5b --parts step --modes lora --json out.json
     # a smoke run of every code path (minutes, a few GB; its figures are no results):
-    .venv/bin/python benchmarks/real_shapes.py --shapes smoke,qwen2.5-0.5b --rows 1,2 --tokens 8 \\
+    .venv/bin/python -m benchmarks.real_shapes --shapes smoke,qwen2.5-0.5b --rows 1,2 --tokens 8 \\
         --step-samples 4 --step-tokens 16 --group-size 4 --micro-batch 4 --modes lora
 
 Parts (`--parts`):
@@ -59,9 +59,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULT = "REAL_SHAPES_RESULT "  # a worker's answer line (libraries may print their own lines to stdout)
 QWEN_VOCAB, LLAMA_VOCAB = 151936, 128256
@@ -140,8 +137,8 @@ def parameter_count(shape: str) -> int:
 def step_config(job: dict, out: str):
     """The trainer's config of a step job: the `dapo` preset at the job's sizes, one mini-batch, weights as the
     trainer's `dtype: auto` loads them (a LoRA base in bf16 where native)."""
+    from dapo_suite.inference.models import weights_dtype
     from dapo_suite.train.config import resolve_config
-    from dapo_suite.train.trainer import weights_dtype
 
     lora = job["mode"] == "lora"
     prompts, tokens = job["samples"] // job["group_size"], job["tokens"]
@@ -238,10 +235,10 @@ def sampler_worker(job: dict) -> dict:
 def step_worker(job: dict) -> dict:
     """One DAPO update (`DAPOTrainer.update`) of a random-weight model, full fine-tuning or LoRA."""
     import torch
-    from train_step import synthetic_groups
     from transformers import AutoTokenizer
 
     import dapo_suite.train.trainer as trainer_module
+    from benchmarks.train_step import synthetic_groups
     from dapo_suite.inference.models import embedded_model_path
 
     weights = trainer_module.weights_dtype("auto", job["mode"] == "lora", "cpu")  # as the trainer loads them
@@ -263,15 +260,15 @@ def step_worker(job: dict) -> dict:
         trainer.fill_old_log_probs(flat)
         old_seconds = time.perf_counter() - start
         for _ in range(job["warmup"]):
-            trainer.update(groups)
+            trainer.actor.update(groups)
         seconds = []
         for _ in range(job["reps"]):
             start = time.perf_counter()
-            metrics = trainer.update(groups)
+            metrics = trainer.actor.update(groups)
             seconds.append(time.perf_counter() - start)
         trainer.logger.close()
     median = statistics.median(seconds)
-    return {"trainable_params": sum(p.numel() for p in trainer.trainable), "old_log_prob_seconds": old_seconds,
+    return {"trainable_params": sum(p.numel() for p in trainer.actor.trainable), "old_log_prob_seconds": old_seconds,
             "seconds": seconds, "update_seconds": median, "tokens": int(metrics["perf/trained_tokens"]),
             "tokens_per_s": metrics["perf/trained_tokens"] / median, "updates": int(metrics["actor/updates"]),
             "worker_peak_rss": peak_rss_self()}

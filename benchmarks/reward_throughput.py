@@ -1,6 +1,6 @@
 """Reward throughput: dapo-suite's compute_score against verl's math_dapo and math-verify, in one run.
 
-    .venv/bin/python benchmarks/reward_throughput.py [--count 100000] [--math-verify-count 1000] [--repeats 5]
+    .venv/bin/python -m benchmarks.reward_throughput [--count 100000] [--math-verify-count 1000] [--repeats 5]
 
 Scores the same realistic responses (short and long chains of thought, `Answer:` lines written many ways,
 boxed answers, hedges, truncations, malformed text; integer ground truths) with each scorer on one core, prints
@@ -24,13 +24,10 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.synthetic_responses import make_responses  # noqa: E402
-from dapo_suite.core.provenance import cpu_line  # noqa: E402
-from dapo_suite.core.reward import compute_score  # noqa: E402
+from benchmarks.synthetic_responses import make_responses
+from dapo_suite.core.provenance import cpu_line
+from dapo_suite.core.reward import compute_score
 
 WARM_UP = 1_000  # responses each scorer scores untimed before the first repeat (math-verify: a fiftieth of its count)
 

@@ -1,8 +1,8 @@
 """How close rollout sampling gets to what this machine allows, and how it compares with `model.generate`.
 
-    .venv/bin/python benchmarks/sampler_bound.py                                   # batch 1, 16, 64 x 256 tokens
-    .venv/bin/python benchmarks/sampler_bound.py --batches 1,16 --max-tokens 64 --dtypes float32,bfloat16
-    .venv/bin/python benchmarks/sampler_bound.py --batches 64 --groups 1,8   # 8 prompts x 8 samples, shared cache
+    .venv/bin/python -m benchmarks.sampler_bound                                   # batch 1, 16, 64 x 256 tokens
+    .venv/bin/python -m benchmarks.sampler_bound --batches 1,16 --max-tokens 64 --dtypes float32,bfloat16
+    .venv/bin/python -m benchmarks.sampler_bound --batches 64 --groups 1,8   # 8 prompts x 8 samples, shared cache
 
 In one run it measures the machine (STREAM-style copy bandwidth, matmul FLOP/s, on the threads the sampler
 uses), derives a roofline bound in tokens/s for the responses actually produced (`bound_seconds`: per decode step,

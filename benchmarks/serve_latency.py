@@ -13,9 +13,9 @@ Three clients reach the app:
   gradio_client   the Python client the tests use, which adds latency of its own (a thread per job, a second
                   connection opened after the join).
 
-    .venv/bin/python benchmarks/serve_latency.py                     # starts transformers serve, embedded model
-    .venv/bin/python benchmarks/serve_latency.py --endpoint http://127.0.0.1:8000/v1 --model NAME --rounds 5
-    .venv/bin/python benchmarks/serve_latency.py --pin-model-cpu     # model server alone on one core
+    .venv/bin/python -m benchmarks.serve_latency                     # starts transformers serve, embedded model
+    .venv/bin/python -m benchmarks.serve_latency --endpoint http://127.0.0.1:8000/v1 --model NAME --rounds 5
+    .venv/bin/python -m benchmarks.serve_latency --pin-model-cpu     # model server alone on one core
 
 All paths decode greedily (temperature 0) with the same prompt and budget, so they generate the same tokens; each
 request through the app starts a new conversation (one user turn, as the direct request sends); rounds alternate
@@ -38,12 +38,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dapo_suite.core.ports import free_port  # noqa: E402
-from dapo_suite.core.prompts import format_prompt  # noqa: E402
-from dapo_suite.core.provenance import cpu_line  # noqa: E402
-from dapo_suite.inference.endpoint import connect_endpoint, start_endpoint, stop_process  # noqa: E402
+from dapo_suite.core.ports import free_port
+from dapo_suite.core.prompts import format_prompt
+from dapo_suite.core.provenance import cpu_line
+from dapo_suite.inference.endpoint import connect_endpoint, start_endpoint, stop_process
 
 QUESTION = "What is 7 + 5?"
 

@@ -4,9 +4,9 @@ and `transformers serve` (`--engine transformers`, what the endpoint ran before,
 model. Targets (2 CPU cores): >= 1.5x vLLM's aggregate tokens/s and a lower first-token p95 at 16 and 64 clients;
 >= 8x `transformers serve` at 16.
 
-    .venv/bin/python benchmarks/serve_throughput.py                       # 1, 16 and 64 clients, 256 tokens, 3 windows
-    .venv/bin/python benchmarks/serve_throughput.py --peers transformers --clients 1,16 --max-tokens 64
-    .venv/bin/python benchmarks/serve_throughput.py --peers vllm --server-cores 0 --client-cores 1   # pinned
+    .venv/bin/python -m benchmarks.serve_throughput                       # 1, 16 and 64 clients, 256 tokens, 3 windows
+    .venv/bin/python -m benchmarks.serve_throughput --peers transformers --clients 1,16 --max-tokens 64
+    .venv/bin/python -m benchmarks.serve_throughput --peers vllm --server-cores 0 --client-cores 1   # pinned
 
 Each measurement runs `--duration` seconds with a fixed number of clients, each sending streamed chat requests
 back to back (a two-step word problem in the DAPO prompt, numbers varying by request; T 1.0, top_p 0.7 as the
@@ -52,12 +52,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dapo_suite.core.ports import free_port  # noqa: E402
-from dapo_suite.core.prompts import format_prompt  # noqa: E402
-from dapo_suite.core.provenance import cpu_description, cpu_line  # noqa: E402
-from dapo_suite.inference.endpoint import Endpoint, stop_process, wait_healthy  # noqa: E402
+from dapo_suite.core.ports import free_port
+from dapo_suite.core.prompts import format_prompt
+from dapo_suite.core.provenance import cpu_description, cpu_line
+from dapo_suite.inference.endpoint import Endpoint, stop_process, wait_healthy
 
 PEERS = ("vllm", "transformers")  # what the sampler's endpoint is measured against
 IGNORES_EOS = {"sampler", "vllm"}  # run every request to --max-tokens (vLLM's field); `transformers serve` has none

@@ -5,9 +5,9 @@ updates; evaluation excluded), on the built-in arithmetic task with the embedded
 environment with TRL (it breaks verl's model building: pyproject.toml, the `bench` extra):
 
     bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'
-    .venv-bench/bin/python benchmarks/time_to_accuracy.py                   # 5 seeds a side, 1 thread, pinned
-    .venv-bench/bin/python benchmarks/time_to_accuracy.py --seeds 1 --steps 4 --budget-minutes 3 --out /tmp/tta
-    .venv-bench/bin/python benchmarks/time_to_accuracy.py --summary-only     # tables and plot from --results
+    .venv-bench/bin/python -m benchmarks.time_to_accuracy                   # 5 seeds a side, 1 thread, pinned
+    .venv-bench/bin/python -m benchmarks.time_to_accuracy --seeds 1 --steps 4 --budget-minutes 3 --out /tmp/tta
+    .venv-bench/bin/python -m benchmarks.time_to_accuracy --summary-only     # tables and plot from --results
 
 Both sides take their settings from one resolved `dapo` config at `tiny-cpu` scale: the same model, training and
 held-out problems (the task's split for the seed), G = 16 responses of at most 64 tokens, 4 prompts trained per
@@ -59,11 +59,9 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dapo_suite.core.provenance import cpu_description, cpu_line  # noqa: E402
-from dapo_suite.train.checkpoint import remove_checkpoints  # noqa: E402
-from dapo_suite.train.config import TrainConfig, resolve_config  # noqa: E402
+from dapo_suite.core.provenance import cpu_description, cpu_line
+from dapo_suite.train.checkpoint import remove_checkpoints
+from dapo_suite.train.config import TrainConfig, resolve_config
 
 SIDES = ("ours", "ours-trl-settings", "trl")
 REACHED = "reached"  # in an ours run directory: stopped at --target

@@ -3,9 +3,9 @@
 TRL lives in an environment of its own (it breaks verl's model building: pyproject.toml, the `bench` extra):
     bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'
 then run this file with .venv-bench/bin/python in place of .venv/bin/python:
-    .venv/bin/python benchmarks/train_step.py                    # 4 prompts x 8 responses, micro-batch 8
-    .venv/bin/python benchmarks/train_step.py --prompts 2 --group-size 4 --prompt-len 32 --response-len 16 --reps 1
-    .venv/bin/python benchmarks/train_step.py --bf16       # both in bf16 mixed precision (f32 weights and AdamW)
+    .venv/bin/python -m benchmarks.train_step                    # 4 prompts x 8 responses, micro-batch 8
+    .venv/bin/python -m benchmarks.train_step --prompts 2 --group-size 4 --prompt-len 32 --response-len 16 --reps 1
+    .venv/bin/python -m benchmarks.train_step --bf16       # both in bf16 mixed precision (f32 weights and AdamW)
 
 One DAPO update on the embedded SmolLM2-135M-Instruct, in one process, over the same pre-built rollouts (no
 generation is timed for either): prompts*group_size responses of about --prompt-len prompt tokens and up to
@@ -16,7 +16,7 @@ temperature 1, the same lr, weight decay 0.1 and grad clip 1.0, float32, no grad
 to it; it trades time for memory that this model does not need). Each side keeps its own optimizer: TRL's default
 `adamw_torch_fused` without decay on biases and norms, ours fused `torch.optim.AdamW`.
 
-- ours: `DAPOTrainer.update(groups)`, the real trainer (one mini-batch = all groups).
+- ours: `Actor.update(groups)` of a `DAPOTrainer`, the real trainer (one mini-batch = all groups).
 - TRL: `GRPOTrainer(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, mask_truncated_completions=True,
   beta=0.0, delta=10)`; its `_prepare_inputs` (generation + scoring) is replaced by the prepared batch, then its
   own `training_step` per micro-batch (forward with its fused LM head, `_compute_loss`, backward), gradient
@@ -42,18 +42,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from dapo_suite.core.provenance import cpu_line  # noqa: E402
-from dapo_suite.train.algorithm import group_advantages  # noqa: E402
-from dapo_suite.train.rollout import Rollout  # noqa: E402
+from dapo_suite.core.provenance import cpu_line
+from dapo_suite.train.algorithm import group_advantages
+from dapo_suite.train.rollout import Rollout
 
 
 def synthetic_groups(prompts: int, group_size: int, prompt_len: int, response_len: int, vocab_size: int,
@@ -93,7 +89,7 @@ def fill_old_log_probs(trainer, groups: list[list[Rollout]], micro_batch: int, n
     flat = [r for group in groups for r in group]
     for start in range(0, len(flat), micro_batch):
         micro = flat[start : start + micro_batch]
-        log_prob, _, _ = trainer.forward_log_probs(micro)
+        log_prob, _, _ = trainer.actor.forward_log_probs(micro)
         for row, rollout in zip(log_prob, micro, strict=True):
             rollout.old_log_prob = row[: rollout.length].clone() + noise * torch.randn(rollout.length, generator=gen)
 
@@ -222,7 +218,7 @@ def main() -> None:
               f"{'bf16 autocast' if args.bf16 else 'float32'}")
 
         # Warm-up step from identical weights: the loss check.
-        metrics = ours.update(groups)
+        metrics = ours.actor.update(groups)
         ours_loss, ours_norm = metrics["actor/pg_loss"], metrics["actor/grad_norm"]
         trl_loss, trl_norm = trl_step(trainer, micro_inputs)
         loss_rel = abs(ours_loss - trl_loss) / max(abs(trl_loss), 1e-12)
@@ -233,7 +229,7 @@ def main() -> None:
         assert loss_rel <= args.rtol, f"losses differ by {loss_rel:.2e} relative (> {args.rtol})"
         assert norm_rel <= 10 * args.rtol, f"gradient norms differ by {norm_rel:.2e} relative (> {10 * args.rtol})"
 
-        steps = {"ours": lambda: ours.update(groups), "TRL": lambda: trl_step(trainer, micro_inputs)}
+        steps = {"ours": lambda: ours.actor.update(groups), "TRL": lambda: trl_step(trainer, micro_inputs)}
         seconds: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.reps):  # interleaved, so background load hits all alike
             for name, step in steps.items():

@@ -2,8 +2,8 @@
 run: decode and prefill tokens/s, their ratio, and each side's share of the roofline bound.
 
     make llamacpp                                          # llama.cpp for this CPU (scripts/llamacpp.sh)
-    .venv/bin/python benchmarks/vs_llamacpp.py             # float32 and bf16; 1, 8, 64 rows and 8x8; all cores and 1
-    .venv/bin/python benchmarks/vs_llamacpp.py --dtypes bfloat16 --shapes 1x1 --threads 2 --max-tokens 64
+    .venv/bin/python -m benchmarks.vs_llamacpp             # float32 and bf16; 1, 8, 64 rows and 8x8; all cores and 1
+    .venv/bin/python -m benchmarks.vs_llamacpp --dtypes bfloat16 --shapes 1x1 --threads 2 --max-tokens 64
 
 The peer: llama.cpp built from the tree vendored in the `llama-cpp-python` sdist (CPU only, -march=native), its
 `llama-batched-bench` (S_PP: prompt tokens/s, S_TG: generated tokens/s), its default settings (f16 KV cache). The
@@ -29,9 +29,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}  # torch dtype -> convert_hf_to_gguf's --outtype
 TARGETS = {1: 1.1, 8: 2.0, 64: 2.0}  # rows -> decode ratio the issue asks of the sampler over llama.cpp
@@ -71,7 +68,7 @@ def llamacpp_run(llamacpp: Path, gguf: Path, prompt_tokens: int, rows: int, shar
 
 def exact_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     """`count` DAPO-prompt token lists, each cut or cycled to exactly `length` tokens (both sides see equal work)."""
-    from vs_vllm import prompts
+    from benchmarks.vs_vllm import prompts
 
     return [(ids * (length // len(ids) + 1))[:length] for ids in prompts(tokenizer, count)]
 
@@ -98,9 +95,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--dtypes: {', '.join(sorted(unknown))} not one of {', '.join(GGUF_TYPES)}")
     import torch
-    from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops
-    from vs_vllm import Worker
 
+    from benchmarks.sampler_bound import bound_seconds, copy_bandwidth, matmul_flops
+    from benchmarks.vs_vllm import Worker
     from dapo_suite.core.provenance import cpu_line
     from dapo_suite.core.threads import THREADS_VARIABLE
     from dapo_suite.inference.models import embedded_gguf_path, embedded_model_path, load_model_and_tokenizer

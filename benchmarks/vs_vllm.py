@@ -1,9 +1,9 @@
 """dapo-suite's sampler against vLLM-CPU's offline engine, on the same token ids, in one run: what a user who would
 otherwise pick vLLM on a CPU gets from each. Needs the vLLM environment (make vllm-env):
 
-    .venv/bin/python benchmarks/vs_vllm.py                                   # bf16 and float32, 1x1, 64x1, 8x8
-    .venv/bin/python benchmarks/vs_vllm.py --dtypes float32 --shapes 64x1 --max-tokens 64
-    .venv/bin/python benchmarks/vs_vllm.py --dtypes float32 --sampler-arch x86-64-v3   # the AVX2-only build
+    .venv/bin/python -m benchmarks.vs_vllm                                   # bf16 and float32, 1x1, 64x1, 8x8
+    .venv/bin/python -m benchmarks.vs_vllm --dtypes float32 --shapes 64x1 --max-tokens 64
+    .venv/bin/python -m benchmarks.vs_vllm --dtypes float32 --sampler-arch x86-64-v3   # the AVX2-only build
 
 Each side runs in a process of its own, in its own environment: the sampler in this one (the project's torch and
 its kernels), vLLM-CPU's engine in-process in .venv-vllm's Python (VLLM_ENABLE_V1_MULTIPROCESSING=0, its OpenMP
@@ -35,9 +35,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULT = "VS_VLLM_RESULT "  # a worker's answer line (vLLM and torch write their own lines to the same streams)
 
@@ -256,7 +253,7 @@ def side_env(side: str, cores: set[int] | None, sampler_arch: str) -> dict[str, 
 
 
 def main() -> None:
-    from neighbour import NEIGHBOURS, neighbour
+    from benchmarks.neighbour import NEIGHBOURS, neighbour
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,8 +290,8 @@ def main() -> None:
         parser.error(f"--vllm-modes: {', '.join(sorted(unknown))} not one of {', '.join(modes)}")
     peers = [modes[mode] for mode in args.vllm_modes.split(",")]
     import torch
-    from sampler_bound import bound_seconds, copy_bandwidth, matmul_flops, read_bandwidth
 
+    from benchmarks.sampler_bound import bound_seconds, copy_bandwidth, matmul_flops, read_bandwidth
     from dapo_suite.core.provenance import cpu_line
     from dapo_suite.inference.models import embedded_model_path, load_model_and_tokenizer
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from scripted_server import ScriptedServer
 
+from dapo_suite.testing.scripted_server import ScriptedServer
 from data_pipeline.faithful import check_faithful
 from data_pipeline.forms import Rewrite
 

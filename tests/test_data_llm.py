@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from scripted_server import ScriptedServer
 
 from dapo_suite.core.ports import free_port
+from dapo_suite.testing.scripted_server import ScriptedServer
 from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,12 +7,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from scripted_server import ScriptedServer
 
 from dapo_suite.cli import main
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.ports import free_port
 from dapo_suite.inference.engines import Request, Sampling
+from dapo_suite.testing.scripted_server import ScriptedServer
 from eval.engines import OpenAIEngine
 from eval.scoring import read_generations
 

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from scripted_server import ScriptedServer
 from test_train import run_train
+
+from dapo_suite.testing.scripted_server import ScriptedServer
 
 
 def faithful_rewrite(body: dict) -> str:

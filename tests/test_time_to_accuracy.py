@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "time_to_accuracy.py"
+SCRIPT = "benchmarks.time_to_accuracy"
 COMMITTED = ROOT / "docs" / "results" / "time-to-accuracy"
 
 
 def summarize(results: Path, *flags: str) -> dict:
-    run = subprocess.run([sys.executable, str(SCRIPT), "--summary-only", "--results", str(results), *flags],
+    run = subprocess.run([sys.executable, "-m", SCRIPT, "--summary-only", "--results", str(results), *flags], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (results / "time_to_accuracy.png").stat().st_size > 0
@@ -97,14 +97,14 @@ def test_our_run_stops_at_its_first_evaluation_at_the_target(tmp_path):
     here: the first one after training starts), marked as reached, and a rerun does not train it again."""
     flags = ["--sides", "ours", "--seeds", "1", "--steps", "3", "--eval-every", "1", "--target", "0",
              "--heldout-size", "16", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r")]
-    run = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=1800)
+    run = subprocess.run([sys.executable, "-m", SCRIPT, *flags], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / "runs" / "ours" / "seed-0"
     assert (run_dir / "reached").is_file() and not any(run_dir.glob("checkpoint*"))
     curve = [json.loads(line) for line in (tmp_path / "r" / "curves.jsonl").read_text().splitlines()]
     assert [point["batches"] for point in curve] == [0, 1] and curve[1]["seconds"] > 0
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["heldout_size"] == 16  # --heldout-size reached it
-    again = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=300)
+    again = subprocess.run([sys.executable, "-m", SCRIPT, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "ours seed 0:" not in again.stdout
 
 
@@ -117,9 +117,7 @@ def test_trls_evaluation_measures_the_weights_as_they_are_now(embedded_model_dir
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from time_to_accuracy import heldout_now, shared_config
-
+    from benchmarks.time_to_accuracy import heldout_now, shared_config
     from dapo_suite.core.prompts import chat_messages, render_chat
     from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision
     from dapo_suite.train.rollout import hf_engine

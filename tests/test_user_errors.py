@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from scripted_server import ScriptedServer
 from test_train import TINY
 
 from dapo_suite.core.ports import free_port
+from dapo_suite.testing.scripted_server import ScriptedServer
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

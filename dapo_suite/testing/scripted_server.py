@@ -12,9 +12,9 @@ POST /v1/chat/completions follows a script of behaviours, one per request in arr
     with ScriptedServer(script=["429", "503"], latency_s=0.1) as server:
         ... server.base_url, server.requests (bodies received), server.stats (requests, completed, max_in_flight)
 
-A test double, so it lives in tests/ (tests import it as a sibling module). Used by the data pipeline's and the
-evaluator's retry tests and by benchmarks/data_build.py and benchmarks/eval_throughput.py (`scripted_server_process`,
-its own process so it shares no GIL with the client).
+A test double shared by the data pipeline's and the evaluator's retry tests and by benchmarks/data_build.py and
+benchmarks/eval_throughput.py (`scripted_server_process`, its own process so it shares no GIL with the client), so
+it lives in the package (`dapo_suite.testing`), which both may import; nothing in the product imports it.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class ScriptedServer:
 @contextmanager
 def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -> Iterator[str]:
     """A ScriptedServer in a child process (no GIL shared with the client being measured); yields its base URL."""
-    child = subprocess.Popen([sys.executable, __file__, "--latency", str(latency_s), "--reply", reply],
+    child = subprocess.Popen([sys.executable, "-m", "dapo_suite.testing.scripted_server", "--latency", str(latency_s), "--reply", reply],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = child.stdout.readline().strip()
@@ -143,7 +143,7 @@ def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -
 
 
 def main() -> None:
-    """`python tests/scripted_server.py --latency 0.2`: print the base URL, serve until stdin closes."""
+    """`python -m dapo_suite.testing.scripted_server --latency 0.2`: print the base URL, serve until stdin closes."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

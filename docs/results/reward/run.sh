@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=docs/results/reward
 # each benchmark writes the CPU and the load into its output (dapo_suite.core.provenance.cpu_line)
-taskset -c "$(($(nproc) - 1))" .venv/bin/python benchmarks/reward_throughput.py --count 20000 --repeats 5 > "$out/throughput.txt"
-.venv/bin/python benchmarks/grader_agreement.py > "$out/grader_agreement.txt"
+taskset -c "$(($(nproc) - 1))" .venv/bin/python -m benchmarks.reward_throughput --count 20000 --repeats 5 > "$out/throughput.txt"
+.venv/bin/python -m benchmarks.grader_agreement > "$out/grader_agreement.txt"
