@@ -9,7 +9,7 @@ mkdir -p "$dst"
 "${BIN:-.venv/bin}/python" - "$src" "$dst" "$presets" "$seeds" <<'PY'
 import json, shutil, sys
 from pathlib import Path
-from dapo_suite.train.ladder import rung_name, run_path
+from dapo_suite.train.run_folders import rung_name, run_path
 src, dst, presets, seeds = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 plan = json.loads((src / "ladder_plan.json").read_text())
 if presets:

@@ -21,7 +21,7 @@ from dapo_suite.train.effects import (
     metrics_from_step_zero,
     write_effects_outputs,
 )
-from dapo_suite.train.ladder import run_path, write_plan
+from dapo_suite.train.run_folders import run_path, write_plan
 from dapo_suite.train.run_log import read_metrics
 
 SEEDS = [0, 1, 2, 3, 4]

@@ -14,7 +14,8 @@ import pytest
 from toy import TOY_FLAGS, dapo_suite
 
 from dapo_suite.core.stats import paired_t_test
-from dapo_suite.train.ladder import PLAN_FILE, comparisons, run_path
+from dapo_suite.train.ladder_report import comparisons
+from dapo_suite.train.run_folders import PLAN_FILE, run_path
 
 # Held-out accuracy after training, per seed 0, 1, 2.
 AFTER = {"grpo": [0.1, 0.2, 0.3], "+clip-higher": [0.2, 0.4, 0.6], "dapo": [0.5, 0.5, 0.8]}
@@ -163,7 +164,7 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     assert (out / "ladder_dynamics.png").is_file() and "| dapo vs grpo | 2 |" in result.stdout
     # A rerun skips all four
     again = dapo_suite(*args)
-    assert again.returncode == 0 and again.stdout.count("finished earlier, skipped") == 4
+    assert again.returncode == 0 and again.stderr.count("finished earlier, skipped") == 4
     # Killed after its last checkpoint, before the evaluation after training: the trainer resumes it from there
     run_dir = run_path(out, "dapo", 1)
     (run_dir / "summary.json").write_text(json.dumps({"before": summaries["dapo", 1]["before"]}))
@@ -171,9 +172,9 @@ def test_ladder_with_seeds_trains_every_run_once_and_resumes(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(lines[:-1]))
     third = dapo_suite(*args)
     assert third.returncode == 0, third.stderr[-4000:]
-    assert third.stdout.count("finished earlier, skipped") == 3 and "resumed from" in third.stderr
+    assert third.stderr.count("finished earlier, skipped") == 3 and "resumed from" in third.stderr
     # without --keep-checkpoints, the run it finished gives its checkpoints up; those finished earlier keep theirs
-    assert "[4/4] dapo seed 1: checkpoints deleted (" in third.stdout
+    assert "[4/4] dapo seed 1: checkpoints deleted (" in third.stderr
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "checkpoint-last").is_symlink()
     assert (run_path(out, "dapo", 0) / "checkpoint-last").is_dir()
     after = json.loads((run_dir / "summary.json").read_text())["after"]
@@ -195,7 +196,7 @@ def test_workers_on_one_ladder_split_its_runs(tmp_path):
     with output_lock(run_path(out, "grpo", 0)):  # this test process is the worker that trains grpo
         first = dapo_suite(*args, "--presets", "grpo,dapo")
     assert first.returncode == 0, first.stderr[-4000:]
-    assert f"[1/2] grpo seed 0: another worker is training it (pid {os.getpid()} on " in first.stdout
+    assert f"[1/2] grpo seed 0: another worker is training it (pid {os.getpid()} on " in first.stderr
     assert not (run_path(out, "grpo", 0) / "metrics.jsonl").exists()
     assert json.loads((out / "ladder.json").read_text())["missing"] == ["grpo seed 0"]
     second = dapo_suite(*args, "--presets", "grpo", "--workers", "2")

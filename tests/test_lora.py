@@ -49,7 +49,7 @@ def lora_run(tmp_path_factory):
         for group in groups:
             for index, rollout in enumerate(group):
                 rollout.advantage = 1.0 if index % 2 else -1.0
-        metrics.append(trainer.update(groups))
+        metrics.append(trainer.actor.update(groups))
         trainer.engine.sync_weights()
         trainer.step_index += 1
     trainer.save()
@@ -67,11 +67,11 @@ def test_lora_trains_only_the_adapters(lora_run):
     assert any(not torch.equal(adapters_before[name], adapters_after[name])
                for name in adapters_before if ".lora_B." in name)  # B starts at zero: it learned
     trainer = lora_run["trainer"]
-    state = trainer.optimizer.state_dict()["state"]
-    assert len(state) == len(adapters_before) == len(trainer.trainable)
-    assert {id(p) for group in trainer.optimizer.param_groups for p in group["params"]} == \
-        {id(p) for p in trainer.trainable}
-    assert all(p.requires_grad for p in trainer.trainable)
+    state = trainer.actor.optimizer.state_dict()["state"]
+    assert len(state) == len(adapters_before) == len(trainer.actor.trainable)
+    assert {id(p) for group in trainer.actor.optimizer.param_groups for p in group["params"]} == \
+        {id(p) for p in trainer.actor.trainable}
+    assert all(p.requires_grad for p in trainer.actor.trainable)
     checkpoint = lora_run["out"] / "checkpoint-last"
     assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / "adapter_model.safetensors").is_file()
     assert not (checkpoint / "model.safetensors").exists()  # the adapters only: the base is not copied
@@ -84,7 +84,7 @@ def test_lora_resume_restores_adapters_and_optimizer_exactly_and_continues(lora_
     assert resumed.step_index == 2
     own = dict(resumed.model.named_parameters())
     assert all(torch.equal(own[name], tensor) for name, tensor in lora_run["after"][1].items())
-    expected, got = trained.optimizer.state_dict(), resumed.optimizer.state_dict()
+    expected, got = trained.actor.optimizer.state_dict(), resumed.actor.optimizer.state_dict()
     assert expected["state"].keys() == got["state"].keys()
     for index, slot in expected["state"].items():
         assert all(torch.equal(slot[key], got["state"][index][key]) for key in slot)
@@ -143,7 +143,7 @@ def test_the_sampler_samples_from_the_merged_weights_after_sync(tmp_path):
     base_tokens = engine_greedy()  # the snapshot of the base (B = 0)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for p in trainer.trainable:
+        for p in trainer.actor.trainable:
             p.add_(torch.randn(p.shape, generator=generator) * 0.1)
     trainer.engine.sync_weights()
     sampled = engine_greedy()
@@ -176,8 +176,7 @@ def test_same_seed_same_adapters_and_config_checks(tmp_path):
 def test_a_bf16_base_stays_frozen_while_float32_adapters_learn(tmp_path):
     """dtype auto: a LoRA run's base in bf16 where bf16 is native (half the memory; it is only read), float32 where
     it is not or where AdamW updates it; the adapters and their AdamW state float32 either way."""
-    from dapo_suite.inference.models import native_bf16
-    from dapo_suite.train.trainer import weights_dtype
+    from dapo_suite.inference.models import native_bf16, weights_dtype
 
     assert weights_dtype("auto", True, "cpu") == ("bfloat16" if native_bf16("cpu") else "float32")
     assert weights_dtype("auto", False, "cpu") == "float32" and weights_dtype("float16", True, "cpu") == "float16"
@@ -191,8 +190,8 @@ def test_a_bf16_base_stays_frozen_while_float32_adapters_learn(tmp_path):
     for group in groups:
         for index, rollout in enumerate(group):
             rollout.advantage = 1.0 if index % 2 else -1.0
-    assert trainer.update(groups)["actor/grad_norm"] > 0
+    assert trainer.actor.update(groups)["actor/grad_norm"] > 0
     base_after, adapters_after = split_parameters(trainer.model)
     assert all(torch.equal(base[name], base_after[name]) for name in base)
     assert any(not torch.equal(adapters[name], adapters_after[name]) for name in adapters if ".lora_B." in name)
-    assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state_dict()["state"].values())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.actor.optimizer.state_dict()["state"].values())

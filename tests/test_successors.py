@@ -12,9 +12,9 @@ import torch
 from dapo_suite.train.algorithm import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
-    LossHyperparameters,
     policy_loss,
 )
+from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 
 verl_core = pytest.importorskip("verl.trainer.ppo.core_algos")
 
@@ -58,8 +58,7 @@ def both(mode: str, agg: str, new, old, adv, mask, weights=None, ours_extra=None
         log_prob = new.clone().requires_grad_(True)
         torch.manual_seed(seed)  # Clip-Cov draws its dropped tokens from torch's global generator
         if side == "ours":
-            loss, _ = policy_loss(log_prob, old, adv, mask, loss_mode=mode, agg=agg, rollout_is_weights=weights,
-                                  **HYPER, **(ours_extra or {}))
+            loss, _ = policy_loss(log_prob, old, adv, mask, LossHyperparameters(loss_mode=mode, loss_agg=agg, **HYPER), rollout_is_weights=weights, **(ours_extra or {}))
         else:
             loss, _ = verl_core.get_policy_loss_fn(mode)(old, log_prob, adv, mask, loss_agg_mode=agg,
                                                          config=verl_config(**(verl_extra or {})),
@@ -110,8 +109,7 @@ def test_micro_batch_denominators_equal_verl_global_batch_info(mode, agg):
 def test_the_equivalence_cases_exercise_every_branch():
     # Guards the test above against passing vacuously: with these knobs each mode's special branch acts.
     new, old, adv, mask = ragged(0)
-    metrics = {mode: policy_loss(new, old, adv, mask, loss_mode=mode, agg=POLICY_LOSSES[mode].aggregations[0],
-                                 **HYPER)[1] for mode in SUCCESSORS}
+    metrics = {mode: policy_loss(new, old, adv, mask, LossHyperparameters(loss_mode=mode, loss_agg=POLICY_LOSSES[mode].aggregations[0], **HYPER))[1] for mode in SUCCESSORS}
     for mode in ("gspo", "cispo", "geo_mean", "clip_cov", "kl_cov"):
         assert metrics[mode]["actor/pg_clipfrac"] > 0, mode
 
@@ -121,7 +119,7 @@ def test_clip_cov_is_random_and_the_seed_fixes_it():
 
     def dropped(seed: int) -> float:
         torch.manual_seed(seed)
-        return policy_loss(new, old, adv, mask, loss_mode="clip_cov", **HYPER)[0].item()
+        return policy_loss(new, old, adv, mask, LossHyperparameters(loss_mode="clip_cov", **HYPER))[0].item()
 
     draws = {round(dropped(seed), 9) for seed in range(12)}
     assert dropped(5) == dropped(5)
@@ -139,20 +137,18 @@ def test_every_mode_has_the_shared_signature_and_a_paper():
 def test_unknown_mode_and_unsupported_aggregation_say_what_is_valid():
     new, old, adv, mask = ragged(0)
     with pytest.raises(ValueError, match="valid: vanilla, gspo, cispo, sapo, geo_mean, clip_cov, kl_cov"):
-        policy_loss(new, old, adv, mask, loss_mode="gpro")
+        policy_loss(new, old, adv, mask, LossHyperparameters(loss_mode="gpro"))
     with pytest.raises(ValueError, match="'sapo' aggregates only as seq-mean-token-mean"):
-        policy_loss(new, old, adv, mask, loss_mode="sapo", agg="token-mean")
+        policy_loss(new, old, adv, mask, LossHyperparameters(loss_mode="sapo", loss_agg="token-mean"))
 
 
 def test_gspo_hand_computed_one_ratio_per_sequence():
     # Two tokens with log-ratios +0.2 and -0.1: s = exp(0.05) for both; A = 1, clip at 1 +- 0.02 binds above.
     old = torch.zeros(1, 2)
     new = torch.tensor([[0.2, -0.1]])
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), loss_mode="gspo", clip_low=0.02,
-                          clip_high=0.02)
+    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), LossHyperparameters(loss_mode="gspo", clip_low=0.02, clip_high=0.02))
     assert loss.item() == pytest.approx(-1.02)
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), loss_mode="gspo", clip_low=0.2,
-                          clip_high=0.2)
+    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), LossHyperparameters(loss_mode="gspo", clip_low=0.2, clip_high=0.2))
     assert loss.item() == pytest.approx(-math.exp(0.05), rel=1e-6)
 
 
@@ -160,11 +156,11 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     # r = 2 with A = +1 is far above 1 + eps_high: PPO-clip gives no gradient, CISPO gives -clip(r) * A.
     old = torch.zeros(1, 1)
     new = torch.log(torch.tensor([[2.0]])).requires_grad_(True)
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1), loss_mode="cispo", clip_high=0.28)
+    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(loss_mode="cispo", clip_high=0.28))
     loss.backward()
     assert new.grad.item() == pytest.approx(-1.28)
     ppo = new.detach().clone().requires_grad_(True)
-    policy_loss(ppo, old, torch.tensor([1.0]), torch.ones(1, 1), clip_high=0.28)[0].backward()
+    policy_loss(ppo, old, torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(clip_high=0.28))[0].backward()
     assert ppo.grad.item() == 0.0
 
 
@@ -172,16 +168,14 @@ def test_sapo_gate_is_the_policy_gradient_on_policy_and_fades_off_policy():
     # d/dlog r of -f(r) A at r = 1 is -A (like the unclipped surrogate); far off-policy it tends to 0.
     for log_ratio, expected in ((0.0, -1.0), (3.0, 0.0)):
         new = torch.tensor([[log_ratio]], requires_grad=True)
-        loss, _ = policy_loss(new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), loss_mode="sapo",
-                              agg="seq-mean-token-mean", tau_pos=1.0)
+        loss, _ = policy_loss(new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(loss_mode="sapo", loss_agg="seq-mean-token-mean", tau_pos=1.0))
         loss.backward()
         assert new.grad.item() == pytest.approx(expected, abs=0.02)
 
 
 def test_geo_mean_is_the_geometric_mean_of_clipped_token_ratios():
     new = torch.tensor([[0.1, 0.9, -0.3]])  # 0.9 clipped to 0.4 for A > 0
-    loss, metrics = policy_loss(new, torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3), loss_mode="geo_mean",
-                                agg="seq-mean-token-mean", clip_low=0.4, clip_high=0.4)
+    loss, metrics = policy_loss(new, torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3), LossHyperparameters(loss_mode="geo_mean", loss_agg="seq-mean-token-mean", clip_low=0.4, clip_high=0.4))
     assert loss.item() == pytest.approx(-2.0 * math.exp((0.1 + 0.4 - 0.3) / 3), rel=1e-6)
     assert metrics["actor/clipfrac_upper"] == pytest.approx(1 / 3)
 
@@ -192,8 +186,7 @@ def test_kl_cov_penalises_the_top_covariance_tokens_only():
     old = new + 0.5
     adv = torch.tensor([[1.0] * 5 + [-1.0] * 5])
     new[0, 5] = -4.0  # the most negative log-prob among negative advantages: the largest covariance
-    loss, metrics = policy_loss(new, old, adv, torch.ones(1, 10), loss_mode="kl_cov",
-                                kl_cov_ratio=0.1, ppo_kl_coef=2.0)
+    loss, metrics = policy_loss(new, old, adv, torch.ones(1, 10), LossHyperparameters(loss_mode="kl_cov", kl_cov_ratio=0.1, ppo_kl_coef=2.0))
     plain = (-adv * torch.exp(new - old)).mean()
     assert loss.item() == pytest.approx(plain.item() + 2.0 * abs((new - old)[0, 5].item()) / 10, rel=1e-6)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.1)
@@ -204,7 +197,9 @@ def test_hyperparameter_names_are_verls():
     from verl.workers.config.actor import PolicyLossConfig
 
     verl_names = {f for f in PolicyLossConfig.__dataclass_fields__} | {f for f in ActorConfig.__dataclass_fields__}
-    ours = set(LossHyperparameters.__dataclass_fields__) - {"clip_low", "clip_high", "clip_c"}  # verl: clip_ratio_*
+    renamed = {"clip_low": "clip_ratio_low", "clip_high": "clip_ratio_high", "clip_c": "clip_ratio_c",
+               "loss_agg": "loss_agg_mode"}
+    ours = {renamed.get(name, name) for name in LossHyperparameters.__dataclass_fields__}
     assert ours <= verl_names
 
 
@@ -391,11 +386,12 @@ def trainer(tmp_path_factory):
 
 
 def configure(trainer, presets, **overrides):
-    """Point the shared trainer at another resolved config: the objective is read from it at every step. The sampler
+    """Point the shared trainer at another resolved config: the trainer and its actor read the objective from it at every step. The sampler
     gets the weights as they are, as after a step: a test before may have updated them without a step's sync."""
     from dapo_suite.train.config import resolve_config
 
-    trainer.config = resolve_config(presets, {"out": trainer.config.out, **TINY}, {**FLOAT32, **overrides})
+    trainer.config = trainer.actor.config = resolve_config(presets, {"out": trainer.config.out, **TINY},
+                                                           {**FLOAT32, **overrides})
     trainer.engine.sync_weights()
     return trainer
 
@@ -414,7 +410,7 @@ def test_each_successor_preset_trains_one_step(preset, trainer):
     for group in groups:
         for index, r in enumerate(group):
             r.advantage = 1.0 if index % 2 == 0 else -1.0
-    metrics = trainer.update(groups)
+    metrics = trainer.actor.update(groups)
     assert metrics["actor/updates"] == 2 and metrics["actor/updates_skipped"] == 0
     assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
     assert not any(key.startswith("rollout_corr/") for key in metrics)  # same dtype, same engine: auto is off
@@ -432,13 +428,13 @@ def test_rollout_correction_on_reweights_with_the_samplers_log_probs(trainer):
     # A sampler that was off by +-0.5 nats on alternate tokens: weights truncate at 1.5, rejection drops them.
     for r in rollouts:
         r.rollout_log_prob = r.old_log_prob + 0.5 * (torch.arange(r.length) % 2 * 2 - 1)
-    correction, metrics = trainer.correction(rollouts)
+    correction, metrics = trainer.actor.correction(rollouts)
     weights, kept = correction[id(rollouts[0])]
     assert weights[1].item() == pytest.approx(math.exp(-0.5), rel=1e-4)  # pi_old / pi_rollout = e^-0.5
     assert weights[0].item() == pytest.approx(1.5)  # e^0.5 truncated at C = 1.5
     assert kept.sum().item() == 0  # |log rho| = 0.5 leaves the ratio band (0.9, 1.1) everywhere
     assert metrics["rollout_corr/masked_frac"] == 1.0 and metrics["rollout_corr/kl"] == pytest.approx(0, abs=0.1)
-    assert trainer.update(groups)["actor/updates"] == 0  # every token rejected: nothing to train on
+    assert trainer.actor.update(groups)["actor/updates"] == 0  # every token rejected: nothing to train on
 
 
 def test_rollout_correction_metrics_are_logged_in_a_step(trainer):
@@ -463,7 +459,7 @@ def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
     assert [r.advantage for r in rollouts] == pytest.approx(expected.tolist())
     # One group per mini-batch: a group whose advantages are all zero gives no gradient, and no step.
     learning = sum(any(r.advantage for r in group) for group in groups)
-    metrics = trainer.update(groups)
+    metrics = trainer.actor.update(groups)
     assert (metrics["actor/updates"], metrics["actor/updates_skipped"]) == (learning, 2 - learning)
 
 
@@ -479,7 +475,7 @@ def test_lower_precision_sampling_turns_correction_on_and_logs_the_mismatch(trai
         assert trainer.corrects_rollouts()
         groups, metrics = trainer.collect()
         assert 0 < metrics["rollout/logprob_diff_mean"] <= metrics["rollout/logprob_diff_max"] < 2.0
-        assert any(key.startswith("rollout_corr/") for key in trainer.update(groups))
+        assert any(key.startswith("rollout_corr/") for key in trainer.actor.update(groups))
     finally:
         configure(trainer, ["dapo"])
         trainer.engine = make_engine(trainer.config, trainer.model, trainer.tokenizer)

@@ -43,16 +43,16 @@ def rollout(trainer, pieces: list[tuple[str, bool]], advantage: float, group: in
 def updated_weights(trainer, rollouts: list[Rollout]) -> dict[str, torch.Tensor]:
     """The weights after one real `update` on `rollouts` (pi_old filled first), the trainer restored after."""
     model_state = copy.deepcopy(trainer.model.state_dict())
-    optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
-    scheduler_state = copy.deepcopy(trainer.scheduler.state_dict())
+    optimizer_state = copy.deepcopy(trainer.actor.optimizer.state_dict())
+    scheduler_state = copy.deepcopy(trainer.actor.scheduler.state_dict())
     for r in rollouts:
         r.old_log_prob = None
     trainer.fill_old_log_probs(rollouts)
-    metrics = trainer.update([rollouts])
+    metrics = trainer.actor.update([rollouts])
     after = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
     trainer.model.load_state_dict(model_state)
-    trainer.optimizer.load_state_dict(optimizer_state)
-    trainer.scheduler.load_state_dict(scheduler_state)
+    trainer.actor.optimizer.load_state_dict(optimizer_state)
+    trainer.actor.scheduler.load_state_dict(scheduler_state)
     after["__metrics__"] = metrics
     return after
 
@@ -97,12 +97,12 @@ def test_token_counts_entropy_and_lengths_are_the_model_s_own(trainer):
     response = rollout(trainer, pieces, 1.0)
     model_tokens = sum(ids(trainer, text).numel() for text, own in pieces if own)
     assert response.model_length == model_tokens < response.length
-    log_prob, entropy, mask = trainer.forward_log_probs([response])
+    log_prob, entropy, mask = trainer.actor.forward_log_probs([response])
     assert mask.sum().item() == model_tokens
     trainer.fill_old_log_probs([response])
     tool = response.mask == 0
     assert torch.all(response.old_log_prob[tool] == 0)  # pi_old on the model's own tokens only
-    _, loss_mask = trainer.correction([response])[0][id(response)]
+    _, loss_mask = trainer.actor.correction([response])[0][id(response)]
     assert loss_mask.sum().item() == model_tokens  # the token-level denominator
 
 

@@ -198,7 +198,7 @@ def test_gradient_checkpointing_trades_memory_for_time_not_maths(tmp_path):
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
-            log_prob, _, mask = trainer.forward_log_probs(rollouts)
+            log_prob, _, mask = trainer.actor.forward_log_probs(rollouts)
         (log_prob * mask).sum().backward()
         gradients.append([p.grad for p in trainer.model.parameters()])
     assert kept[1] < kept[0] / 2, kept
@@ -290,8 +290,8 @@ def test_autocast_computes_log_probs_in_bf16_and_keeps_weights_and_gradients_in_
     torch.manual_seed(0)
     rollouts = sample_rollouts(f32.engine, f32.tokenizer, [f32.prompt_text(p) for p in problems], 2, 8, 1.0, 1.0)
     with torch.no_grad():
-        exact, _, mask = f32.forward_log_probs(rollouts)
-    approx, _, _ = mixed.forward_log_probs(rollouts)
+        exact, _, mask = f32.actor.forward_log_probs(rollouts)
+    approx, _, _ = mixed.actor.forward_log_probs(rollouts)
     difference = ((approx.detach() - exact).abs() * mask).max()
     assert 0 < difference < 0.5, difference
     (approx * mask).sum().backward()
@@ -387,7 +387,7 @@ def test_the_same_seed_repeats_a_run_bit_for_bit_and_another_seed_does_not(tmp_p
 def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_gradients(tmp_path):
     """The update runs a group's prompt once and repeats its keys and values for every response: log-probs and
     gradients equal those of each row run whole and alone, in fewer tokens."""
-    from dapo_suite.train.trainer import forward_tokens
+    from dapo_suite.train.actor import forward_tokens
 
     trainer = _tiny_trainer(tmp_path / "run")
     problems = trainer.sampler.next(2)
@@ -397,9 +397,9 @@ def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_grad
     for index, r in enumerate(rollouts):  # lengths 8, 7, 6, ...: right padding is exercised
         r.response_ids = r.response_ids[: 8 - index]
     trainer.model.train()
-    log_prob, _, mask = trainer.forward_log_probs(rollouts)
+    log_prob, _, mask = trainer.actor.forward_log_probs(rollouts)
     (log_prob * mask).sum().backward()
-    shared = [p.grad.clone() for p in trainer.trainable]
+    shared = [p.grad.clone() for p in trainer.actor.trainable]
     trainer.model.zero_grad()
     for row, r in enumerate(rollouts):  # the reference: one row at a time, no padding, no cache
         ids = torch.cat([r.prompt_ids, r.response_ids])[None]
@@ -408,7 +408,7 @@ def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_grad
         torch.testing.assert_close(log_prob[row, : r.length].detach(), alone.detach(), atol=1e-4, rtol=0)
         assert mask[row].sum() == r.length
         alone.sum().backward()
-    drift = [float((got - p.grad).norm() / p.grad.norm()) for got, p in zip(shared, trainer.trainable, strict=True)]
+    drift = [float((got - p.grad).norm() / p.grad.norm()) for got, p in zip(shared, trainer.actor.trainable, strict=True)]
     assert max(drift) < 1e-3, max(drift)  # float32 summation order: every row whole and padded drifts 2e-4 too
     groups = [rollouts[:3], rollouts[3:]]
     assert forward_tokens(rollouts, shared=True) == (sum(g[0].prompt_ids.numel() for g in groups)

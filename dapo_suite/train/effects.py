@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_suite.core.stats import paired_t_test, sign_flip_test
-from dapo_suite.train.ladder import finite_or_null, read_plan, run_finished, run_ladder, run_path
+from dapo_suite.train.ladder import run_ladder
+from dapo_suite.train.ladder_report import finite_or_null
+from dapo_suite.train.run_folders import read_plan, run_finished, run_path
 from dapo_suite.train.run_log import read_metrics
 
 SCALE = "effects-cpu"

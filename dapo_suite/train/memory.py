@@ -16,10 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.inference.models import resolve_precision
+from dapo_suite.inference.models import resolve_precision, weights_dtype
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.rollout import ROLLOUT_BATCH_ROWS
-from dapo_suite.train.trainer import weights_dtype
 from dapo_suite.train.verl.gpus import GPUS_PER_NODE, GpuPlan, gpus_needed
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -21,8 +21,9 @@ from pathlib import Path
 import yaml
 
 from dapo_suite.core.stats import confidence_interval_95
-from dapo_suite.train import ladder
+from dapo_suite.train.ladder_report import report_ladder
 from dapo_suite.train.plots import plot_run
+from dapo_suite.train.run_folders import PLAN_FILE
 from dapo_suite.train.run_log import read_metrics
 
 CHAIN_FILE = "chain.json"
@@ -181,10 +182,10 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     train_dir = training_dir(run_dir)
     has_evals = any(run_dir.glob("eval/*/results.json"))
-    is_ladder = (run_dir / ladder.PLAN_FILE).is_file()
+    is_ladder = (run_dir / PLAN_FILE).is_file()
     if train_dir is None and not has_evals and not is_ladder:
         raise FileNotFoundError(f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
-                                f"{ladder.PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
+                                f"{PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
                                 "`train ladder`.")
     train_config = yaml.safe_load((train_dir / "config.yaml").read_text()) if train_dir else {}
     lines = [f"# dapo-suite report: {run_dir.name}", "",
@@ -193,7 +194,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
              "## Evaluation", "", "| benchmark | before | after | change (points) |", "|---|---|---|---|"]
     lines += (heldout_rows(train_dir) if train_dir else []) + eval_rows(run_dir) + [""]
     if is_ladder:  # rebuilt from the runs' metrics.jsonl, so the report never shows a stale table
-        lines += ["## Ablation ladder", "", ladder.report_ladder(run_dir).read_text(), ""]
+        lines += ["## Ablation ladder", "", report_ladder(run_dir).read_text(), ""]
     lines += data_section(run_dir, train_config)
     if train_dir:
         lines += training_section(train_dir, run_dir)

@@ -25,7 +25,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,16 +34,13 @@ from dapo_suite.core.errors import UserError
 from dapo_suite.core.problems import Problem
 from dapo_suite.core.prompts import chat_messages, render_chat
 from dapo_suite.core.reward import UNCHECKED, compute_score, extract_answer
-from dapo_suite.inference.models import eval_mode, load_model_and_tokenizer, resolve_precision
+from dapo_suite.inference.models import load_model_and_tokenizer, resolve_precision, weights_dtype
 from dapo_suite.inference.tool_loop import tool_use
+from dapo_suite.train.actor import Actor
 from dapo_suite.train.algorithm import (
-    LossHyperparameters,
     compute_advantages,
-    entropy_from_logits,
     mixed_groups,
-    policy_loss,
     soft_overlong_penalty,
-    token_log_probs,
 )
 from dapo_suite.train.checkpoint import (
     latest_checkpoint,
@@ -56,7 +53,6 @@ from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.evaluate import heldout_accuracy_of
 from dapo_suite.train.lora import ADAPTER_WEIGHTS, adapter_state, add_adapters, load_adapter_state
 from dapo_suite.train.rollout import Rollout, make_engine, sample_rollouts
-from dapo_suite.train.rollout_correction import rollout_correction
 from dapo_suite.train.run_log import MetricsLogger, read_metrics
 from dapo_suite.train.tasks import train_and_heldout
 from dapo_suite.train.verdict import learning_verdict
@@ -82,36 +78,6 @@ class PromptSampler:
             picked.append(self.problems[order[position]])
             self.cursor += 1
         return picked
-
-
-def padded(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Unpadded (T_i,) rows -> (B, max T_i), right-padded with 0, on `device`."""
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
-
-
-def weights_dtype(dtype: str, lora: bool, device_type: str) -> str:
-    """`dtype` as loaded: "auto" is bfloat16 for a LoRA run's frozen base where bf16 is native, else float32."""
-    if dtype != "auto":
-        return dtype
-    return (resolve_precision("auto", device_type) or "float32") if lora else "float32"
-
-
-def prompt_segments(rollouts: list[Rollout]) -> list[list[Rollout]]:
-    """Consecutive rollouts with the same prompt (a group, or the part of one in a micro-batch), in order."""
-    segments: list[list[Rollout]] = []
-    for rollout in rollouts:
-        if segments and torch.equal(segments[-1][0].prompt_ids, rollout.prompt_ids):
-            segments[-1].append(rollout)
-        else:
-            segments.append([rollout])
-    return segments
-
-
-def forward_tokens(rollouts: list[Rollout], shared: bool) -> int:
-    """Tokens a forward pass over `rollouts` runs: each segment's prompt once when prompts are shared."""
-    if not shared:
-        return sum(r.prompt_ids.numel() + r.length for r in rollouts)
-    return sum(s[0].prompt_ids.numel() + sum(r.length for r in s) for s in prompt_segments(rollouts))
 
 
 def keeps_group(group: list[Rollout], metric: str) -> bool:
@@ -194,15 +160,8 @@ class DAPOTrainer:
         # LoRA: PEFT injects the adapters into self.model, which still runs every forward pass and feeds the
         # sampler; `self.adapters` (the PEFT wrapper) saves and loads them. None: full fine-tuning.
         self.adapters = add_adapters(self.model, config) if config.lora_rank else None
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.engine = make_engine(config, self.model, self.tokenizer)
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, betas=(0.9, 0.999),
-                                           weight_decay=config.weight_decay, fused=True)
-        warmup = max(config.warmup_steps, 0)
-        # Constant learning rate after a linear warm-up over optimiser *steps* (rollout steps x updates).
-        warmup_updates = warmup * config.updates_per_step
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda update: min(1.0, (update + 1) / warmup_updates) if warmup_updates else 1.0)
+        self.actor = Actor(self.model, self.tokenizer.pad_token_id, config)
         self.train_problems, self.heldout = self._load_data()
         self.sampler = PromptSampler(self.train_problems, seed=config.seed)
         self.surplus: list[list[Rollout]] = []
@@ -322,71 +281,6 @@ class DAPOTrainer:
 
     # ---- policy update -----------------------------------------------------------------------------------
 
-    def forward_log_probs(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """log pi_theta and entropy of each response token, responses right-padded.
-        Returns (log_prob, entropy, response_mask), each (B, T)."""
-        response_len = max(r.length for r in rollouts)
-        autocast = self.config.autocast_dtype
-        with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
-                            enabled=autocast is not None):
-            if self.shares_prompts:
-                logits = torch.cat([self._shared_prompt_logits(segment, response_len)
-                                    for segment in prompt_segments(rollouts)])
-            else:
-                logits = self._padded_logits(rollouts, response_len)
-        logits = logits.float()
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        targets = padded([r.response_ids for r in rollouts], logits.device)
-        mask = padded([r.mask for r in rollouts], logits.device)  # a tool's tokens: context, never trained
-        log_prob = token_log_probs(logits, targets)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-        return log_prob, entropy, mask
-
-    @property
-    def shares_prompts(self) -> bool:
-        """Whether the forward pass runs a group's prompt once: not under gradient checkpointing, whose layers keep
-        no cache to share a prompt through."""
-        return not self.model.is_gradient_checkpointing
-
-    def _shared_prompt_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt: the
-        prompt runs once and its keys and values are repeated for every response, which is the same maths as
-        running each row whole (gradients from all responses sum into the one prompt pass) for 1/G of the prompt's
-        cost, which matters most where prompts are long against responses, as the demo's are (docs/train.md)."""
-        device = self.model.device
-        prompt = rollouts[0].prompt_ids.to(device)
-        prompt_out = self.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
-        cache = prompt_out.past_key_values
-        cache.batch_repeat_interleave(len(rollouts))
-        responses = padded([r.response_ids for r in rollouts], device)
-        response_mask = padded([torch.ones(r.length, dtype=torch.long) for r in rollouts], device)
-        attention = torch.cat([response_mask.new_ones(len(rollouts), prompt.numel()), response_mask], dim=1)
-        position_ids = (prompt.numel() + torch.arange(responses.shape[1], device=device)).expand_as(responses)
-        response_logits = self.model(input_ids=responses, attention_mask=attention, position_ids=position_ids,
-                                     past_key_values=cache, use_cache=False).logits
-        # The prompt's last position predicts response token 0; response position t predicts token t + 1.
-        logits = torch.cat([prompt_out.logits.expand(len(rollouts), 1, -1), response_logits[:, :-1]], dim=1)
-        return torch.nn.functional.pad(logits, (0, 0, 0, response_len - logits.shape[1]))
-
-    def _padded_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V): every row whole, prompts left-padded."""
-        pad = self.tokenizer.pad_token_id
-        prompt_len = max(r.prompt_ids.numel() for r in rollouts)
-        rows, masks = [], []
-        for r in rollouts:
-            left = prompt_len - r.prompt_ids.numel()
-            right = response_len - r.length
-            rows.append(torch.cat([torch.full((left,), pad), r.prompt_ids, r.response_ids, torch.full((right,), pad)]))
-            masks.append(torch.cat([torch.zeros(left), torch.ones(r.prompt_ids.numel() + r.length), torch.zeros(right)]))
-        input_ids = torch.stack(rows).to(self.model.device)
-        attention = torch.stack(masks).long().to(self.model.device)
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
-        # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
-        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                          logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
-
     def corrects_rollouts(self) -> bool:
         """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's: another
         sampling dtype, a reduced one (the sampler's bf16 kernels round otherwise than the trainer's, even over a
@@ -404,89 +298,7 @@ class DAPOTrainer:
             for rollout in rollouts:
                 if rollout.rollout_log_prob is None and rollout.old_log_prob is not None:
                     rollout.rollout_log_prob, rollout.old_log_prob = rollout.old_log_prob, None
-        missing = [r for r in rollouts if r.old_log_prob is None]
-        with eval_mode(self.model):
-            for start in range(0, len(missing), self.config.micro_batch_size):
-                micro = missing[start : start + self.config.micro_batch_size]
-                log_prob, _, _ = self.forward_log_probs(micro)
-                for row, rollout in enumerate(micro):  # on the model's own tokens; 0 on a tool's
-                    rollout.old_log_prob = log_prob[row, : rollout.length].cpu() * rollout.mask
-
-    def correction(self, rollouts: list[Rollout]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]],
-                                                            dict[str, float]]:
-        """Per rollout (by id): rollout-correction weights and the mask of tokens that carry loss, (T,) each;
-        computed over the whole training batch (as verl does) for the rollouts that carry the sampler's
-        log-probs, ones for the others. Metrics `rollout_corr/*` when any rollout is corrected."""
-        result = {id(r): (torch.ones(r.length), r.mask) for r in rollouts}
-        corrected = [r for r in rollouts if r.rollout_log_prob is not None]
-        if not corrected:
-            return result, {}
-        config = self.config
-        old = padded([r.old_log_prob for r in corrected], "cpu")
-        sampled = padded([r.rollout_log_prob for r in corrected], "cpu")
-        mask = padded([r.mask for r in corrected], "cpu")
-        weights, kept, metrics = rollout_correction(
-            old, sampled, mask, config.rollout_is, config.rollout_is_threshold, config.rollout_is_batch_normalize,
-            config.rollout_rs, config.rollout_rs_threshold)
-        weights = mask if weights is None else weights
-        result.update({id(r): (weights[row, : r.length], kept[row, : r.length] * r.mask)
-                       for row, r in enumerate(corrected)})
-        return result, metrics
-
-    def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
-        """Mini-batch updates over the kept groups; metrics averaged over response tokens."""
-        config = self.config
-        totals: dict[str, float] = {}
-        token_count, grad_norms, trained_tokens, skipped = 0.0, [], 0, 0
-        knobs = {f.name: getattr(config, f.name) for f in fields(LossHyperparameters)}  # same names in both
-        # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
-        trained = [[r for r in group if r.length and not (config.overlong_filter and r.truncated)]
-                   for group in groups]
-        correction, correction_metrics = self.correction([r for group in trained for r in group])
-        self.model.train()
-        for _ in range(config.ppo_epochs):
-            for start in range(0, len(trained), config.mini_batch_size):
-                mini = [r for group in trained[start : start + config.mini_batch_size] for r in group]
-                loss_tokens = sum(float(correction[id(r)][1].sum()) for r in mini)
-                loss_sequences = sum(bool(correction[id(r)][1].any()) for r in mini)
-                if loss_tokens == 0:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro_start in range(0, len(mini), config.micro_batch_size):
-                    micro = mini[micro_start : micro_start + config.micro_batch_size]
-                    log_prob, entropy, mask = self.forward_log_probs(micro)
-                    old = padded([r.old_log_prob for r in micro], log_prob.device)
-                    weights = padded([correction[id(r)][0] for r in micro], log_prob.device)
-                    mask = mask * padded([correction[id(r)][1] for r in micro], log_prob.device)
-                    advantages = torch.tensor([r.advantage for r in micro], device=log_prob.device)
-                    loss, metrics = policy_loss(
-                        log_prob, old, advantages, mask, loss_mode=config.loss_mode, **knobs, agg=config.loss_agg,
-                        num_global_tokens=loss_tokens, num_global_sequences=loss_sequences,
-                        rollout_is_weights=weights if correction_metrics else None)
-                    loss.backward()
-                    micro_tokens = float(mask.sum())
-                    metrics["actor/entropy"] = float((entropy * mask).sum() / max(micro_tokens, 1))
-                    metrics["actor/pg_loss"] = loss.item() * loss_tokens / max(micro_tokens, 1)
-                    for key, value in metrics.items():
-                        totals[key] = totals.get(key, 0.0) + value * micro_tokens
-                    token_count += micro_tokens
-                    trained_tokens += forward_tokens(micro, shared=self.shares_prompts)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clip))
-                # No gradient (every advantage zero), no step: AdamW would still move the weights through its
-                # moments and weight decay, and the scheduler would count an update that did not happen.
-                if grad_norm == 0.0:
-                    skipped += 1
-                    continue
-                grad_norms.append(grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-        metrics = {key: value / max(token_count, 1) for key, value in totals.items()} | correction_metrics
-        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
-        metrics["actor/updates"] = len(grad_norms)
-        metrics["actor/updates_skipped"] = skipped
-        metrics["perf/trained_tokens"] = trained_tokens
-        return metrics
+        self.actor.old_log_probs([r for r in rollouts if r.old_log_prob is None])
 
     # ---- the loop ----------------------------------------------------------------------------------------
 
@@ -495,7 +307,7 @@ class DAPOTrainer:
         groups, metrics = self.collect()
         rollout_done = time.monotonic()
         if groups:
-            metrics.update(self.update(groups))
+            metrics.update(self.actor.update(groups))
             self.engine.sync_weights()
         else:
             log.warning("step %d: no prompt had mixed outcomes; no update this step", self.step_index + 1)
@@ -553,8 +365,8 @@ class DAPOTrainer:
     def save(self) -> Path:
         state = {
             "step": self.step_index,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.actor.optimizer.state_dict(),
+            "scheduler": self.actor.scheduler.state_dict(),
             "sampler_cursor": self.sampler.cursor,
             "surplus": self.surplus,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
@@ -599,8 +411,8 @@ class DAPOTrainer:
                 raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, "
                                    f"unexpected {unexpected}")
         state = load_trainer_state(checkpoint)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.actor.optimizer.load_state_dict(state["optimizer"])
+        self.actor.scheduler.load_state_dict(state["scheduler"])
         self.sampler.cursor = state["sampler_cursor"]
         self.surplus = state["surplus"]
         torch.set_rng_state(state["rng"]["torch"])

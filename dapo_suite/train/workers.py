@@ -4,6 +4,7 @@ of its own on a CPU. On one GPU the workers share it; the CUDA MPS daemon lets t
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -11,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import click
-
 from dapo_suite.core.errors import UserError
 from dapo_suite.core.threads import usable_cores
-from dapo_suite.train.ladder import run_finished
+from dapo_suite.train.run_folders import run_finished
 
 WORKER_LOGS = "workers"  # OUT/workers/worker-<i>.log
 POLL_SECONDS = 5.0
+
+logger = logging.getLogger(__name__)
 
 
 def core_sets(workers: int) -> list[set[int] | None]:
@@ -33,7 +34,7 @@ def core_sets(workers: int) -> list[set[int] | None]:
 
 def run_workers(out: Path, command: list[str], workers: int, run_dirs: list[Path]) -> None:
     """Run `dapo-suite <command> --workers 1` in `workers` processes and wait for all of them, with a progress bar
-    of the command's runs (`run_dirs`) finished (`ladder.run_finished`); their output goes to
+    of the command's runs (`run_dirs`) finished (`run_folders.run_finished`); their output goes to
     OUT/workers/worker-<i>.log. Ctrl-C or SIGTERM stops them all (a rerun resumes every run). A worker that fails
     is named with its log once the others are done."""
     from tqdm import tqdm
@@ -55,7 +56,7 @@ def run_workers(out: Path, command: list[str], workers: int, run_dirs: list[Path
                     [sys.executable, "-m", "dapo_suite.cli", *command, "--workers", "1"], stdout=log,
                     stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
                     preexec_fn=pin)))
-        click.echo(f"{workers} workers on {out}; their output: {logs}/worker-<i>.log")
+        logger.info(f"{workers} workers on {out}; their output: {logs}/worker-<i>.log")
         with tqdm(total=len(run_dirs), initial=sum(map(run_finished, run_dirs)), desc="runs finished") as bar:
             while any(process.poll() is None for _, process in processes):
                 time.sleep(POLL_SECONDS)
