@@ -20,7 +20,7 @@ Parts (`--parts`):
   count: one unmeasured warm-up call per side (2 tokens), then `--repeats` timed calls per side, taking turns,
   best kept. tok/s = rows x tokens / the call's wall time (prompt pass included). Printed beside each shape:
   whether the lean stepper takes it (`decoding.lean_refusal`) and on which path (fused kernels or torch ops).
-- step: one DAPO policy update (`DAPOTrainer.update`, the real trainer, its `dapo` preset: token-mean loss,
+- step: one DAPO policy update (`DAPOTrainer.actor.update`, the real trainer, its `dapo` preset: token-mean loss,
   clip 0.2/0.28, overlong filtering) over synthetic rollouts: `--step-samples` responses in groups of
   `--group-size` (one mini-batch: one AdamW step), prompts of `--step-prompt-len` random tokens, every response
   exactly `--step-tokens` tokens ending in end-of-sequence (none truncated, so all train), rewards +-1 mixed in
@@ -233,7 +233,7 @@ def sampler_worker(job: dict) -> dict:
 
 
 def step_worker(job: dict) -> dict:
-    """One DAPO update (`DAPOTrainer.update`) of a random-weight model, full fine-tuning or LoRA."""
+    """One DAPO update (`DAPOTrainer.actor.update`) of a random-weight model, full fine-tuning or LoRA."""
     import torch
     from transformers import AutoTokenizer
 

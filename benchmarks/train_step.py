@@ -1,4 +1,4 @@
-"""Train-step throughput: dapo-suite's `DAPOTrainer.update` against TRL's `GRPOTrainer` configured for DAPO.
+"""Train-step throughput: dapo-suite's `DAPOTrainer.actor.update` against TRL's `GRPOTrainer` configured for DAPO.
 
 TRL lives in an environment of its own (it breaks verl's model building: pyproject.toml, the `bench` extra):
     bash scripts/bootstrap.sh .venv-bench && .venv-bench/bin/pip install -e '.[bench]'

@@ -5,7 +5,7 @@ ending in <|im_end|>); old log-probs = the model's own, perturbed so that ratios
 one token passes the dual-clip bound; advantages from the group rewards (GRPO, both signs). Both backends run the
 `dapo` preset (tiny-cpu scale) in float32, without autocast and without rollout correction:
 
-- embedded: `DAPOTrainer.update` (one mini-batch of two groups, two micro-batches), which reports `actor/pg_loss`
+- embedded: `DAPOTrainer.actor.update` (one mini-batch of two groups, two micro-batches), which reports `actor/pg_loss`
   and `actor/grad_norm` (before clipping);
 - verl 0.9.1, in this process on the CPU: verl's own actor worker, `ActorRolloutRefWorker(role="actor")`, built
   from the project's override list (`build_overrides` with `Hardware(device="cpu")`: float32 FSDP mixed precision
@@ -121,7 +121,7 @@ def token_counts(groups: list[list[Rollout]]) -> tuple[int, int]:
 # ---- embedded trainer -----------------------------------------------------------------------------------------
 
 def embedded_update(config: TrainConfig, groups: list[list[Rollout]]) -> tuple[Numbers, dict[str, float]]:
-    """One `DAPOTrainer.update` from the model as loaded: its loss and grad norm (and all its metrics)."""
+    """One `DAPOTrainer.actor.update` from the model as loaded: its loss and grad norm (and all its metrics)."""
     from dapo_suite.train.trainer import DAPOTrainer
 
     trainer = DAPOTrainer(config)
