@@ -47,15 +47,20 @@ LOSS_RANGES: dict[str, tuple[str, str]] = {f.name: (f.metadata["interval"], f.me
                                            for f in fields(LossHyperparameters) if f.metadata["interval"]}
 
 
+def knob_rows() -> list[tuple[str, Any, str | None, str]]:
+    """(name, default, interval or None, description) of every knob, in field order: what --help and the docs show."""
+    return [(f.name, getattr(LOSS_DEFAULTS, f.name), f.metadata["interval"], f.metadata["description"])
+            for f in fields(LossHyperparameters)]
+
+
 def loss_knobs_help() -> str:
     """One line per knob (name, default, range, description) for `--help`."""
-    return "\n".join(f"  {f.name} = {getattr(LOSS_DEFAULTS, f.name)}"
-                     + (f" in {f.metadata['interval']}" if f.metadata["interval"] else "")
-                     + f": {f.metadata['description']}" for f in fields(LossHyperparameters))
+    return "\n".join(f"  {name} = {default}" + (f" in {interval}" if interval else "") + f": {description}"
+                     for name, default, interval, description in knob_rows())
 
 
 def loss_knobs_markdown() -> str:
     """The same knobs as a markdown table: docs/train.md holds it verbatim (a test compares the two)."""
-    rows = [f"| `{f.name}` | {getattr(LOSS_DEFAULTS, f.name)} | {f.metadata['interval'] or 'a name'} | "
-            f"{f.metadata['description']} |" for f in fields(LossHyperparameters)]
+    rows = [f"| `{name}` | {default} | {interval or 'a name'} | {description} |"
+            for name, default, interval, description in knob_rows()]
     return "\n".join(["| knob | default | range | meaning |", "|---|---|---|---|", *rows])
