@@ -45,7 +45,7 @@ test-default: $(STAMP)
 test-avx2: $(STAMP)
 	@if ! grep -qw avx2 /proc/cpuinfo 2>/dev/null; then echo "test-avx2: skipped, this CPU has no AVX2"; \
 	elif ! grep -qw avx512f /proc/cpuinfo; then echo "test-avx2: skipped, this CPU's own build is AVX2 (test-default ran it)"; \
-	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "kernels and not slow" -q tests/test_sampler.py; fi
+	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "kernels and not slow" -q tests/inference/test_sampler.py; fi
 
 test-slow: $(STAMP)
 	$(PYTEST) -m "slow and not guard and not learning"
@@ -93,8 +93,8 @@ verl-cpu-env: .venv-verl-cpu/.installed
 # FSDP2 update, checkpoint; one-step async killed, resumed and exported; then sync resume and export, LoRA and the
 # bound on dynamic sampling: in CI, those three only as CI's budget allows, tests/conftest.py).
 test-scale: .venv-verl-cpu/.installed
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} .venv-vllm/bin/python -m pytest -m slow -q tests/test_vllm_cpu.py
-	.venv-verl-cpu/bin/python -m pytest -m slow -q tests/test_verl_cpu_run.py
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} .venv-vllm/bin/python -m pytest -m slow -q tests/inference/test_vllm_cpu.py
+	.venv-verl-cpu/bin/python -m pytest -m slow -q tests/train/verl/test_verl_cpu_run.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.grader_agreement [--list]
 
-The cases (`tests/data/grader_agreement.jsonl`, one JSON object per line: id, source, gold, response, expected,
+The cases (`tests/fixtures/grader_agreement.jsonl`, one JSON object per line: id, source, gold, response, expected,
 note) are written for this project after the public graders' own test suites (math-verify, Hendrycks MATH's
 `is_equiv` tests, PRM800K's grader, lm-eval's minerva_math, Qwen2.5-Math's grader, verl's math_dapo) and
 MATH-500's answer forms; each names its source. `expected` is the mathematically right verdict under the
@@ -23,7 +23,7 @@ from pathlib import Path
 from dapo_suite.core.provenance import cpu_line
 from dapo_suite.core.reward import compute_score
 
-CASES_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "grader_agreement.jsonl"
+CASES_FILE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "grader_agreement.jsonl"
 
 
 def load_cases(path: Path = CASES_FILE) -> list[dict]:

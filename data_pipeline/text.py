@@ -19,7 +19,7 @@ import zlib
 
 import numpy as np
 
-# The repairs, in order; docs/data.md lists them and tests/test_data_rules.py tests each one.
+# The repairs, in order; docs/data.md lists them and tests/data/test_data_rules.py tests each one.
 REPAIRS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     # "\frac" written into JSON unescaped is read back as a form feed followed by "rac" (606 DAPO-Math-17k rows)
     ("form feed for \\f", re.compile(r"\x0c(?=rac|orall)"), r"\\f"),

@@ -1,9 +1,9 @@
-"""The `hf` engine's reference for the vLLM eval test (tests/test_vllm_cpu.py): `dapo-suite eval run --engine hf`
+"""The `hf` engine's reference for the vLLM eval test (tests/inference/test_vllm_cpu.py): `dapo-suite eval run --engine hf`
 on 20 arithmetic problems, 4 samples each, the DAPO protocol (T 1.0, top_p 0.7, the DAPO prompt, 96 new tokens,
 float32), over ten seeds pooled (800 samples). The test then runs vLLM alone against it: one engine's run instead
 of two, against a reference ten times the size of its own sample.
 
-    python scripts/hf_eval_reference.py    # writes tests/data/hf_eval_reference.json
+    python scripts/hf_eval_reference.py    # writes tests/fixtures/hf_eval_reference.json
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dapo_suite.core.provenance import cpu_description
 from dapo_suite.train.tasks import arithmetic_problems
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT / "tests" / "data" / "hf_eval_reference.json"
+REFERENCE = ROOT / "tests" / "fixtures" / "hf_eval_reference.json"
 # the protocol both engines run; the test adds --engine vllm and the problem file
 EVAL_FLAGS = ["--n", "4", "--max-tokens", "96", "--dtype", "float32"]
 

@@ -1,5 +1,5 @@
 """The whole chain (`dapo-suite demo`) and the run report, at toy scale with the real embedded model, data
-pipeline, trainer and evaluator (the ladder's tests: tests/test_ladder.py)."""
+pipeline, trainer and evaluator (the ladder's tests: tests/train/test_ladder.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train import run_train
+from toy import run_train
 
 from dapo_suite.testing.scripted_server import ScriptedServer
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_train import TINY
+from toy import TINY
 
 from dapo_suite.core.ports import free_port
 from dapo_suite.testing.scripted_server import ScriptedServer

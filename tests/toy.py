@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from dapo_suite.core.ports import free_port
 
@@ -17,6 +18,19 @@ from dapo_suite.core.ports import free_port
 TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
        "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
 TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
+
+
+# A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
+TINY = ["--preset", "+token-loss", "--set", "overlong_filter=false", "--set", "heldout_size=2", "--set", "val_n=1", "--set", "group_size=2",
+        "--set", "gen_batch_size=2", "--set", "train_batch_size=2", "--set", "mini_batch_size=1",
+        "--set", "micro_batch_size=4", "--set", "max_response_length=8", "--set", "overlong_buffer_len=4",
+        "--set", "val_max_response_length=8"]
+
+
+def run_train(out: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`dapo-suite train` at the TINY scale into `out`, output captured."""
+    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, *extra],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ from typing import Any
 from dapo_suite.core.errors import UserError
 
 # name -> (rows, what it is); shipped as package data beside this module (core/benchmarks/NAME.jsonl), rows
-# checked by tests/test_eval_data.py
+# checked by tests/eval/test_eval_data.py
 BENCHMARKS = {
     "aime24": (30, "AIME 2024 I and II, integer answers 0-999 (the paper's headline benchmark)"),
     "amc23": (40, "AMC 2023, integer answers (overlaps DAPO-Math-17k: 8 exact duplicates)"),

@@ -18,7 +18,7 @@ transformers' forward (`prefill.prefill`, in runs of similar length) and the lea
 
 Measured in `benchmarks/sampler_bound.py` and `benchmarks/vs_vllm.py`; in float32 the tokens are transformers' for
 a seed and the log-probs equal theirs to 1e-4 (on either path), and the bf16 kernels equal their float32
-references within bf16 rounding (tests/test_sampler.py).
+references within bf16 rounding (tests/inference/test_sampler.py).
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ class LeanStepper:
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
     def _norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # one fused op; in float32 it equals transformers' LlamaRMSNorm bit for bit (tests/test_sampler.py)
+        # one fused op; in float32 it equals transformers' LlamaRMSNorm bit for bit (tests/inference/test_sampler.py)
         return F.rms_norm(hidden, weight.shape, weight, self.eps).to(self.dtype)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ more rows through oneDNN's AMX matmul (`ONEDNN_MIN_ROWS`).
 use its pair dot products; built without it, bf16 decodes with torch's ops) and for float32 on every CPU: the
 float32 kernels are written with GCC/Clang vector types, which the compiler maps to the CPU's widest vectors
 (`FLOAT32_VECTORS`: avx512, avx2, avx, neon or sse), and `linear`'s tile is sized to its register file. Their
-float32 samples are transformers' for a seed (tests/test_sampler.py). `sample_next` draws the next tokens
+float32 samples are transformers' for a seed (tests/inference/test_sampler.py). `sample_next` draws the next tokens
 (temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache

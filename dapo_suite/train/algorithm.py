@@ -8,8 +8,8 @@ Besides DAPO's objective, its successors are registered by verl's names in `POLI
 GMPO, Clip-Cov, KL-Cov) and other advantage estimators in `ADVANTAGE_ESTIMATORS` (RLOO, REINFORCE++-baseline,
 pass@k, Lite PPO's batch-level std); each function gives its paper's equation and arXiv id.
 
-Conventions the papers leave open, chosen to match verl 0.9.1 (tests/test_algorithm.py and
-tests/test_successors.py check each):
+Conventions the papers leave open, chosen to match verl 0.9.1 (tests/train/test_algorithm.py and
+tests/train/test_successors.py check each):
 - the log-ratio is clamped to [-20, 20] before `exp` (numerical safety; never active in a healthy run);
 - the group standard deviation is the unbiased (N-1) one; a group of one response gets mean 0 and std 1;
 - under gradient accumulation the token-mean divides by the token count of the whole mini-batch, passed as

@@ -13,7 +13,7 @@ rho_t = pi_old(y_t) / pi_rollout(y_t) (trainer's recomputed log-prob minus the s
 
 The weights multiply each token's policy loss (`algorithm.policy_loss(rollout_is_weights=...)`); a rejected
 token leaves the loss mask. Pure functions, names and numerics as verl 0.9.1's `rollout_corr_helper`
-(`compute_rollout_correction_weights`, `compute_rollout_rejection_mask`); tests/test_successors.py checks both.
+(`compute_rollout_correction_weights`, `compute_rollout_rejection_mask`); tests/train/test_successors.py checks both.
 Shapes: `log_ratio` and `response_mask` (B, T), log_ratio = log pi_old - log pi_rollout.
 """
 

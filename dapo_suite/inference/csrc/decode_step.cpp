@@ -16,7 +16,7 @@
 //                   each row tile an outer product of bf16 pairs (faster than oneDNN's linear at every row count), or
 //                   on an AMX CPU, 8-64 rows on the tile unit over the same packed weight and more through oneDNN;
 //                   float32, an outer product of float32 vectors (FMA), tiles sized to the CPU's vector registers
-// Built on first use by torch.utils.cpp_extension (dapo_suite/inference/fused_step.py); tests/test_sampler.py
+// Built on first use by torch.utils.cpp_extension (dapo_suite/inference/fused_step.py); tests/inference/test_sampler.py
 // checks each against the float32 reference.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

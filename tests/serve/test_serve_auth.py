@@ -1,5 +1,5 @@
 """Who gets in (issue 62): `dapo-suite serve api --api-key K` through the real `openai` SDK (401 in OpenAI's shape
-without the key, a completion with it), the chat's login page in a real browser (tests/test_serve_browser.py's
+without the key, a completion with it), the chat's login page in a real browser (tests/serve/test_serve_browser.py's
 chromium), and the warning for a server that binds beyond loopback with neither."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["What is 7 + 5?", "Name a colour.", "What is 3 times 4?"]
 
 
@@ -99,7 +99,7 @@ def test_seeded_prompts_past_one_steps_token_budget_all_complete():
 
 def test_eval_vllm_engine_scores_as_the_hf_engines_reference(tmp_path):
     """`dapo-suite eval --engine vllm` on the 20 arithmetic problems of the `hf` engine's committed reference (800
-    samples: tests/data/hf_eval_reference.json, `scripts/hf_eval_reference.py`), 4 samples each under the same flags,
+    samples: tests/fixtures/hf_eval_reference.json, `scripts/hf_eval_reference.py`), 4 samples each under the same flags,
     the DAPO protocol (T 1.0, top_p 0.7, the DAPO prompt): the reference's avg@4 and its share of samples with no
     answer both inside vLLM's 99 % interval (Wilson's over its 80 samples: not empty at 0, where the normal one
     collapses; the untrained model mostly writes no `Answer:` line, so that share is the larger signal)."""
@@ -109,7 +109,7 @@ def test_eval_vllm_engine_scores_as_the_hf_engines_reference(tmp_path):
 
     from eval.cli import eval_command
 
-    reference = json.loads((ROOT / "tests" / "data" / "hf_eval_reference.json").read_text())
+    reference = json.loads((ROOT / "tests" / "fixtures" / "hf_eval_reference.json").read_text())
     problems = tmp_path / "arithmetic.jsonl"
     problems.write_text("".join(json.dumps(problem) + "\n" for problem in reference["problems"]))
     out = tmp_path / "vllm"

@@ -60,7 +60,7 @@ def ray_head():
 def test_a_job_submitted_from_another_folder_runs_the_shipped_package(ray_head, tmp_path):
     address, ray_env = ray_head
     clone = tmp_path / "elsewhere"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "dapo_suite", clone / "dapo_suite",
+    shutil.copytree(Path(__file__).resolve().parents[3] / "dapo_suite", clone / "dapo_suite",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (clone / "dapo_suite" / "shipped_marker.py").write_text("SHIPPED = True\n")
     # the runtime_env as the copy computes it: its own package folder, nothing of the checkout

@@ -152,7 +152,7 @@ def test_the_docs_and_help_list_every_loss_knob_as_the_hyperparameters_define_it
     from dapo_suite.cli import main
     from dapo_suite.train.loss_hyperparameters import LOSS_KNOBS, loss_knobs_markdown
 
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "train.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
     assert loss_knobs_markdown() in docs
     help_text = CliRunner().invoke(main, ["train", "--help"]).output
     assert all(f"  {name} = " in help_text for name in LOSS_KNOBS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "benchmarks.time_to_accuracy"
 COMMITTED = ROOT / "docs" / "results" / "time-to-accuracy"
 

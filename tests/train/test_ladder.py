@@ -225,7 +225,7 @@ def test_the_committed_ladder_tables_rebuild_from_the_committed_metrics(folder: 
     """docs/results/<folder>/ladder.md is what `--report-only` makes of the plan and metrics committed beside it."""
     import shutil
 
-    committed = Path(__file__).resolve().parent.parent / "docs" / "results" / folder
+    committed = Path(__file__).resolve().parents[2] / "docs" / "results" / folder
     copy = tmp_path / folder
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("ladder.md", "ladder.json", "ladder.csv",
                                                                    "ladder_dynamics.png"))

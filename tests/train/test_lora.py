@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-# TINY's settings (tests/test_train.py): 2 prompts x 2 responses of at most 8 tokens; +token-loss without dynamic
+# TINY's settings (tests/train/test_train.py): 2 prompts x 2 responses of at most 8 tokens; +token-loss without dynamic
 # sampling, so the soft overlong penalty gives all-wrong groups an advantage and every step updates.
 TINY_VALUES = {"heldout_size": 2, "val_n": 1, "group_size": 2, "gen_batch_size": 2, "train_batch_size": 2,
                "mini_batch_size": 1, "micro_batch_size": 4, "max_response_length": 8, "overlong_buffer_len": 4,

@@ -19,7 +19,7 @@ from dapo_suite.core.ports import free_port
 from dapo_suite.testing.scripted_server import ScriptedServer
 from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 REWRITE_REPLY = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
 

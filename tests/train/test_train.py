@@ -13,20 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from toy import TINY, run_train
 
 from dapo_suite.train.rollout import Rollout, sample_rollouts
 from dapo_suite.train.trainer import filter_groups
-
-# A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
-TINY = ["--preset", "+token-loss", "--set", "overlong_filter=false", "--set", "heldout_size=2", "--set", "val_n=1", "--set", "group_size=2",
-        "--set", "gen_batch_size=2", "--set", "train_batch_size=2", "--set", "mini_batch_size=1",
-        "--set", "micro_batch_size=4", "--set", "max_response_length=8", "--set", "overlong_buffer_len=4",
-        "--set", "val_max_response_length=8"]
-
-
-def run_train(out: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, *extra],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def rollout(group: int, acc: bool, reward: float | None = None) -> Rollout:

@@ -19,7 +19,7 @@ from dapo_suite.inference.hub import MODELS, hub_id, unknown_model_message
 from dapo_suite.train.config import resolve_config
 from dapo_suite.train.memory import adapter_parameter_count, check, estimate, parameter_count
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REAL_SHAPES = REPO / "docs" / "results" / "real-shapes"
 # benchmarks/real_shapes.py's names -> the registry's
 BENCHMARK_SHAPES = {"qwen2.5-0.5b": "Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen2.5-1.5B", "qwen3-0.6b": "Qwen3-0.6B",

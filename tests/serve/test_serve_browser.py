@@ -19,7 +19,7 @@ from serve.app import build_app, launch_kwargs
 from serve.config import ServeConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "serve.png"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "serve.png"
 QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]

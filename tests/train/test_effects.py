@@ -126,7 +126,7 @@ def test_a_verdict_waits_for_the_pre_registered_five_seeds(study):
 def test_the_committed_dapo_seed_4_is_the_same_run_on_zen_4_and_zen_5():
     """The study's README says seed 4's mixed-CPU pairs compare the arms, not the CPUs: its `dapo` run, rerun on the
     Zen 5 EPYC, logged every value but times and rates exactly as on the Zen 4 (docs/results/effects/)."""
-    results = Path(__file__).resolve().parent.parent / "docs" / "results" / "effects"
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / "effects"
     runs = [results / "dapo" / "seed-4", results / "zen5-rerun" / "dapo" / "seed-4"]
     machines = [next(line for line in (run / "config.yaml").read_text().splitlines() if line.startswith("machine:"))
                 for run in runs]

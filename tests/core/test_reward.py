@@ -9,16 +9,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 import dapo_suite.core.reward as reward
+from benchmarks.grader_agreement import dapo_suite_verdict, load_cases
+from benchmarks.synthetic_responses import make_responses
 from dapo_suite.core.reward import compute_score, extract_answer, parse_integer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.grader_agreement import dapo_suite_verdict, load_cases  # noqa: E402
-from benchmarks.synthetic_responses import make_responses  # noqa: E402
 
 math_dapo = pytest.importorskip("verl.utils.reward_score.math_dapo")
 
@@ -332,7 +329,7 @@ def test_difference_percent_units_and_text_are_presentation():
     assert score("Answer: 125", "125\\textnormal{ miles}")["acc"] and score("Answer: 15", "15\\mbox{ cm}^2")["acc"]
 
 
-# Agreement with public graders' test cases (tests/data/grader_agreement.jsonl, benchmarks/grader_agreement.py).
+# Agreement with public graders' test cases (tests/fixtures/grader_agreement.jsonl, benchmarks/grader_agreement.py).
 
 KNOWN_DISAGREEMENTS = {  # case id -> why this checker says otherwise (all are rejections of a right answer)
     "mv-all-003": "a plain space is not a thousands separator: `1 000` may be two numbers",

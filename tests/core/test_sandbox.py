@@ -14,7 +14,7 @@ from dapo_suite.core.sandbox import RunResult, Sandbox, SandboxLimits, SandboxUn
 from dapo_suite.core.sandbox import isolation as isolation_module
 from dapo_suite.core.sandbox.limits import truncate
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
