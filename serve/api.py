@@ -41,8 +41,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from dapo_suite.inference.openai_fields import ParsedRequest, RequestFieldError, parse_request
-from dapo_suite.inference.sampler_server import error_response, model_not_found
+from dapo_suite.inference.openai_fields import ParsedRequest, error_response, parse_request, read_request
 from serve.auth import RequireApiKey
 
 
@@ -60,21 +59,12 @@ def model_context(model_path: str) -> int:
     return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
 
 
-def forwarded(body: dict, parsed: ParsedRequest, child_model: str) -> dict:
-    """What the child gets: the request with the messages as checked, max_tokens and n filled in, always
-    streamed with usage, naming the model as the child knows it."""
-    messages = {"messages": parsed.messages} if parsed.chat else {}
-    return {**body, **messages, "model": child_model, "max_tokens": parsed.max_tokens, "n": parsed.sampling.n,
-            "stream": True, "stream_options": {"include_usage": True}}
-
-
-def with_sampling(body: dict, generation_defaults: dict) -> dict:
+def with_sampling(body: dict, parsed: ParsedRequest, generation_defaults: dict) -> dict:
     """`body` with the generation config `transformers serve` should use: the model's own (end-of-turn tokens,
-    ...), then OpenAI's meaning of the request: temperature (default 1) > 0 samples, 0 decodes greedily; top_p
-    (default 1); max_tokens new tokens."""
-    temperature = 1.0 if body.get("temperature") is None else float(body["temperature"])
-    top_p = 1.0 if body.get("top_p") is None else float(body["top_p"])
-    config = {**generation_defaults, "do_sample": temperature > 0, "max_new_tokens": body["max_tokens"]}
+    ...), then OpenAI's meaning of the request as read: temperature > 0 samples, 0 decodes greedily; top_p;
+    max_tokens new tokens."""
+    temperature, top_p = parsed.sampling.temperature, parsed.sampling.top_p
+    config = {**generation_defaults, "do_sample": temperature > 0, "max_new_tokens": parsed.max_tokens}
     config.update({"temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else
                   {"temperature": None, "top_p": None, "top_k": None})
     return {**body, "generation_config": json.dumps(config)}
@@ -133,27 +123,23 @@ def make_app(upstream: str, model_name: str, tokenizer, limits: Limits, generati
             return JSONResponse({"status": "unhealthy", "reason": str(error)}, status_code=503)
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 
+    def parse(body: dict, chat: bool) -> ParsedRequest:
+        return parse_request(body, chat, tokenizer, limits.context, limits.max_prompt_tokens,
+                             generation_defaults is None)
+
     async def generate(request: Request) -> Response:
-        chat = request.url.path.endswith("/chat/completions")
-        try:
-            body = await request.json()
-        except ValueError:
-            return error_response(400, "the request body is not JSON")
-        try:
-            parsed = await asyncio.to_thread(parse_request, body, chat, tokenizer, limits.context,
-                                             limits.max_prompt_tokens, generation_defaults is None)
-        except RequestFieldError as error:
-            return error_response(400, str(error), error.param)
-        if (missing := model_not_found(parsed.model, names)) is not None:
-            return missing
+        parsed = await read_request(request, names, parse)
+        if not isinstance(parsed, ParsedRequest):
+            return parsed
+        chat = parsed.chat
         if generation_defaults is not None and len(parsed.prompts) > 1:
             return error_response(400, "prompt: `transformers serve` takes one prompt per request", "prompt")
-        forward = forwarded(body, parsed, child_model)
+        forward = parsed.child_body(child_model)
         if generation_defaults is not None:
-            forward = with_sampling(forward, generation_defaults)
+            forward = with_sampling(forward, parsed, generation_defaults)
         url = upstream + ("/chat/completions" if chat else "/completions")
         requests = fan_out(forward) if generation_defaults is not None else [forward]  # others give n choices
-        if body.get("stream"):
+        if parsed.stream:
             stream = _relay(child, url, forward) if len(requests) == 1 else _interleave(child, url, requests)
             return StreamingResponse(stream, media_type="text/event-stream")
         # Join the child's stream into one response, and close it as soon as the client has gone.

@@ -8,7 +8,7 @@ import hmac
 import ipaddress
 from pathlib import Path
 
-from dapo_suite.inference.sampler_server import error_response
+from dapo_suite.inference.openai_fields import error_response
 
 API_KEY_ENV = "DAPO_SUITE_API_KEY"  # what `serve api --api-key` defaults to
 LOOPBACK_NAMES = ("localhost",)

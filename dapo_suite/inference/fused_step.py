@@ -1,4 +1,4 @@
-"""The decode step's fused CPU kernels (`csrc/decode_step.cpp`), built on first use, in bfloat16 and float32.
+"""The decode step's fused CPU kernels (`csrc/`: a source per kernel family), built on first use, in bfloat16 and float32.
 
 Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer (RoPE,
 cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
@@ -36,7 +36,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = sorted(CSRC.glob("*.cpp"))  # one per kernel family, sharing csrc/kernels.h
 # -ffast-math lets the compiler vectorise exp (glibc's libmvec) and the float reductions; it is given to the
 # compile step only, so the linker does not set flush-to-zero for the whole process. -march=native: the kernel
 # is built where it runs.
@@ -101,6 +102,14 @@ def waiting_on_lock(lock: Path, poll_seconds: float = 10.0) -> Iterator[None]:
         done.set()
 
 
+def source_hash() -> str:
+    """A short hash of every file in csrc/ (the sources and their shared header)."""
+    digest = hashlib.sha1()
+    for path in sorted(CSRC.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 @functools.cache
 def kernels():
     """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`, `pack_weight`,
@@ -113,14 +122,15 @@ def kernels():
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         arch, flags = build_flags()
-        # The source's hash in the name: two checkouts of different versions on one machine (a fresh clone beside a
+        # The sources' hash in the name: two checkouts of different versions on one machine (a fresh clone beside a
         # working tree) build in folders of their own instead of rebuilding over each other under one lock.
-        source_tag = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:8]
+        source_tag = source_hash()
         name = f"dapo_decode_step_{cpu_tag()}_{source_tag}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
         lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
         clear_stale_lock(lock)
         with waiting_on_lock(lock):
-            return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"])
+            return cpp_extension.load(name=name, sources=[str(path) for path in SOURCES], extra_cflags=flags,
+                                      extra_ldflags=["-fopenmp"])
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         first_line = (str(error).strip().splitlines() or [""])[0]
         target = "" if build_flags()[0] == "native" else f" for ${ARCH_VARIABLE}={build_flags()[0]}"

@@ -11,10 +11,16 @@ it is one that cannot change the reply (`user`, `metadata`, ...) or has its neut
 `tools: []`, ...).
 
 top_p 0 keeps only the most likely token (as OpenAI and vLLM read it: greedy), temperature 0 is greedy.
+
+A server reads a request through `read_request` (JSON, `parse_request`, the model's name) and answers a refusal
+with `error_response`; a front that relays to another OpenAI server sends `ParsedRequest.child_body()`, the
+request as read, so nothing downstream reads the raw body again.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +93,34 @@ class ParsedRequest:
     include_usage: bool = False
     model: str | None = None
     messages: list[dict] | None = None  # chat: the messages as the template read them (text content)
+    continue_final: bool = False  # chat: the reply continues the last (assistant) message
+    prompt: Any = None  # completions: the prompt as given (text or token ids), checked
+
+    def child_body(self, model: str) -> dict:
+        """This request as another OpenAI server gets it (serve api's child): the fields as read here, OpenAI's
+        defaults filled in, naming the model as that server knows it, always streamed with usage."""
+        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "n": self.sampling.n,
+                                "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
+                                "stream": True, "stream_options": {"include_usage": True}}
+        if self.sampling.seed is not None:
+            body["seed"] = self.sampling.seed
+        if self.stop:
+            body["stop"] = self.stop
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.chat:
+            body["messages"] = self.messages
+            if self.continue_final:
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
+            if self.top_logprobs is not None:
+                body |= {"logprobs": True, "top_logprobs": self.top_logprobs}
+        else:
+            body["prompt"] = self.prompt
+            if self.top_logprobs is not None:
+                body["logprobs"] = self.top_logprobs
+            if self.echo:
+                body["echo"] = True
+        return body
 
 
 def _is_int(value: Any) -> bool:
@@ -249,7 +283,7 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
     if options is not None and not isinstance(options, dict):
         raise RequestFieldError("stream_options must be an object", "stream_options")
 
-    messages = None
+    messages, continue_final = None, False
     if chat:
         if "messages" not in body:
             raise RequestFieldError("the request has no messages", "messages")
@@ -273,4 +307,40 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
     return ParsedRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, sampling=sampling, stop=stops,
                          top_logprobs=top_logprobs, echo=echo, ignore_eos=ignore_eos, stream=bool(body.get("stream")),
                          include_usage=bool((options or {}).get("include_usage")), model=body.get("model"),
-                         messages=messages)
+                         messages=messages, continue_final=continue_final, prompt=None if chat else body["prompt"])
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None):
+    """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status, the
+    same from every server of the project."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def model_not_found(model: str | None, names: tuple[str, ...]):
+    """404 `model_not_found` for a request naming another model than `names` (the served name, then its path);
+    None when it names one of them or none."""
+    if model is None or model in names:
+        return None
+    return error_response(404, f"The model `{model}` does not exist: this server serves `{names[0]}` "
+                               "(GET /v1/models)", "model", "model_not_found")
+
+
+async def read_request(request, names: tuple[str, ...], parse: Callable[[Any, bool], ParsedRequest]):
+    """The starlette `request` to /v1/chat/completions or /v1/completions, read once: its JSON body checked by
+    `parse(body, chat)` (a `parse_request` with the server's limits; in a thread, as a chat template takes a while
+    to render) and its model against `names`. Returns the `ParsedRequest`, or the error response to send (400
+    naming the field, 404 for another model)."""
+    chat = request.url.path.endswith("/chat/completions")
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "the request body is not JSON")
+    try:
+        parsed = await asyncio.to_thread(parse, body, chat)
+    except RequestFieldError as error:
+        return error_response(400, str(error), error.param)
+    missing = model_not_found(parsed.model, names)
+    return parsed if missing is None else missing

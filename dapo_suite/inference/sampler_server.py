@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dapo_suite.inference.openai_fields import RequestFieldError, parse_request
+from dapo_suite.inference.openai_fields import ParsedRequest, parse_request, read_request
 
 if TYPE_CHECKING:
     from dapo_suite.inference.sampling import TokenLogProb
@@ -69,24 +69,6 @@ class StopStrings:
     def flush(self) -> str:
         held, self.held = self.held, ""
         return held
-
-
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None):
-    """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status; the
-    front (serve/api.py) answers with the same."""
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": code}}, status_code=status)
-
-
-def model_not_found(model: str | None, names: tuple[str, ...]):
-    """404 `model_not_found` for a request naming another model than `names` (the served name, then its path);
-    None when it names one of them or none."""
-    if model is None or model in names:
-        return None
-    return error_response(404, f"The model `{model}` does not exist: this server serves `{names[0]}` "
-                               "(GET /v1/models)", "model", "model_not_found")
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -184,6 +166,139 @@ class Piece:
     error: str | None = None
 
 
+class Reply:
+    """One request being answered: its jobs in the decoder (`n` per prompt, submitted together), the events they
+    emit, and the OpenAI reply built from them, streamed (`stream`) or whole (`whole`)."""
+
+    def __init__(self, parsed: ParsedRequest, tokenizer, shapes: LogProbShapes, model_name: str,
+                 echoes: list[tuple[str, list]]) -> None:
+        from dapo_suite.inference.batching import GenerationJob  # torch: only where a server runs
+
+        self.parsed, self.tokenizer, self.shapes, self.echoes = parsed, tokenizer, shapes, echoes
+        self.chat, self.wanted = parsed.chat, parsed.top_logprobs is not None
+        self.name = parsed.model or model_name
+        self.id, self.created = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        self.events: asyncio.Queue = asyncio.Queue()
+        loop, fields, n = asyncio.get_running_loop(), parsed.sampling, parsed.sampling.n
+        self.jobs = [GenerationJob(ids, parsed.max_tokens, fields.temperature, fields.top_p,
+                                   None if fields.seed is None else fields.seed + choice,
+                                   top_logprobs=parsed.top_logprobs, ignore_eos=parsed.ignore_eos,
+                                   emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
+                                       self.events.put_nowait, (index, event)))
+                     for prompt, ids in enumerate(parsed.prompts) for choice in range(n)]
+
+    def logprobs(self, entries: list) -> dict | None:
+        return (self.shapes.chat if self.chat else self.shapes.completion)(entries) if self.wanted else None
+
+    def chunk(self, piece: Piece, role: bool = False) -> dict:
+        logprobs = self.logprobs(piece.entries) if piece.entries else None
+        if self.chat:
+            delta = ({"role": "assistant"} if role else {}) | ({"content": piece.text} if piece.text or role else {})
+            choice = {"index": piece.index, "delta": delta, "finish_reason": piece.finish, "logprobs": logprobs}
+        else:
+            choice = {"index": piece.index, "text": piece.text, "finish_reason": piece.finish, "logprobs": logprobs}
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.name, "choices": [choice]}
+
+    def usage(self) -> dict:
+        prompt = sum(len(ids) for ids in self.parsed.prompts)
+        produced = sum(job.produced for job in self.jobs)
+        return {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Each choice's pieces as the choices decode, then its end (or an error)."""
+        n, jobs = self.parsed.sampling.n, self.jobs
+        choices = [ChoiceText(self.tokenizer, self.parsed.stop, len(self.echoes[index // n][0]) if self.echoes else 0)
+                   for index in range(len(jobs))]
+        for index in range(len(jobs)) if self.echoes else []:
+            yield Piece(index, *self.echoes[index // n])
+        if not self.parsed.max_tokens:
+            for index in range(len(jobs)):
+                yield Piece(index, finish="length")
+            return
+        running = set(range(len(jobs)))
+        try:
+            while running:
+                index, (kind, value) = await self.events.get()
+                if index not in running:
+                    continue  # a choice cut by a stop string: the rest of its events
+                if kind == "error":
+                    yield Piece(index, error=str(value))
+                    return
+                choice, finish = choices[index], None
+                if kind == "end":
+                    finish = "stop" if value == "cancelled" else str(value)
+                else:
+                    job = jobs[index]  # its k-th token event goes with its k-th log-prob
+                    scored = job.logprobs[len(choice.text.tokens)] if self.wanted else None
+                    piece, stopped = choice.push(int(value), scored)
+                    if piece:
+                        yield Piece(index, piece, choice.take())
+                    if stopped:
+                        job.cancelled, finish = True, "stop"
+                if finish is not None:
+                    running.discard(index)
+                    rest, entries = choice.stops.flush(), choice.take()
+                    if rest or entries:
+                        yield Piece(index, rest, entries)
+                    yield Piece(index, finish=finish)
+        finally:
+            for job in jobs:
+                job.cancelled = True  # the client has gone or the reply is complete: free the rows
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The reply as server-sent events: a role chunk per chat choice, the pieces, usage when asked, [DONE]."""
+        if self.chat:
+            for index in range(len(self.jobs)):
+                yield _sse(self.chunk(Piece(index), role=True))
+        async for piece in self.pieces():
+            if piece.error is not None:
+                yield _sse(_server_error(piece.error))
+                return
+            yield _sse(self.chunk(piece))
+        if self.parsed.include_usage:
+            yield _sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                        "created": self.created, "model": self.name, "choices": [], "usage": self.usage()})
+        yield b"data: [DONE]\n\n"
+
+    async def whole(self) -> tuple[int, dict]:
+        """(status, the reply as one response): every choice's pieces joined."""
+        parts: list[list[str]] = [[] for _ in self.jobs]
+        entries: list[list] = [[] for _ in self.jobs]
+        finishes = ["stop"] * len(self.jobs)
+        async for piece in self.pieces():
+            if piece.error is not None:
+                return 500, _server_error(piece.error)
+            parts[piece.index].append(piece.text)
+            entries[piece.index].extend(piece.entries)
+            finishes[piece.index] = piece.finish or finishes[piece.index]
+        replies = [
+            {"index": index, "message": {"role": "assistant", "content": "".join(part)},
+             "finish_reason": finish, "logprobs": self.logprobs(entry)} if self.chat else
+            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": self.logprobs(entry)}
+            for index, (part, entry, finish) in enumerate(zip(parts, entries, finishes, strict=True))]
+        return 200, {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                     "created": self.created, "model": self.name, "choices": replies, "usage": self.usage()}
+
+
+def _server_error(message: str) -> dict:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+
+
+async def echoed_prompts(decoder, tokenizer, parsed: ParsedRequest) -> list[tuple[str, list]]:
+    """`echo`: each prompt's text and, with logprobs, its tokens' log-probs from one forward pass; [] without
+    echo."""
+    echoes = []
+    for ids in parsed.prompts if parsed.echo else []:
+        scored = (await asyncio.to_thread(decoder.score_prompt, ids, parsed.sampling.temperature,
+                                          parsed.top_logprobs)
+                  if parsed.top_logprobs is not None else [None] * (len(ids) - 1))
+        echo = ChoiceText(tokenizer, [])
+        texts = [echo.push(token, score)[0] for token, score in zip(ids, [None, *scored], strict=True)]
+        echoes.append(("".join(texts), echo.take()))
+    return echoes
+
+
 def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str | None = None):
     """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name` (requests may also name
     `model_path`)."""
@@ -191,8 +306,6 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
-
-    from dapo_suite.inference.batching import GenerationJob
 
     names = (model_name, *([model_path] if model_path else []))
     shapes = LogProbShapes(tokenizer)
@@ -205,138 +318,18 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
             {"id": model_name, "object": "model", "created": 0, "owned_by": "dapo-suite"}]})
 
     async def generate(request: Request) -> Response:
-        chat = request.url.path.endswith("/chat/completions")
-        try:
-            body = await request.json()
-        except ValueError:
-            return error_response(400, "the request body is not JSON")
-        try:
-            parsed = parse_request(body, chat, tokenizer, context)
-        except RequestFieldError as error:
-            return error_response(400, str(error), error.param)
-        if (missing := model_not_found(parsed.model, names)) is not None:
-            return missing
-        fields, wanted = parsed.sampling, parsed.top_logprobs is not None
-        # echo: each prompt's text, and (with logprobs) its tokens' log-probs from one forward pass
-        echoes: list[tuple[str, list]] = []
-        for ids in parsed.prompts if parsed.echo else []:
-            scored = (await asyncio.to_thread(decoder.score_prompt, ids, fields.temperature, parsed.top_logprobs)
-                      if wanted else [None] * (len(ids) - 1))
-            echo = ChoiceText(tokenizer, [])
-            texts = [echo.push(token, score)[0] for token, score in zip(ids, [None, *scored], strict=True)]
-            echoes.append(("".join(texts), echo.take()))
-
+        parsed = await read_request(request, names, lambda body, chat: parse_request(body, chat, tokenizer, context))
+        if not isinstance(parsed, ParsedRequest):
+            return parsed
+        reply = Reply(parsed, tokenizer, shapes, model_name, await echoed_prompts(decoder, tokenizer, parsed))
         # The n choices are submitted together, so they start in one batch: a repeated request with a seed meets
         # the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
-        events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        seed, n = fields.seed, fields.n
-        jobs = [GenerationJob(ids, parsed.max_tokens, fields.temperature, fields.top_p,
-                              None if seed is None else seed + choice, top_logprobs=parsed.top_logprobs,
-                              ignore_eos=parsed.ignore_eos,
-                              emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
-                                  events.put_nowait, (index, event)))
-                for prompt, ids in enumerate(parsed.prompts) for choice in range(n)]
         if parsed.max_tokens:
-            decoder.submit(*jobs)
-        name = parsed.model or model_name
-        reply_id, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-
-        def logprobs(entries: list) -> dict | None:
-            return (shapes.chat if chat else shapes.completion)(entries) if wanted else None
-
-        def chunk(piece: Piece, role: bool = False) -> dict:
-            if chat:
-                delta = ({"role": "assistant"} if role else {}) | ({"content": piece.text} if piece.text or role
-                                                                   else {})
-                choice = {"index": piece.index, "delta": delta, "finish_reason": piece.finish,
-                          "logprobs": logprobs(piece.entries) if piece.entries else None}
-            else:
-                choice = {"index": piece.index, "text": piece.text, "finish_reason": piece.finish,
-                          "logprobs": logprobs(piece.entries) if piece.entries else None}
-            return {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": created, "model": name, "choices": [choice]}
-
-        async def pieces() -> AsyncIterator[Piece]:
-            """Each choice's pieces as the choices decode, then its end (or an error)."""
-            choices = [ChoiceText(tokenizer, parsed.stop, len(echoes[index // n][0]) if echoes else 0)
-                       for index in range(len(jobs))]
-            for index in range(len(jobs)) if echoes else []:
-                yield Piece(index, *echoes[index // n])
-            if not parsed.max_tokens:
-                for index in range(len(jobs)):
-                    yield Piece(index, finish="length")
-                return
-            running = set(range(len(jobs)))
-            try:
-                while running:
-                    index, (kind, value) = await events.get()
-                    if index not in running:
-                        continue  # a choice cut by a stop string: the rest of its events
-                    if kind == "error":
-                        yield Piece(index, error=str(value))
-                        return
-                    choice, finish = choices[index], None
-                    if kind == "end":
-                        finish = "stop" if value == "cancelled" else str(value)
-                    else:
-                        job = jobs[index]  # its k-th token event goes with its k-th log-prob
-                        scored = job.logprobs[len(choice.text.tokens)] if wanted else None
-                        piece, stopped = choice.push(int(value), scored)
-                        if piece:
-                            yield Piece(index, piece, choice.take())
-                        if stopped:
-                            job.cancelled, finish = True, "stop"
-                    if finish is not None:
-                        running.discard(index)
-                        rest, entries = choice.stops.flush(), choice.take()
-                        if rest or entries:
-                            yield Piece(index, rest, entries)
-                        yield Piece(index, finish=finish)
-            finally:
-                for job in jobs:
-                    job.cancelled = True  # the client has gone or the reply is complete: free the rows
-
-        def usage() -> dict:
-            prompt = sum(len(ids) for ids in parsed.prompts)
-            produced = sum(job.produced for job in jobs)
-            return {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}
-
-        def error_body(message: str) -> dict:
-            return {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-
-        async def stream() -> AsyncIterator[bytes]:
-            if chat:
-                for index in range(len(jobs)):
-                    yield _sse(chunk(Piece(index), role=True))
-            async for piece in pieces():
-                if piece.error is not None:
-                    yield _sse(error_body(piece.error))
-                    return
-                yield _sse(chunk(piece))
-            if parsed.include_usage:
-                yield _sse({"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": created, "model": name, "choices": [], "usage": usage()})
-            yield b"data: [DONE]\n\n"
-
+            decoder.submit(*reply.jobs)
         if parsed.stream:
-            return StreamingResponse(stream(), media_type="text/event-stream")
-        parts: list[list[str]] = [[] for _ in jobs]
-        entries: list[list] = [[] for _ in jobs]
-        finishes = ["stop"] * len(jobs)
-        async for piece in pieces():
-            if piece.error is not None:
-                return JSONResponse(error_body(piece.error), status_code=500)
-            parts[piece.index].append(piece.text)
-            entries[piece.index].extend(piece.entries)
-            finishes[piece.index] = piece.finish or finishes[piece.index]
-        replies = [
-            {"index": index, "message": {"role": "assistant", "content": "".join(part)},
-             "finish_reason": finish, "logprobs": logprobs(entry)} if chat else
-            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": logprobs(entry)}
-            for index, (part, entry, finish) in enumerate(zip(parts, entries, finishes, strict=True))]
-        return JSONResponse({"id": reply_id, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": name, "choices": replies, "usage": usage()})
+            return StreamingResponse(reply.stream(), media_type="text/event-stream")
+        status, payload = await reply.whole()
+        return JSONResponse(payload, status_code=status)
 
     routes = [Route("/health", health), Route("/v1/models", models),
               Route("/v1/chat/completions", generate, methods=["POST"]),

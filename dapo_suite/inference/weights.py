@@ -17,7 +17,7 @@ from dapo_suite.inference.models import merged_weight
 # are the model's own rotary module's (any static rope_type: `decoding.lean_refusal` says which fall back).
 LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
-# The head sizes `attend` is compiled for (csrc/decode_step.cpp); other models decode with torch's ops.
+# The head sizes `attend` is compiled for (csrc/attention.cpp); other models decode with torch's ops.
 FUSED_HEAD_DIMS = (64, 128)
 
 

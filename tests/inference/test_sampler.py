@@ -549,7 +549,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
     import dapo_suite.inference.decoding as decoding
     import dapo_suite.inference.sampling as sampling
     import dapo_suite.inference.weights as weights
-    from dapo_suite.inference.fused_step import CFLAGS, SOURCE
+    from dapo_suite.inference.fused_step import CFLAGS, SOURCES
     from dapo_suite.inference.models import load_model_and_tokenizer
 
     plain = _fused()  # a compiler and ninja are here
@@ -557,7 +557,7 @@ def test_kernels_built_without_avx512_bf16_keep_the_sampler_and_decode_with_torc
         from torch.utils import cpp_extension
 
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-        plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(SOURCE)],
+        plain = cpp_extension.load(name="dapo_decode_step_no_bf16", sources=[str(path) for path in SOURCES],
                                    extra_cflags=CFLAGS + ["-mno-avx512bf16", "-mno-amx-bf16"],
                                    extra_ldflags=["-fopenmp"])
     assert plain.NATIVE_BF16 is False
