@@ -2,8 +2,8 @@
 
 1. Dedup (exact + MinHash near) and decontamination of the 17,917-row DAPO-Math-17K copy against every shipped
    evaluation set, on one core (target: under 30 s).
-2. LLM rewriting throughput against a scripted OpenAI-compatible server with a fixed latency per request, versus
-   the ideal requests / (latency / concurrency) (target: 90 %).
+2. LLM rewriting throughput against a scripted OpenAI-compatible server with a fixed latency per request,
+   versus the ideal requests / (latency / concurrency) (target: 90 %).
 """
 
 from __future__ import annotations
@@ -35,15 +35,23 @@ def bench_dedup_decontam() -> None:
     kept, removed, report = decontaminate(kept, index)
     done = time.perf_counter()
     work = done - loaded
-    print(f"dedup+decontam of {len(rows)} rows: load {loaded - start:.1f} s (not counted), dedup {deduped - loaded:.1f} s, "
-          f"decontam vs {len(index.items)} eval problems {done - deduped:.1f} s; "
-          f"total {work:.1f} s (target < 30 s: {'met' if work < 30 else 'MISSED'})")
-    print(f"  identical repeats {exact['identical_text_repeats']} ({exact['identical_text_repeats_with_other_answer']} "
-          f"with another answer); exact clusters {exact['clusters']}; near clusters {near['clusters']}; "
-          f"contaminated rows removed {len(removed)}")
+    print(
+        f"dedup+decontam of {len(rows)} rows: load {loaded - start:.1f} s (not counted), dedup "
+        f"{deduped - loaded:.1f} s, "
+        f"decontam vs {len(index.items)} eval problems {done - deduped:.1f} s; "
+        f"total {work:.1f} s (target < 30 s: {'met' if work < 30 else 'MISSED'})"
+    )
+    print(
+        f"  identical repeats {exact['identical_text_repeats']} "
+        f"({exact['identical_text_repeats_with_other_answer']} "
+        f"with another answer); exact clusters {exact['clusters']}; near clusters {near['clusters']}; "
+        f"contaminated rows removed {len(removed)}"
+    )
     for name, c in report["per_eval_set"].items():
-        print(f"  {name}: {c['eval_problems_exact']} exact, {c['eval_problems_near']} near "
-              f"({c['eval_problems_near_corpus']} corpus-wide)")
+        print(
+            f"  {name}: {c['eval_problems_exact']} exact, {c['eval_problems_near']} near "
+            f"({c['eval_problems_near_corpus']} corpus-wide)"
+        )
 
 
 def bench_llm(requests: int, latency: float, concurrency: int) -> None:
@@ -52,23 +60,35 @@ def bench_llm(requests: int, latency: float, concurrency: int) -> None:
     from dapo_suite.testing.scripted_server import scripted_server_process
     from data_pipeline.llm import LLMRewriter
 
-    reply = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
-    with scripted_server_process(latency_s=latency, reply=reply) as base_url, tempfile.TemporaryDirectory() as tmp:
+    reply = json.dumps(
+        {"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"}
+    )
+    with (
+        scripted_server_process(latency_s=latency, reply=reply) as base_url,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         rewriter = LLMRewriter(base_url, "bench", Path(tmp) / "cache.jsonl", concurrency=concurrency)
         start = time.perf_counter()
         results = rewriter.rewrite_many([(f"Problem {i}", "\\frac{1}{2}") for i in range(requests)])
         elapsed = time.perf_counter() - start
     ideal = requests * latency / concurrency
     ok = sum(reason == "ok" for _, reason in results)
-    print(f"llm rewriting: {requests} requests, {latency * 1000:.0f} ms each, concurrency {concurrency}: "
-          f"{elapsed:.2f} s, {requests / elapsed:.1f} req/s; ideal {ideal:.2f} s, {requests / ideal:.1f} req/s; "
-          f"ratio {ideal / elapsed:.1%} (target 90 %: {'met' if ideal / elapsed >= 0.9 else 'MISSED'}); {ok} ok")
+    print(
+        f"llm rewriting: {requests} requests, {latency * 1000:.0f} ms each, concurrency {concurrency}: "
+        f"{elapsed:.2f} s, {requests / elapsed:.1f} req/s; ideal {ideal:.2f} s, {requests / ideal:.1f} "
+        "req/s; "
+        f"ratio {ideal / elapsed:.1%} (target 90 %: {'met' if ideal / elapsed >= 0.9 else 'MISSED'}); {ok} ok"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--latency", type=float, default=0.5, help="seconds per request on the scripted server")
+    parser.add_argument(
+        "--latency", type=float, default=0.5, help="seconds per request on the scripted server"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     from dapo_suite.core.provenance import cpu_line

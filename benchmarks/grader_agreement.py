@@ -1,15 +1,17 @@
-"""Grader agreement: this project's checker, verl's math_dapo and math-verify on the same answer-equivalence cases.
+"""Grader agreement: this project's checker, verl's math_dapo and math-verify on the same answer-equivalence
+cases.
 
     .venv/bin/python -m benchmarks.grader_agreement [--list]
 
-The cases (`tests/fixtures/grader_agreement.jsonl`, one JSON object per line: id, source, gold, response, expected,
-note) are written for this project after the public graders' own test suites (math-verify, Hendrycks MATH's
-`is_equiv` tests, PRM800K's grader, lm-eval's minerva_math, Qwen2.5-Math's grader, verl's math_dapo) and
-MATH-500's answer forms; each names its source. `expected` is the mathematically right verdict under the
-conventions in `dapo_suite/core/reward.py` (a comma list is a set, units and percent signs are presentation); where a
-source's own test says otherwise, the note says why. Prints, per grader, agreement with `expected`, false accepts
-(the dangerous kind for RL: a reward the policy can learn to collect), false rejects and timeouts; `--list`
-prints each disagreement. math-verify is called as a user would: `verify(parse("$gold$"), parse(response))`.
+The cases (`tests/fixtures/grader_agreement.jsonl`, one JSON object per line: id, source, gold, response,
+expected, note) are written for this project after the public graders' own test suites (math-verify, Hendrycks
+MATH's `is_equiv` tests, PRM800K's grader, lm-eval's minerva_math, Qwen2.5-Math's grader, verl's math_dapo)
+and MATH-500's answer forms; each names its source. `expected` is the mathematically right verdict under the
+conventions in `dapo_suite/core/reward.py` (a comma list is a set, units and percent signs are presentation);
+where a source's own test says otherwise, the note says why. Prints, per grader, agreement with `expected`,
+false accepts (the dangerous kind for RL: a reward the policy can learn to collect), false rejects and
+timeouts; `--list` prints each disagreement. math-verify is called as a user would:
+`verify(parse("$gold$"), parse(response))`.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def tally(cases: list[dict], verdicts: list[bool | None]) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--list", action="store_true", help="print every disagreement with its case")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
@@ -79,19 +83,27 @@ def main() -> None:
     cases = load_cases()
     positives = sum(case["expected"] for case in cases)
     sources = sorted({case["source"] for case in cases})
-    print(f"{len(cases)} cases ({positives} equivalent, {len(cases) - positives} not) from {len(sources)} sources\n")
+    print(
+        f"{len(cases)} cases ({positives} equivalent, {len(cases) - positives} not) from {len(sources)} "
+        "sources\n"
+    )
     print("| grader | agreement | false accepts | false rejects | timeouts |")
     print("|---|---|---|---|---|")
     for name, grader in GRADERS.items():
         verdicts = grade(cases, grader)
         counts = tally(cases, verdicts)
-        print(f"| {name} | {counts['agree']}/{len(cases)} ({100 * counts['agree'] / len(cases):.1f} %) | "
-              f"{counts['false_accepts']} | {counts['false_rejects']} | {counts['timeouts']} |")
+        print(
+            f"| {name} | {counts['agree']}/{len(cases)} ({100 * counts['agree'] / len(cases):.1f} %) | "
+            f"{counts['false_accepts']} | {counts['false_rejects']} | {counts['timeouts']} |"
+        )
         if args.list:
             for case, verdict in zip(cases, verdicts, strict=True):
                 if verdict != case["expected"]:
-                    print(f"    {case['id']}: expected {case['expected']}, got {verdict}: gold {case['gold']!r}, "
-                          f"response {case['response'][-80:]!r}")
+                    print(
+                        f"    {case['id']}: expected {case['expected']}, got {verdict}: gold "
+                        f"{case['gold']!r}, "
+                        f"response {case['response'][-80:]!r}"
+                    )
 
 
 if __name__ == "__main__":

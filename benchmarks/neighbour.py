@@ -1,7 +1,8 @@
-"""Another program on the machine while a benchmark runs: what a user's laptop or a shared server has beside it.
+"""Another program on the machine while a benchmark runs: what a user's laptop or a shared server has beside
+it.
 
-    with neighbour("busy"):      # one process spinning (`while True`), on whatever core the scheduler gives it
-    with neighbour("compile"):   # gcc -O2 compiling a generated C file over and over: a build beside the run
+with neighbour("busy"):      # one process spinning (`while True`), on whatever core the scheduler gives it
+with neighbour("compile"):   # gcc -O2 compiling a generated C file over and over: a build beside the run
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ NEIGHBOURS = ("none", "busy", "compile")
 
 
 def _c_source(functions: int = 3000) -> str:
-    return "\n".join(f"double f{i}(double x) {{ for (int k = 0; k < {i % 7 + 2}; k++) x = x * {i}.5 + k; return x; }}"
-                     for i in range(functions))
+    return "\n".join(
+        f"double f{i}(double x) {{ for (int k = 0; k < {i % 7 + 2}; k++) x = x * {i}.5 + k; return x; }}"
+        for i in range(functions)
+    )
 
 
 @contextlib.contextmanager
@@ -38,8 +41,9 @@ def neighbour(kind: str) -> Iterator[None]:
             source = Path(folder) / "neighbour.c"
             source.write_text(_c_source())
             command = ["sh", "-c", f"while true; do gcc -O2 -c {source} -o {folder}/neighbour.o; done"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             yield
         finally:

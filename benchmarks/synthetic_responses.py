@@ -16,15 +16,37 @@ FILLER = (
 )
 
 ANSWER_FORMS = [
-    "Answer: {v}", "Answer: ${v}$", "Answer: $\\boxed{{{v}}}$", "Answer: \\boxed{{{v}}}", "answer: {v}",
-    "Answer:{v}", "Answer: {v}.", "Answer: x = {v}", "Answer: **{v}**", "Answer: {v} dollars",
-    "Answer: {v}\\text{{ cm}}", "Answer: ${v}^\\circ$", "Answer: {v}.0", "Answer: 0{v}", "Answer: The answer is ${v}$.",
-    "Answer: $n = {v}$", "Answer: {v} ways", "Answer: \\text{{{v}}}",
+    "Answer: {v}",
+    "Answer: ${v}$",
+    "Answer: $\\boxed{{{v}}}$",
+    "Answer: \\boxed{{{v}}}",
+    "answer: {v}",
+    "Answer:{v}",
+    "Answer: {v}.",
+    "Answer: x = {v}",
+    "Answer: **{v}**",
+    "Answer: {v} dollars",
+    "Answer: {v}\\text{{ cm}}",
+    "Answer: ${v}^\\circ$",
+    "Answer: {v}.0",
+    "Answer: 0{v}",
+    "Answer: The answer is ${v}$.",
+    "Answer: $n = {v}$",
+    "Answer: {v} ways",
+    "Answer: \\text{{{v}}}",
 ]
 BOXED_FORMS = ["The final answer is $\\boxed{{{v}}}$.", "Therefore $\\boxed{{{v}}}$", "\\boxed{{{v}}}"]
 MALFORMED = [
-    "Answer: {v} or {w}", "Answer: ", "I don't know.", "Answer: \\boxed{{{v}", "Answer: {v}x", "Answer: \\frac{{{v}}}{{2}}",
-    "Answer: 9^9^9^9", "\x00\x00Answer:\x00{v}", "Answer: \ud800{v}", "}" * 50 + "{" * 50,
+    "Answer: {v} or {w}",
+    "Answer: ",
+    "I don't know.",
+    "Answer: \\boxed{{{v}",
+    "Answer: {v}x",
+    "Answer: \\frac{{{v}}}{{2}}",
+    "Answer: 9^9^9^9",
+    "\x00\x00Answer:\x00{v}",
+    "Answer: \ud800{v}",
+    "}" * 50 + "{" * 50,
 ]
 
 
@@ -36,7 +58,10 @@ def make_responses(count: int, seed: int = 0) -> list[tuple[str, str]]:
         truth = rng.choice([rng.randint(0, 999), rng.randint(1000, 99999), -rng.randint(1, 99)])
         value = truth if rng.random() < 0.5 else truth + rng.choice([-1, 1, 10, 100])
         steps = rng.choice([1, 3, 10, 40])  # short to long chains of thought (~150 to ~6,000 characters)
-        body = "".join(FILLER.format(a=rng.randint(1, 99), b=rng.randint(2, 99), c=rng.randint(0, 999)) for _ in range(steps))
+        body = "".join(
+            FILLER.format(a=rng.randint(1, 99), b=rng.randint(2, 99), c=rng.randint(0, 999))
+            for _ in range(steps)
+        )
         kind = rng.random()
         if kind < 0.70:
             ending = rng.choice(ANSWER_FORMS).format(v=value)

@@ -15,17 +15,37 @@ from dapo_suite.core.errors import UserError
 
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
 STAGES = {
-    "data": ("data_pipeline.cli", "data", "Build DAPO-Math-17K-style data: dedup, decontaminate, rewrite to integer answers."),
-    "train": ("dapo_suite.train.cli", "train", "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale."),
-    "eval": ("eval.cli", "eval_command", "Evaluate: avg@32 on AIME 2024 (the paper's protocol), pass@k, maj@k, more benchmarks."),
-    "serve": ("serve.cli", "serve", "Chat with a trained reasoner in the browser (Gradio) or serve an OpenAI-compatible API."),
-    "sandbox": ("serve.sandbox_cli", "sandbox", "Run model-written Python isolated, once or as a SandboxFusion server."),
+    "data": (
+        "data_pipeline.cli",
+        "data",
+        "Build DAPO-Math-17K-style data: dedup, decontaminate, rewrite to integer answers.",
+    ),
+    "train": (
+        "dapo_suite.train.cli",
+        "train",
+        "Train with DAPO: embedded CPU/GPU trainer, or verl + Ray + vLLM at scale.",
+    ),
+    "eval": (
+        "eval.cli",
+        "eval_command",
+        "Evaluate: avg@32 on AIME 2024 (the paper's protocol), pass@k, maj@k, more benchmarks.",
+    ),
+    "serve": (
+        "serve.cli",
+        "serve",
+        "Chat with a trained reasoner in the browser (Gradio) or serve an OpenAI-compatible API.",
+    ),
+    "sandbox": (
+        "serve.sandbox_cli",
+        "sandbox",
+        "Run model-written Python isolated, once or as a SandboxFusion server.",
+    ),
 }
 
 
 # Failures of the machine, not of dapo-suite or the input: errno -> what to do.
 ENVIRONMENT_ERRORS = {
-    errno.ENOSPC: "The disk is full: free space (old run folders, checkpoints) or write elsewhere with --out.",
+    errno.ENOSPC: "The disk is full: free space (old runs, checkpoints) or write elsewhere with --out.",
     errno.EDQUOT: "The disk quota is used up: free space or write elsewhere with --out.",
     errno.EFBIG: "The file system refuses a file this large: write to another file system with --out.",
     errno.EROFS: "The file system is read-only: write elsewhere with --out.",
@@ -58,9 +78,9 @@ class StageGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
-        """The one place errors become a message: UserError -> its message and exit 1; a failure of the machine
-        (disk full, read-only, permissions: ENVIRONMENT_ERRORS) -> the path and what to do; any other exception
-        is a bug -> one line saying so, or its traceback under --debug."""
+        """The one place errors become a message: UserError -> its message and exit 1; a failure of the
+        machine (disk full, read-only, permissions: ENVIRONMENT_ERRORS) -> the path and what to do; any other
+        exception is a bug -> one line saying so, or its traceback under --debug."""
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -72,11 +92,15 @@ class StageGroup(click.Group):
                 raise
             if (code := environment_errno(error)) is not None:
                 where = getattr(error, "filename", None) or _output_folder(ctx)
-                raise click.ClickException(f"{where}: {os.strerror(code)}. {ENVIRONMENT_ERRORS[code]} Files "
-                                           "already written are kept; rerun the same command to resume.") from None
+                raise click.ClickException(
+                    f"{where}: {os.strerror(code)}. {ENVIRONMENT_ERRORS[code]} Files "
+                    "already written are kept; rerun the same command to resume."
+                ) from None
             raise click.ClickException(
-                f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your input: rerun "
-                "with `dapo-suite --debug ...` for the traceback and report it.") from None
+                f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your "
+                "input: rerun "
+                "with `dapo-suite --debug ...` for the traceback and report it."
+            ) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, _, help_text) in STAGES.items()]
@@ -86,8 +110,9 @@ class StageGroup(click.Group):
 
 
 def environment_errno(error: BaseException) -> int | None:
-    """The errno of a failure of the machine (ENVIRONMENT_ERRORS): an OSError's, one's in the exception's chain, or
-    the `(os error N)` that Rust-backed libraries (safetensors, tokenizers) put in their own exceptions' messages."""
+    """The errno of a failure of the machine (ENVIRONMENT_ERRORS): an OSError's, one's in the exception's
+    chain, or the `(os error N)` that Rust-backed libraries (safetensors, tokenizers) put in their own
+    exceptions' messages."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in ENVIRONMENT_ERRORS:
@@ -100,17 +125,23 @@ def environment_errno(error: BaseException) -> int | None:
 
 
 def _output_folder(ctx: click.Context) -> str:
-    """Where the failed write went, when the OS error names no file (a write to an open file): the --out given."""
+    """Where the failed write went, when the OS error names no file (a write to an open file): the --out
+    given."""
     args = ctx.meta.get("dapo_suite.argv", [])
     for flag, value in zip(args, args[1:], strict=False):
         if flag == "--out":
             return f"a file under {value}"
-    return next((arg.split("=", 1)[1] for arg in args if arg.startswith("--out=")), "a file the command writes")
+    return next(
+        (arg.split("=", 1)[1] for arg in args if arg.startswith("--out=")), "a file the command writes"
+    )
 
 
 def _not_built(name: str, help_text: str) -> click.Command:
-    @click.command(name=name, help=f"{help_text}\n\nNot built yet in this version.",
-                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.command(
+        name=name,
+        help=f"{help_text}\n\nNot built yet in this version.",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
     def command() -> None:
         raise click.ClickException(f"`dapo-suite {name}` is not built yet in dapo-suite {__version__}.")
 
@@ -135,26 +166,59 @@ def main(debug: bool) -> None:
 
 
 @main.command()
-@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False),
-              help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
+@click.option(
+    "--out",
+    default="runs/demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.",
+)
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Seed of the training run (held-out split, prompts, samples); docs/results/demo/ compares seeds.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the training run (held-out split, prompts, samples); docs/results/demo/ compares seeds.",
+)
 @click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
 @click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
-                   "float32; float32 runs as a CPU without native bf16 does.")
-@click.option("--tools", type=click.Choice(["python"]), default=None,
-              help="Let the model run ```python blocks in the sandbox between its turns, in training (the dapo-tool "
-                   "preset) and in both evaluations (docs/tools.md).")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).")
-def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_max_tokens: int | None, aime_limit: int | None,
-         dtype: str, tools: str | None, assignments: tuple[str, ...]) -> None:
-    """The whole chain on the embedded model on a CPU (`make demo`; native bf16 is faster than float32, and the
-    measured times are in docs/results/demo/README.md).
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    default="auto",
+    show_default=True,
+    help="Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
+    "float32; float32 runs as a CPU without native bf16 does.",
+)
+@click.option(
+    "--tools",
+    type=click.Choice(["python"]),
+    default=None,
+    help="Let the model run ```python blocks in the sandbox between its turns, in training (the dapo-tool "
+    "preset) and in both evaluations (docs/tools.md).",
+)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a training config field, e.g. --set group_size=8 (see `dapo-suite train --help`).",
+)
+def demo(
+    out: str,
+    max_steps: int | None,
+    seed: int,
+    aime_n: int | None,
+    aime_max_tokens: int | None,
+    aime_limit: int | None,
+    dtype: str,
+    tools: str | None,
+    assignments: tuple[str, ...],
+) -> None:
+    """The whole chain on the embedded model on a CPU (`make demo`; native bf16 is faster than float32, and
+    the measured times are in docs/results/demo/README.md).
 
     \b
     data build (shipped raw problems) -> AIME 2024 eval -> DAPO training with held-out accuracy before and
@@ -171,21 +235,33 @@ def demo(out: str, max_steps: int | None, seed: int, aime_n: int | None, aime_ma
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     given = dict(aime_n=aime_n, aime_max_tokens=aime_max_tokens, aime_limit=aime_limit)
-    run_dir = run_demo(DemoConfig(out=out, max_steps=max_steps, seed=seed, dtype=dtype, train_overrides=overrides,
-                                  tools=tools, **{key: value for key, value in given.items() if value is not None}))
-    click.echo(f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
-               f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}"
-               + (f" --tools {tools}" if tools else ""))
+    run_dir = run_demo(
+        DemoConfig(
+            out=out,
+            max_steps=max_steps,
+            seed=seed,
+            dtype=dtype,
+            train_overrides=overrides,
+            tools=tools,
+            **{key: value for key, value in given.items() if value is not None},
+        )
+    )
+    click.echo(
+        f"\nreport: {run_dir / 'report.md'} (and report.html)\n"
+        f"chat with the trained model: dapo-suite serve --model {run_dir / 'train' / 'checkpoint-last'}"
+        + (f" --tools {tools}" if tools else "")
+    )
 
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def report(run_dir: str) -> None:
-    """Write RUN_DIR/report.md and report.html: evaluation table (before/after, 95 % intervals), training-dynamics
-    plots, dataset statistics, and the commands and versions that produced them.
+    """Write RUN_DIR/report.md and report.html: evaluation table (before/after, 95 % intervals),
+    training-dynamics plots, dataset statistics, and the commands and versions that produced them.
 
-    RUN_DIR is a `dapo-suite demo` directory, a `dapo-suite train --out` directory, or a `dapo-suite train ladder
-    --out` directory (its table, seed-paired tests and plots rebuilt from the runs' metrics.jsonl)."""
+    RUN_DIR is a `dapo-suite demo` directory, a `dapo-suite train --out` directory, or a
+    `dapo-suite train ladder --out` directory (its table, seed-paired tests and plots rebuilt from the runs'
+    metrics.jsonl)."""
     from dapo_suite.train.report import write_report
 
     try:

@@ -4,8 +4,8 @@ Types: integer, rational, radical (a + b*sqrt(c) over d), pi_multiple (q*pi), de
 point: kept apart from `rational` because its rewrite scales by a power of ten), interval, tuple, expression
 (free variables), other_constant (a number outside these families: cube roots, logs, trig values), text.
 
-Only latex2sympy2_extended's LaTeX grammar reads answer text (never `sympify`/`eval`); decimals are read exactly
-from their digits with `Rational`, so 0.1 is 1/10 and not a binary float.
+Only latex2sympy2_extended's LaTeX grammar reads answer text (never `sympify`/`eval`); decimals are read
+exactly from their digits with `Rational`, so 0.1 is 1/10 and not a binary float.
 """
 
 from __future__ import annotations
@@ -16,8 +16,16 @@ from dataclasses import dataclass
 import sympy
 
 ANSWER_TYPES = (
-    "integer", "rational", "radical", "pi_multiple", "decimal",
-    "interval", "tuple", "expression", "other_constant", "text",
+    "integer",
+    "rational",
+    "radical",
+    "pi_multiple",
+    "decimal",
+    "interval",
+    "tuple",
+    "expression",
+    "other_constant",
+    "text",
 )
 MAX_ANSWER_CHARS = 200  # longer answers are prose or tuples of formulas: never rewritable
 
@@ -40,7 +48,9 @@ _WRAPPERS = (
     (re.compile(r"\\frac\s*(\{[^{}]*\})\s*(\d)"), r"\\frac\1{\2}"),
     (re.compile(r"\\sqrt\s*(\d)"), r"\\sqrt{\1}"),
 )
-_TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\s*\{[^{}]*[A-Za-z]{2,}[^{}]*\}|^[A-Za-z][A-Za-z\s.,']{2,}$")
+_TEXT = re.compile(
+    r"\\(?:text|textbf|mbox|mathrm)\s*\{[^{}]*[A-Za-z]{2,}[^{}]*\}|^[A-Za-z][A-Za-z\s.,']{2,}$"
+)
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:(?:,|\{,\})\d{3})+$")
 
 
@@ -60,9 +70,10 @@ def gsm8k_final_answer(solution: str) -> str | None:
 
 
 def solution_steps(solution: str) -> int | None:
-    """Steps of a GSM8K-style worked solution (`... #### N`): its non-empty lines before `####`, one calculation
-    each (GSM8K: 2 to 8 steps, Cobbe et al. 2021, arXiv 2110.14168). None when the text is not such a solution.
-    A free difficulty estimate: the 135M model solves 2-step problems far more often than 6-step ones."""
+    """Steps of a GSM8K-style worked solution (`... #### N`): its non-empty lines before `####`, one
+    calculation each (GSM8K: 2 to 8 steps, Cobbe et al. 2021, arXiv 2110.14168). None when the text is not
+    such a solution. A free difficulty estimate: the 135M model solves 2-step problems far more often than
+    6-step ones."""
     if not _GSM8K_FINAL.search(solution):
         return None
     return sum(1 for line in solution.split("####")[0].splitlines() if line.strip())
@@ -109,7 +120,11 @@ def analyse_answer(answer: str) -> AnswerInfo:
         # (1,2) is a point far more often than an open interval in MATH; both are out of reach of a rewrite.
         return AnswerInfo(text, "tuple")
     value = parse_latex_value(text)
-    if value is None or isinstance(value, (sympy.Set, sympy.logic.boolalg.Boolean)) or not isinstance(value, sympy.Expr):
+    if (
+        value is None
+        or isinstance(value, (sympy.Set, sympy.logic.boolalg.Boolean))
+        or not isinstance(value, sympy.Expr)
+    ):
         return AnswerInfo(text, "text")
     if value.free_symbols:
         return AnswerInfo(text, "expression", value)

@@ -17,8 +17,8 @@ from data_pipeline.steps import build_steps
 
 
 def run_build(config: BuildConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run or resume the pipeline into config.out; writes train.parquet, rejected.jsonl (every row not exported,
-    with its stage and reason), stats.json (with the ledger), README.md, config.json."""
+    """Run or resume the pipeline into config.out; writes train.parquet, rejected.jsonl (every row not
+    exported, with its stage and reason), stats.json (with the ledger), README.md, config.json."""
     if not config.inputs:
         raise UserError("no input: pass --input (a named source such as math_train, a file, or hf:ID).")
     with output_lock(config.out, warn=lambda message: log(f"warning: {message}")) as out:
@@ -29,7 +29,11 @@ def _build(config: BuildConfig, out: Path, log: Callable[[str], None]) -> dict[s
     (out / "config.json").write_text(json.dumps({**config.to_dict(), **provenance()}, indent=1))
     ctx = Context(config, out, log)
     rows = run_pipeline(build_steps(), ctx)
-    rejected = [{"stage": step, **row} for step in ctx.metas for row in read_jsonl(out / "reports" / f"{step}.dropped.jsonl")]
+    rejected = [
+        {"stage": step, **row}
+        for step in ctx.metas
+        for row in read_jsonl(out / "reports" / f"{step}.dropped.jsonl")
+    ]
     write_jsonl(out / "rejected.jsonl", rejected)
     stats = build_stats(ctx.metas, rows, config)
     (out / "stats.json").write_text(json.dumps(stats, indent=1, default=str))
@@ -41,7 +45,9 @@ def _build(config: BuildConfig, out: Path, log: Callable[[str], None]) -> dict[s
         raise UserError(f"--input {', '.join(config.inputs)}: no rows to read (empty file, or --limit 0).")
     kinds = {reason_kind(row["reason"]) for row in rejected}
     if not rows and len(kinds) == 1:
-        raise UserError(f"every one of the {len(rejected)} input rows was rejected for the same reason; the first: "
-                        f"{rejected[0].get('source')} row {rejected[0].get('row')}: {rejected[0]['reason']} "
-                        f"(all in {out / 'rejected.jsonl'})")
+        raise UserError(
+            f"every one of the {len(rejected)} input rows was rejected for the same reason; the first: "
+            f"{rejected[0].get('source')} row {rejected[0].get('row')}: {rejected[0]['reason']} "
+            f"(all in {out / 'rejected.jsonl'})"
+        )
     return stats

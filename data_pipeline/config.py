@@ -1,4 +1,5 @@
-"""The one configuration of the data stage: defaults live here, a YAML file can fill them, CLI flags override."""
+"""The one configuration of the data stage: defaults live here, a YAML file can fill them, CLI flags
+override."""
 
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ from dapo_suite.core.fields import load_config, within
 REWRITERS = ("rules", "llm", "rules+llm")
 # The allowed interval of every numeric field (None = unset is always allowed).
 RANGES = {
-    "limit": "[1, inf)", "near_dup_threshold": "(0, 1]", "num_perm": "[1, inf)", "near_dup_bands": "[1, inf)",
-    "contamination_ngram": "[1, inf)", "contamination_threshold": "(0, 1]", "concurrency": "[1, inf)",
-    "max_retries": "[0, inf)", "request_timeout_s": "(0, inf)", "temperature": "[0, inf)", "max_tokens": "[1, inf)",
-    "max_failed_fraction": "[0, 1]", "max_solution_steps": "[1, inf)",
+    "limit": "[1, inf)",
+    "near_dup_threshold": "(0, 1]",
+    "num_perm": "[1, inf)",
+    "near_dup_bands": "[1, inf)",
+    "contamination_ngram": "[1, inf)",
+    "contamination_threshold": "(0, 1]",
+    "concurrency": "[1, inf)",
+    "max_retries": "[0, inf)",
+    "request_timeout_s": "(0, inf)",
+    "temperature": "[0, inf)",
+    "max_tokens": "[1, inf)",
+    "max_failed_fraction": "[0, 1]",
+    "max_solution_steps": "[1, inf)",
 }
 
 
@@ -26,9 +36,16 @@ class BuildConfig:
 
     inputs: list[str] = field(default_factory=list)  # --input: named source, file, or hf:ID[@config][:split]
     out: str = ""  # --out: build directory (stages resume from it)
-    data_root: str | None = None  # root of the raw sets for named sources; default $DAPO_SUITE_DATA, else ~/.cache/dapo-suite/data
-    problem_field: str | None = None  # dotted path of the problem (default: problem/question/prompt.0.content)
-    answer_field: str | None = None  # dotted path of the answer (default: answer/reward_model.ground_truth/...)
+    data_root: str | None = (
+        # root of the raw sets for named sources; default $DAPO_SUITE_DATA, else ~/.cache/dapo-suite/data
+        None
+    )
+    problem_field: str | None = (
+        None  # dotted path of the problem (default: problem/question/prompt.0.content)
+    )
+    answer_field: str | None = (
+        None  # dotted path of the answer (default: answer/reward_model.ground_truth/...)
+    )
     limit: int | None = None  # first N rows of each source (for trials)
     # duplicates: Jaccard of word 5-shingles, MinHash num_perm with `near_dup_bands` LSH bands
     near_dup_threshold: float = 0.8
@@ -39,8 +56,8 @@ class BuildConfig:
     eval_dir: str | None = None  # folder with {name}.jsonl when the `eval` package does not ship them
     contamination_ngram: int = 30
     contamination_threshold: float = 0.6
-    # selection: drop problems whose reference solution takes more steps than this (GSM8K-style worked solutions;
-    # rows of sources without one are kept and counted); None keeps every row
+    # selection: drop problems whose reference solution takes more steps than this (GSM8K-style worked
+    # solutions; rows of sources without one are kept and counted); None keeps every row
     max_solution_steps: int | None = None
     # rewriting
     rewriter: str = "rules"  # rules | llm | rules+llm (rules first, the LLM for what rules cannot do)
@@ -48,12 +65,20 @@ class BuildConfig:
     model: str | None = None  # model name sent to the endpoint
     api_key: str = "EMPTY"
     concurrency: int = 8  # requests in flight at once
-    max_retries: int = 5  # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
-    request_timeout_s: float = 600.0  # --request-timeout; a request queued behind 7 others on a CPU server waits
+    max_retries: int = (
+        5  # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
+    )
+    request_timeout_s: float = (
+        600.0  # --request-timeout; a request queued behind 7 others on a CPU server waits
+    )
     temperature: float = 0.0
     max_tokens: int = 1024
-    max_failed_fraction: float = 0.0  # LLM requests that may fail for good (their rows are rejected) before the build stops
-    allow_unverified: bool = False  # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
+    max_failed_fraction: float = (
+        0.0  # LLM requests that may fail for good (their rows are rejected) before the build stops
+    )
+    allow_unverified: bool = (
+        False  # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
+    )
     # export (DAPO-Math-17K schema, reference doc section 4)
     data_source: str = "math_dapo"
     ability: str = "MATH"
@@ -65,11 +90,18 @@ class BuildConfig:
         if self.rewriter not in REWRITERS:
             raise UserError(f"rewriter={self.rewriter!r}: choose one of {', '.join(REWRITERS)}.")
         if "llm" in self.rewriter and not (self.base_url and self.model):
-            raise UserError("rewriter uses the LLM: set --base-url (e.g. http://127.0.0.1:8000/v1) and --model.")
+            raise UserError(
+                "rewriter uses the LLM: set --base-url (e.g. http://127.0.0.1:8000/v1) and --model."
+            )
         if self.num_perm % self.near_dup_bands:
-            raise UserError(f"num_perm ({self.num_perm}) must be a multiple of near_dup_bands ({self.near_dup_bands}).")
-        problems = [f"{name}={getattr(self, name)}: must be in {interval}" for name, interval in RANGES.items()
-                    if getattr(self, name) is not None and not within(getattr(self, name), interval)]
+            raise UserError(
+                f"num_perm ({self.num_perm}) must be a multiple of near_dup_bands ({self.near_dup_bands})."
+            )
+        problems = [
+            f"{name}={getattr(self, name)}: must be in {interval}"
+            for name, interval in RANGES.items()
+            if getattr(self, name) is not None and not within(getattr(self, name), interval)
+        ]
         if problems:
             raise UserError("invalid data build config: " + "; ".join(problems) + ".")
 

@@ -3,10 +3,10 @@ banding for candidates, then the exact Jaccard similarity decides).
 
 Policy, and why:
 - exact duplicates with the same answer: the first occurrence is kept;
-- exact duplicates whose answers disagree: the whole cluster is dropped, since nothing says which answer is right
-  (DAPO-Math-17k has 11 such repeats);
-- near duplicates (Jaccard >= threshold) with the same answer as the cluster's first row are dropped; those with a
-  different answer are kept and reported, because a changed number usually makes a different problem.
+- exact duplicates whose answers disagree: the whole cluster is dropped, since nothing says which answer is
+  right (DAPO-Math-17k has 11 such repeats);
+- near duplicates (Jaccard >= threshold) with the same answer as the cluster's first row are dropped; those
+  with a different answer are kept and reported, because a changed number usually makes a different problem.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ def exact_duplicates(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]
         conflicting = len(answers) > 1
         for i in members if conflicting else members[1:]:
             drop[i] = "conflicting_answers" if conflicting else "exact_duplicate"
-        report_clusters.append({"ids": [rows[i]["id"] for i in members], "answers": sorted(answers),
-                                "conflicting": conflicting})
+        report_clusters.append(
+            {"ids": [rows[i]["id"] for i in members], "answers": sorted(answers), "conflicting": conflicting}
+        )
     # Byte-identical repeats, counted the way PROVENANCE.md does: repeats of an earlier text, and those among
     # them whose answer differs from that earlier text's answer.
     repeats = sum(len(m) - 1 for m in identical.values())
-    repeat_conflicts = sum(1 for m in identical.values() for i in m[1:] if rows[i]["answer"] != rows[m[0]]["answer"])
+    repeat_conflicts = sum(
+        1 for m in identical.values() for i in m[1:] if rows[i]["answer"] != rows[m[0]]["answer"]
+    )
     kept = [row for i, row in enumerate(rows) if i not in drop]
     dropped = [{**rows[i], "reason": reason} for i, reason in sorted(drop.items())]
     report = {
@@ -60,7 +63,9 @@ def near_duplicates(
     """(kept, dropped with reasons, report) for Jaccard(word `shingle`-grams) >= threshold."""
     rows_per_band = num_perm // bands
     shingles = [word_shingles(match_key(row["problem"]), shingle) for row in rows]
-    signatures = np.stack([minhash_signature(s, num_perm) for s in shingles]) if rows else np.zeros((0, num_perm))
+    signatures = (
+        np.stack([minhash_signature(s, num_perm) for s in shingles]) if rows else np.zeros((0, num_perm))
+    )
     candidates: set[tuple[int, int]] = set()
     for band in range(bands):
         buckets: dict[bytes, list[int]] = defaultdict(list)
@@ -97,10 +102,19 @@ def near_duplicates(
         for i in members[1:]:
             if i not in differing:
                 drop[i] = "near_duplicate"
-        report_clusters.append({"ids": [rows[i]["id"] for i in members],
-                                "answers": [rows[i]["answer"] for i in members], "conflicting": bool(differing)})
+        report_clusters.append(
+            {
+                "ids": [rows[i]["id"] for i in members],
+                "answers": [rows[i]["answer"] for i in members],
+                "conflicting": bool(differing),
+            }
+        )
     kept = [row for i, row in enumerate(rows) if i not in drop]
     dropped = [{**rows[i], "reason": reason} for i, reason in sorted(drop.items())]
-    report = {"clusters": len(report_clusters), "conflicting_clusters": sum(c["conflicting"] for c in report_clusters),
-              "candidate_pairs": len(candidates), "cluster_list": report_clusters}
+    report = {
+        "clusters": len(report_clusters),
+        "conflicting_clusters": sum(c["conflicting"] for c in report_clusters),
+        "candidate_pairs": len(candidates),
+        "cluster_list": report_clusters,
+    }
     return kept, dropped, report

@@ -13,7 +13,8 @@ from data_pipeline.config import BuildConfig
 
 
 def to_dapo_record(row: dict[str, Any], index: int, config: BuildConfig) -> dict[str, Any]:
-    """One row in the DAPO-Math-17K schema; provenance goes into extra_info (params as JSON: their keys vary)."""
+    """One row in the DAPO-Math-17K schema; provenance goes into extra_info (params as JSON: their keys
+    vary)."""
     rewrite = row["rewrite"]
     return {
         "data_source": config.data_source,
@@ -49,12 +50,18 @@ def export_parquet(rows: list[dict[str, Any]], path: Path, config: BuildConfig) 
     return path
 
 
-def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], config: BuildConfig) -> dict[str, Any]:
-    """Counts per stage, per source, per answer type (before and after rewriting) and the rejection reasons."""
+def build_stats(
+    metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], config: BuildConfig
+) -> dict[str, Any]:
+    """Counts per stage, per source, per answer type (before and after rewriting) and the rejection
+    reasons."""
     analysed = metas.get("analyse", {}).get("report", {}).get("answer_types", {})
     return {
         "config": config.to_dict(),
-        "stages": {name: {"in": m["count_in"], "out": m["count"], "dropped": m["dropped"]} for name, m in metas.items()},
+        "stages": {
+            name: {"in": m["count_in"], "out": m["count"], "dropped": m["dropped"]}
+            for name, m in metas.items()
+        },
         "invalid_rows": metas.get("load", {}).get("dropped", {}),
         "per_source": {
             "loaded": metas.get("load", {}).get("report", {}).get("per_source", {}),
@@ -75,56 +82,80 @@ def build_stats(metas: dict[str, dict[str, Any]], rows: list[dict[str, Any]], co
 
 
 def ledger(metas: dict[str, dict[str, Any]], exported: int) -> dict[str, Any]:
-    """Where every input row went: input_rows == exported_rows + the sum of `dropped` (per reason, all steps)."""
+    """Where every input row went: input_rows == exported_rows + the sum of `dropped` (per reason, all
+    steps)."""
     load = metas.get("load", {})
     input_rows = load.get("count", 0) + sum(load.get("dropped", {}).values())
     dropped: Counter[str] = Counter()
     for meta in metas.values():
         dropped.update(meta["dropped"])
-    return {"input_rows": input_rows, "exported_rows": exported, "dropped_rows": sum(dropped.values()),
-            "dropped": dict(dropped), "balanced": input_rows == exported + sum(dropped.values())}
+    return {
+        "input_rows": input_rows,
+        "exported_rows": exported,
+        "dropped_rows": sum(dropped.values()),
+        "dropped": dict(dropped),
+        "balanced": input_rows == exported + sum(dropped.values()),
+    }
 
 
 def format_ledger(book: dict[str, Any]) -> str:
-    reasons = ", ".join(f"{kind} {count}" for kind, count in sorted(book["dropped"].items(), key=lambda x: -x[1]))
-    return (f"{book['input_rows']} input rows = {book['exported_rows']} exported + {book['dropped_rows']} rejected"
-            + (f" ({reasons})" if reasons else ""))
+    reasons = ", ".join(
+        f"{kind} {count}" for kind, count in sorted(book["dropped"].items(), key=lambda x: -x[1])
+    )
+    return (
+        f"{book['input_rows']} input rows = {book['exported_rows']} exported + {book['dropped_rows']} "
+        "rejected" + (f" ({reasons})" if reasons else "")
+    )
 
 
 def dataset_card(stats: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """A short Markdown card: what the data is, how it was made, the counts, an example."""
-    stages = "\n".join(f"| {name} | {s['in']} | {s['out']} | {', '.join(f'{k}: {v}' for k, v in s['dropped'].items()) or '-'} |"
-                       for name, s in stats["stages"].items())
-    types = "\n".join(f"| {t} | {n} | {stats['answer_types']['exported'].get(t, 0)} |"
-                      for t, n in sorted(stats["answer_types"]["analysed"].items(), key=lambda x: -x[1]))
+    stages = "\n".join(
+        f"| {name} | {s['in']} | {s['out']} | "
+        f"{', '.join(f'{k}: {v}' for k, v in s['dropped'].items()) or '-'} |"
+        for name, s in stats["stages"].items()
+    )
+    types = "\n".join(
+        f"| {t} | {n} | {stats['answer_types']['exported'].get(t, 0)} |"
+        for t, n in sorted(stats["answer_types"]["analysed"].items(), key=lambda x: -x[1])
+    )
     contamination = "\n".join(
-        f"| {name} | {c['eval_problems']} | {c['eval_problems_exact']} | {c['eval_problems_near']} | {c['train_rows_removed']} |"
-        for name, c in stats["contamination"].get("per_eval_set", {}).items())
+        f"| {name} | {c['eval_problems']} | {c['eval_problems_exact']} | {c['eval_problems_near']} | "
+        f"{c['train_rows_removed']} |"
+        for name, c in stats["contamination"].get("per_eval_set", {}).items()
+    )
     example = ""
     if rows:
         r = rows[0]
-        example = (f"\n## Example\n\nOriginal ({r['source']} row {r['row']}), answer `{r['answer']}`:\n\n> {r['problem'][:500]}\n\n"
-                   f"Rewritten (form `{r['rewrite']['form']}`, parameters `{r['rewrite']['params']}`), answer "
-                   f"**{r['rewrite']['answer']}**:\n\n> {r['rewrite']['problem'][:700]}\n")
+        example = (
+            f"\n## Example\n\nOriginal ({r['source']} row {r['row']}), answer `{r['answer']}`:\n\n> "
+            f"{r['problem'][:500]}\n\n"
+            f"Rewritten (form `{r['rewrite']['form']}`, parameters `{r['rewrite']['params']}`), answer "
+            f"**{r['rewrite']['answer']}**:\n\n> {r['rewrite']['problem'][:700]}\n"
+        )
     config = stats["config"]
+    unverified = stats["unverified_rows"]
+    unverified = f"; {unverified} rows are unverified (extra_info.verified=false)" if unverified else ""
+    grams, threshold = (stats["contamination"].get(key, "-") for key in ("ngram", "threshold"))
     return f"""# Integer-answer math data (DAPO-Math-17K style)
 
-Built by `dapo-suite data build` from {', '.join(config['inputs'])} with the `{config['rewriter']}` rewriter.
-{stats['exported_rows']} problems, each with an integer answer that is proven (sympy) to follow from the source's
-original answer{'' if not stats['unverified_rows'] else f"; {stats['unverified_rows']} rows are unverified (extra_info.verified=false)"}.
+Built by `dapo-suite data build` from {", ".join(config["inputs"])} with the `{config["rewriter"]}` rewriter.
+{stats["exported_rows"]} problems, each with an integer answer that is proven (sympy) to follow from the
+source's original answer{unverified}.
 Each rewritten problem was checked to be the same problem as the original (data_pipeline/faithful.py): every
-statement and expression of the original is in it word for word, every number too (as digits, fractions or words),
-only the final question changed, and that question asks for exactly the verified integer, never for the original
-fraction, probability or expression. No two problems share a text (dedup runs again after the rewrite). Every
-rejected row is counted by its reason below.
+statement and expression of the original is in it word for word, every number too (as digits, fractions or
+words), only the final question changed, and that question asks for exactly the verified integer, never for
+the original fraction, probability or expression. No two problems share a text (dedup runs again after the
+rewrite). Every rejected row is counted by its reason below.
 
-- `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config['data_source']}), `prompt` (one user
-  message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index, source,
-  source_row, original_problem, original_answer, answer_type, solution_steps, form, params, target, rewriter, verified}}.
+- `train.parquet`: verl schema of DAPO-Math-17K: `data_source` ({config["data_source"]}), `prompt` (one user
+  message in DAPO's template), `ability`, `reward_model` {{ground_truth, style}}, `extra_info` {{index,
+  source, source_row, original_problem, original_answer, answer_type, solution_steps, form, params, target,
+  rewriter, verified}}.
 - `stats.json`: every count below; `rejected.jsonl`: every row not exported, with its stage and reason;
   `reports/`: duplicate clusters, contamination matches, dropped rows per stage.
 
-Ledger: {format_ledger(stats['ledger'])}.
+Ledger: {format_ledger(stats["ledger"])}.
 
 ## Stages
 
@@ -138,13 +169,13 @@ Ledger: {format_ledger(stats['ledger'])}.
 |---|---|---|
 {types}
 
-## Decontamination ({stats['contamination'].get('ngram', '-')}-character grams, threshold {stats['contamination'].get('threshold', '-')})
+## Decontamination ({grams}-character grams, threshold {threshold})
 
 | evaluation set | problems | exact in training data | near | training rows removed |
 |---|---|---|---|---|
 {contamination}
 
-Rejection reasons: {json.dumps(stats['rejection_reasons'])}
+Rejection reasons: {json.dumps(stats["rejection_reasons"])}
 {example}
 ## Licence
 

@@ -44,7 +44,8 @@ class Rewrite:
 
 
 def parse_expression(text: str) -> sympy.Expr:
-    """Parse `text` (plain `(a+b*sqrt(c))/d` or LaTeX `\\frac{a+b\\sqrt{c}}{d}`) into sympy, symbols for names."""
+    """Parse `text` (plain `(a+b*sqrt(c))/d` or LaTeX `\\frac{a+b\\sqrt{c}}{d}`) into sympy, symbols for
+    names."""
     text = text.strip().strip("$").strip()
     if not text:
         raise FormError("empty expression")
@@ -94,8 +95,11 @@ def _to_sympy(node: ast.AST) -> sympy.Expr:
                 raise FormError("exponents must be small integers or 1/2")
             return left**right
     if (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sqrt"
-        and len(node.args) == 1 and not node.keywords
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "sqrt"
+        and len(node.args) == 1
+        and not node.keywords
     ):
         return sympy.sqrt(_to_sympy(node.args[0]))
     raise FormError(f"not allowed in a form: {ast.dump(node)[:60]}")
@@ -106,7 +110,8 @@ def _symbols_by_name(expr: sympy.Expr) -> dict[str, sympy.Symbol]:
 
 
 def verify_rewrite(original: sympy.Expr, rewrite: Rewrite) -> tuple[bool, str]:
-    """(True, "verified") when the rewrite's integer provably follows from `original`; else (False, reason)."""
+    """(True, "verified") when the rewrite's integer provably follows from `original`; else (False,
+    reason)."""
     try:
         form = parse_expression(rewrite.form)
         target = parse_expression(rewrite.target or rewrite.form)
@@ -143,7 +148,9 @@ def verify_rewrite(original: sympy.Expr, rewrite: Rewrite) -> tuple[bool, str]:
     difference = sympy.simplify(sympy.radsimp(value - original))
     if difference != 0:
         return False, "form_value_differs_from_answer"
-    target_value = sympy.simplify(target.xreplace({s: sympy.Integer(params[s.name]) for s in target.free_symbols}))
+    target_value = sympy.simplify(
+        target.xreplace({s: sympy.Integer(params[s.name]) for s in target.free_symbols})
+    )
     if not target_value.is_Integer:
         return False, "target_not_integer"
     if int(target_value) != rewrite.answer:

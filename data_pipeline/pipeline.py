@@ -2,10 +2,10 @@
 
 Each step writes its rows to DIR/stages/NN_name.jsonl and a DIR/stages/NN_name.meta.json (count, counters,
 report, fingerprint) last; a rerun skips every step whose fingerprint (its inputs' fingerprint plus the config
-fields it reads) is unchanged and resumes at the first one that changed or never finished. The LLM step also keeps
-an append-only request cache (DIR/llm_cache.jsonl), so a crash inside it loses no paid-for answer.
-Dropped rows go to DIR/reports/NAME.dropped.jsonl with a reason ("kind: detail"); kinds are counted in stats.json,
-and DIR/rejected.jsonl gathers every step's dropped rows (build.py).
+fields it reads) is unchanged and resumes at the first one that changed or never finished. The LLM step also
+keeps an append-only request cache (DIR/llm_cache.jsonl), so a crash inside it loses no paid-for answer.
+Dropped rows go to DIR/reports/NAME.dropped.jsonl with a reason ("kind: detail"); kinds are counted in
+stats.json, and DIR/rejected.jsonl gathers every step's dropped rows (build.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ def run_pipeline(steps: list[Step], ctx: Context) -> list[dict[str, Any]]:
     for number, step in enumerate(steps):
         settings = {name: getattr(ctx.config, name) for name in step.reads}
         fingerprint = hashlib.sha256(
-            json.dumps([fingerprint, step.name, settings, step.salt(ctx.config)], sort_keys=True, default=str).encode()
+            json.dumps(
+                [fingerprint, step.name, settings, step.salt(ctx.config)], sort_keys=True, default=str
+            ).encode()
         ).hexdigest()[:16]
         stem = stages / f"{number:02d}_{step.name}"
         meta_path, rows_path = stem.with_suffix(".meta.json"), stem.with_suffix(".jsonl")
@@ -100,8 +102,12 @@ def run_pipeline(steps: list[Step], ctx: Context) -> list[dict[str, Any]]:
         write_jsonl(rows_path, rows)
         write_jsonl(reports / f"{step.name}.dropped.jsonl", result.dropped)
         meta = {
-            "step": step.name, "fingerprint": fingerprint, "count_in": rows_in, "count": len(rows),
-            "dropped": dict(Counter(reason_kind(d["reason"]) for d in result.dropped)), "report": result.report,
+            "step": step.name,
+            "fingerprint": fingerprint,
+            "count_in": rows_in,
+            "count": len(rows),
+            "dropped": dict(Counter(reason_kind(d["reason"]) for d in result.dropped)),
+            "report": result.report,
         }
         tmp = meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=1, default=str))

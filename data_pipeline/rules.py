@@ -3,14 +3,15 @@
 | family | answer | appended wording (AIME style) | integer |
 |---|---|---|---|
 | integer | 42, -7 | none: the problem is kept as it is | the answer |
-| rational | -3/4 | "...written as $-\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive integers. Find $m+n$." | 7 |
-| radical | 11-2*sqrt(6) | "...in the form $k-m\\sqrt{n}$, where ... $n$ is not divisible by the square of any prime. Find $k+m+n$." | 19 |
-| radical | (3+sqrt(5))/2 | form $\\frac{a+b\\sqrt{c}}{d}$ with gcd(a, b, d) = 1; find a+b+c+d | 11 |
-| pi_multiple | 2*pi, 3*pi/4 | "$k\\pi$ ... Find $k$." / "$\\frac{m\\pi}{n}$ ... Find $m+n$." | 2, 7 |
-| decimal | 0.375 | "If the answer is $x$, find $1000x$." (power of ten from the digits written) | 375 |
+| rational | -3/4 | "...written as $-\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive integers.
+Find $m+n$." | 7 | | radical | 11-2*sqrt(6) | "...in the form $k-m\\sqrt{n}$, where ... $n$ is not divisible
+by the square of any prime. Find $k+m+n$." | 19 | | radical | (3+sqrt(5))/2 | form $\\frac{a+b\\sqrt{c}}{d}$
+with gcd(a, b, d) = 1; find a+b+c+d | 11 | | pi_multiple | 2*pi, 3*pi/4 | "$k\\pi$ ... Find $k$." /
+"$\\frac{m\\pi}{n}$ ... Find $m+n$." | 2, 7 | | decimal | 0.375 | "If the answer is $x$, find $1000x$." (power
+of ten from the digits written) | 375 |
 
-Instructions the rewrite makes obsolete ("Express your answer as a common fraction.", "in simplest radical form",
-"in terms of $\\pi$") are removed. Parameter letters avoid the letters the problem already uses.
+Instructions the rewrite makes obsolete ("Express your answer as a common fraction.", "in simplest radical
+form", "in terms of $\\pi$") are removed. Parameter letters avoid the letters the problem already uses.
 Every rewrite here goes through the same verifier as the LLM's (`forms.verify_rewrite`).
 """
 
@@ -42,7 +43,9 @@ def rewrite_with_rules(problem: str, info: AnswerInfo) -> tuple[Rewrite | None, 
     if built is None:
         return None, f"no_rule_for_{info.type}"
     form, params, target, wording = built
-    answer = int(parse_expression(target).xreplace({sympy.Symbol(k, integer=True): v for k, v in params.items()}))
+    answer = int(
+        parse_expression(target).xreplace({sympy.Symbol(k, integer=True): v for k, v in params.items()})
+    )
     return Rewrite(f"{stem} {wording}", answer, form, params, target, "rules"), "ok"
 
 
@@ -64,8 +67,11 @@ def _rational(info: AnswerInfo, letters):
     sign = "-" if value < 0 else ""
     params = {m: abs(int(value.p)), n: int(value.q)}
     form = f"{sign}{m}/{n}"
-    wording = (f"The answer can be written as ${sign}\\frac{{{m}}}{{{n}}}$, where ${m}$ and ${n}$ are relatively prime "
-               f"positive integers. Find ${m}+{n}$.")
+    wording = (
+        f"The answer can be written as ${sign}\\frac{{{m}}}{{{n}}}$, where ${m}$ and ${n}$ are relatively "
+        "prime "
+        f"positive integers. Find ${m}+{n}$."
+    )
     return form, params, f"{m}+{n}", wording
 
 
@@ -75,7 +81,8 @@ def _radical(info: AnswerInfo, letters):
         return None
     a, b, c, d = parts
     la, lb, lc, ld = letters
-    # Terms with their signs, positive parameters: 11-2*sqrt(6) -> "k - m sqrt(n)"; -2+4*sqrt(3) -> "b sqrt(c) - a"
+    # Terms with their signs, positive parameters: 11-2*sqrt(6) -> "k - m sqrt(n)"; -2+4*sqrt(3) -> "b sqrt(c)
+    # - a"
     root_plain, root_tex = f"{lb}*sqrt({lc})", f"{lb}\\sqrt{{{lc}}}"
     params = {lb: abs(b), lc: c}
     if a == 0:
@@ -96,13 +103,19 @@ def _radical(info: AnswerInfo, letters):
         params[ld] = d
         plain, tex = f"({plain})/{ld}", f"\\frac{{{tex}}}{{{ld}}}"
         names.append(ld)
-    listed = ", ".join(f"${x}$" for x in names[:-1]) + f", and ${names[-1]}$" if len(names) > 2 else f"${names[0]}$ and ${names[1]}$"
+    listed = (
+        ", ".join(f"${x}$" for x in names[:-1]) + f", and ${names[-1]}$"
+        if len(names) > 2
+        else f"${names[0]}$ and ${names[1]}$"
+    )
     coprime = ""
     if d > 1:
         others = [x for x in names if x != lc]
         coprime = " and the greatest common divisor of " + ", ".join(f"${x}$" for x in others) + " is $1$"
-    wording = (f"The answer can be written in the form ${tex}$, where {listed} are positive integers, ${lc}$ is not "
-               f"divisible by the square of any prime{coprime}. Find ${'+'.join(names)}$.")
+    wording = (
+        f"The answer can be written in the form ${tex}$, where {listed} are positive integers, ${lc}$ is not "
+        f"divisible by the square of any prime{coprime}. Find ${'+'.join(names)}$."
+    )
     return plain, params, "+".join(names), wording
 
 
@@ -112,10 +125,17 @@ def _pi_multiple(info: AnswerInfo, letters):
     m, n = letters[0], letters[1]
     if ratio.q == 1:
         k = letters[2]
-        return (f"{sign}{k}*pi", {k: abs(int(ratio.p))}, k,
-                f"The answer can be written as ${sign}{k}\\pi$, where ${k}$ is a positive integer. Find ${k}$.")
-    wording = (f"The answer can be written as ${sign}\\frac{{{m}\\pi}}{{{n}}}$, where ${m}$ and ${n}$ are relatively "
-               f"prime positive integers. Find ${m}+{n}$.")
+        return (
+            f"{sign}{k}*pi",
+            {k: abs(int(ratio.p))},
+            k,
+            f"The answer can be written as ${sign}{k}\\pi$, where ${k}$ is a positive integer. Find ${k}$.",
+        )
+    wording = (
+        f"The answer can be written as ${sign}\\frac{{{m}\\pi}}{{{n}}}$, where ${m}$ and ${n}$ are "
+        "relatively "
+        f"prime positive integers. Find ${m}+{n}$."
+    )
     return f"{sign}{m}*pi/{n}", {m: abs(int(ratio.p)), n: int(ratio.q)}, f"{m}+{n}", wording
 
 
@@ -131,4 +151,9 @@ def _decimal(info: AnswerInfo, letters):
     x = next(v for v in ("x", "y", "t", "z") if v not in letters)
     n = letters[1]
     sign = "-" if scaled < 0 else ""
-    return f"{sign}{n}/{scale}", {n: abs(int(scaled))}, f"{sign}{n}", f"If the answer is ${x}$, find ${scale}{x}$."
+    return (
+        f"{sign}{n}/{scale}",
+        {n: abs(int(scaled))},
+        f"{sign}{n}",
+        f"If the answer is ${x}$, find ${scale}{x}$.",
+    )

@@ -1,11 +1,13 @@
 """Reading problem/answer pairs from anywhere: files (jsonl, json, parquet, csv), Hugging Face dataset ids
-(`hf:owner/name[@config][:split]`, when the hub or its local cache answers) and the named raw sets the project ships.
+(`hf:owner/name[@config][:split]`, when the hub or its local cache answers) and the named raw sets the project
+ships.
 
 Every row becomes `{"id", "source", "row", "problem", "answer", "solution_steps"}` (the steps of a GSM8K-style
 worked solution, else None). Rows whose problem or answer is missing or empty
 are returned separately as `{"source", "row", "reason"}` so the build reports them instead of dropping them.
-Fields are found by name (dotted paths reach into nested fields: `prompt.0.content`, `reward_model.ground_truth`);
-without a name, the usual spellings are tried in order (problem/question/prompt, answer/ground_truth/solution).
+Fields are found by name (dotted paths reach into nested fields: `prompt.0.content`,
+`reward_model.ground_truth`); without a name, the usual spellings are tried in order (problem/question/prompt,
+answer/ground_truth/solution).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class SourceError(UserError):
 
 
 def default_data_root() -> Path:
-    """$DAPO_SUITE_DATA, else the per-user cache folder ($XDG_CACHE_HOME or ~/.cache, then dapo-suite/data)."""
+    """$DAPO_SUITE_DATA, else the per-user cache folder ($XDG_CACHE_HOME or ~/.cache, then
+    dapo-suite/data)."""
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
@@ -68,8 +71,10 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
         path = root / NAMED_SOURCES[spec]
         if not path.is_file():
             raise SourceError(
-                f"--input {spec}: {path} not found. Put the file there, or point --data-root or ${DATA_ENV} at "
-                f"the folder that holds {NAMED_SOURCES[spec]}; with network access, --input {HUB_SOURCES[spec]} "
+                f"--input {spec}: {path} not found. Put the file there, or point --data-root or ${DATA_ENV} "
+                "at "
+                f"the folder that holds {NAMED_SOURCES[spec]}; with network access, --input "
+                f"{HUB_SOURCES[spec]} "
                 f"reads the same set from the Hugging Face hub."
             )
         return "named", path
@@ -78,7 +83,10 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
     path = Path(spec).expanduser()
     if path.is_file():
         return "file", path
-    raise SourceError(f"--input {spec}: no such file, and not a named source ({', '.join([*SHIPPED_SOURCES, *NAMED_SOURCES])}) or hf:ID.")
+    raise SourceError(
+        f"--input {spec}: no such file, and not a named source "
+        f"({', '.join([*SHIPPED_SOURCES, *NAMED_SOURCES])}) or hf:ID."
+    )
 
 
 def _read_hf(dataset_id: str) -> Iterator[dict[str, Any]]:
@@ -89,7 +97,9 @@ def _read_hf(dataset_id: str) -> Iterator[dict[str, Any]]:
 
         dataset = datasets.load_dataset(name, subset or None, split=split or "train")
     except Exception as error:  # offline, unknown id, gated: all say the same thing to the user
-        raise SourceError(f"--input hf:{dataset_id}: could not load from the Hugging Face hub ({error}).") from None
+        raise SourceError(
+            f"--input hf:{dataset_id}: could not load from the Hugging Face hub ({error})."
+        ) from None
     yield from dataset
 
 
@@ -141,23 +151,46 @@ def load_source(
             answer, steps = gsm8k_final_answer(answer), solution_steps(answer)
         problem = "" if problem is None else str(problem)
         answer = "" if answer is None else str(answer)
-        missing = [(f, flag, named or " / ".join(tried)) for f, v, flag, named, tried in (
-            ("problem", problem, "--problem-field", problem_field, PROBLEM_FIELDS),
-            ("answer", answer, "--answer-field", answer_field, ANSWER_FIELDS)) if not v.strip()]
+        missing = [
+            (f, flag, named or " / ".join(tried))
+            for f, v, flag, named, tried in (
+                ("problem", problem, "--problem-field", problem_field, PROBLEM_FIELDS),
+                ("answer", answer, "--answer-field", answer_field, ANSWER_FIELDS),
+            )
+            if not v.strip()
+        ]
         if missing:
             detail = "; ".join(f"no usable {what} in field {fields}" for what, _, fields in missing)
             keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-            invalid.append({"source": name, "row": number, "keys": keys, "reason":
-                            f"missing_{'_and_'.join(m[0] for m in missing)}: {detail}; the row has keys {keys} "
-                            f"(pass {' and '.join(m[1] for m in missing)} to name the right one)"})
+            invalid.append(
+                {
+                    "source": name,
+                    "row": number,
+                    "keys": keys,
+                    "reason": f"missing_{'_and_'.join(m[0] for m in missing)}: {detail}; the row has keys "
+                    f"{keys} "
+                    f"(pass {' and '.join(m[1] for m in missing)} to name the right one)",
+                }
+            )
             continue
-        rows.append({"id": f"{name}:{number}", "source": name, "row": number, "problem": problem, "answer": answer,
-                     "solution_steps": steps})
+        rows.append(
+            {
+                "id": f"{name}:{number}",
+                "source": name,
+                "row": number,
+                "problem": problem,
+                "answer": answer,
+                "solution_steps": steps,
+            }
+        )
     return rows, invalid
 
 
-def load_eval_set(name: str, eval_dir: Path | None = None, data_root: Path | None = None) -> list[dict[str, Any]]:
-    """Problems of one evaluation set: the installed `eval` package's data, else --eval-dir, else the raw data."""
+def load_eval_set(
+    name: str, eval_dir: Path | None = None, data_root: Path | None = None
+) -> list[dict[str, Any]]:
+    """Problems of one evaluation set: the installed `eval` package's data, else --eval-dir, else the raw
+    data."""
     candidates: list[Path] = []
     if name in BENCHMARKS:
         try:
@@ -171,7 +204,10 @@ def load_eval_set(name: str, eval_dir: Path | None = None, data_root: Path | Non
     for path in candidates:
         if path.is_file():
             return [
-                {"id": str(r.get("id", r.get("unique_id", i))), "problem": str(_first_field(r, PROBLEM_FIELDS) or "")}
+                {
+                    "id": str(r.get("id", r.get("unique_id", i))),
+                    "problem": str(_first_field(r, PROBLEM_FIELDS) or ""),
+                }
                 for i, r in enumerate(read_rows(path))
             ]
     raise SourceError(

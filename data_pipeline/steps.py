@@ -38,8 +38,13 @@ class Load(Step):
     def run(self, rows: list[dict[str, Any]], ctx: Context) -> StepResult:
         loaded, invalid, per_source = [], [], {}
         for spec in ctx.config.inputs:
-            good, bad = load_source(spec, _data_root(ctx.config), ctx.config.problem_field,
-                                    ctx.config.answer_field, ctx.config.limit)
+            good, bad = load_source(
+                spec,
+                _data_root(ctx.config),
+                ctx.config.problem_field,
+                ctx.config.answer_field,
+                ctx.config.limit,
+            )
             loaded += good
             invalid += bad
             per_source[spec] = {"rows": len(good), "invalid": len(bad)}
@@ -62,7 +67,9 @@ class Repair(Step):
             changed.update(name for name, pattern, _ in REPAIRS if pattern.search(row["problem"]))
             problem, answer = repair_text(row["problem"]), repair_text(row["answer"])
             if not problem or not answer:
-                dropped.append({**row, "reason": "empty_after_repair: only whitespace and control characters"})
+                dropped.append(
+                    {**row, "reason": "empty_after_repair: only whitespace and control characters"}
+                )
                 continue
             kept.append({**row, "problem": problem, "answer": answer})
         return StepResult(kept, dropped, {"rows_repaired": dict(changed)})
@@ -76,11 +83,14 @@ class Dedup(Step):
         from data_pipeline.dedup import exact_duplicates, near_duplicates
 
         kept, dropped_exact, exact = exact_duplicates(rows)
-        kept, dropped_near, near = near_duplicates(kept, ctx.config.near_dup_threshold, ctx.config.num_perm,
-                                                   ctx.config.near_dup_bands)
-        write_jsonl(ctx.out / "reports" / "duplicate_clusters.jsonl",
-                    [{"kind": "exact", **c} for c in exact.pop("cluster_list")]
-                    + [{"kind": "near", **c} for c in near.pop("cluster_list")])
+        kept, dropped_near, near = near_duplicates(
+            kept, ctx.config.near_dup_threshold, ctx.config.num_perm, ctx.config.near_dup_bands
+        )
+        write_jsonl(
+            ctx.out / "reports" / "duplicate_clusters.jsonl",
+            [{"kind": "exact", **c} for c in exact.pop("cluster_list")]
+            + [{"kind": "near", **c} for c in near.pop("cluster_list")],
+        )
         return StepResult(kept, dropped_exact + dropped_near, {"exact": exact, "near": near})
 
 
@@ -94,7 +104,9 @@ class Decontaminate(Step):
         if not ctx.config.decontaminate:
             return StepResult(rows, [], {"eval_sets": []})
         eval_dir = Path(ctx.config.eval_dir) if ctx.config.eval_dir else None
-        sets = {name: load_eval_set(name, eval_dir, _data_root(ctx.config)) for name in ctx.config.decontaminate}
+        sets = {
+            name: load_eval_set(name, eval_dir, _data_root(ctx.config)) for name in ctx.config.decontaminate
+        }
         index = ContaminationIndex(sets, ctx.config.contamination_ngram, ctx.config.contamination_threshold)
         kept, dropped, report = decontaminate(rows, index)
         return StepResult(kept, dropped, report)
@@ -102,7 +114,8 @@ class Decontaminate(Step):
 
 class Select(Step):
     """Difficulty selection by the reference solution's step count (`--max-solution-steps`). Rows whose source
-    gives no worked solution (MATH, the arithmetic set) have nothing to judge by: they are kept, and counted."""
+    gives no worked solution (MATH, the arithmetic set) have nothing to judge by: they are kept, and
+    counted."""
 
     name = "select"
     reads = ("max_solution_steps",)
@@ -113,10 +126,20 @@ class Select(Step):
         if limit is None:
             return StepResult(rows, [], {"solution_steps": histogram})
         kept = [row for row in rows if row.get("solution_steps") is None or row["solution_steps"] <= limit]
-        dropped = [{**row, "reason": f"above_max_solution_steps: {row['solution_steps']} > {limit}"}
-                   for row in rows if row.get("solution_steps") is not None and row["solution_steps"] > limit]
-        return StepResult(kept, dropped, {"solution_steps": histogram, "max_solution_steps": limit,
-                                          "kept_without_steps": histogram.get("None", 0)})
+        dropped = [
+            {**row, "reason": f"above_max_solution_steps: {row['solution_steps']} > {limit}"}
+            for row in rows
+            if row.get("solution_steps") is not None and row["solution_steps"] > limit
+        ]
+        return StepResult(
+            kept,
+            dropped,
+            {
+                "solution_steps": histogram,
+                "max_solution_steps": limit,
+                "kept_without_steps": histogram.get("None", 0),
+            },
+        )
 
 
 class Analyse(Step):
@@ -147,7 +170,13 @@ class RewriteStep(Step):
                 rewrite, why = None, "not_tried"
             if rewrite is None and "llm" in ctx.config.rewriter:
                 for_llm.append(len(out))
-            out.append({**row, "rewrite": rewrite.__dict__ if rewrite else None, "rewrite_error": None if rewrite else why})
+            out.append(
+                {
+                    **row,
+                    "rewrite": rewrite.__dict__ if rewrite else None,
+                    "rewrite_error": None if rewrite else why,
+                }
+            )
         report: dict[str, Any] = {}
         if for_llm:
             from data_pipeline.llm import LLMRewriter
@@ -165,20 +194,27 @@ class RewriteStep(Step):
 
 def _check_failures(reasons: list[str], requests: int, ctx: Context) -> None:
     """Stop the build when LLM requests failed for good (not answers the verifier refused) beyond what
-    --max-failed-fraction allows; answers already received are cached, so a rerun only repeats the failures."""
+    --max-failed-fraction allows; answers already received are cached, so a rerun only repeats the
+    failures."""
     failed = [why for why in reasons if why.startswith("llm_request_failed")]
     if not failed:
         return
     config = ctx.config
     last = failed[-1].split(": ", 1)[-1]
     if len(failed) == requests:
-        raise UserError(f"--base-url {config.base_url}: all {requests} LLM requests failed (model {config.model}); "
-                        f"the last error: {last}. Check that the server is up and serves --model.")
+        raise UserError(
+            f"--base-url {config.base_url}: all {requests} LLM requests failed (model {config.model}); "
+            f"the last error: {last}. Check that the server is up and serves --model."
+        )
     message = f"{len(failed)} of {requests} LLM requests failed (last error: {last})"
     if len(failed) > config.max_failed_fraction * requests:
-        raise UserError(f"{message}. Rerun to retry only those (answers are cached), or pass --max-failed-fraction "
-                        f"{len(failed) / requests:.2f} to export without them.")
-    ctx.log(f"  warning: {message}; their rows are rejected (--max-failed-fraction {config.max_failed_fraction})")
+        raise UserError(
+            f"{message}. Rerun to retry only those (answers are cached), or pass --max-failed-fraction "
+            f"{len(failed) / requests:.2f} to export without them."
+        )
+    ctx.log(
+        f"  warning: {message}; their rows are rejected (--max-failed-fraction {config.max_failed_fraction})"
+    )
 
 
 class Verify(Step):
@@ -206,13 +242,17 @@ class Verify(Step):
             else:
                 rejected.append({**row, "reason": why})
         kept, duplicates = _one_answer_per_prompt(kept)
-        return StepResult(kept, rejected + duplicates, {"kept_unverified": sum(not r["verified"] for r in kept),
-                                                        "rewrite_duplicates": len(duplicates)})
+        return StepResult(
+            kept,
+            rejected + duplicates,
+            {"kept_unverified": sum(not r["verified"] for r in kept), "rewrite_duplicates": len(duplicates)},
+        )
 
 
 def _one_answer_per_prompt(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Dedup again after rewriting: two sources can be rewritten into one text. Copies with the same answer keep
-    the first row; a text with different answers is dropped whole (its gold answer would be a coin toss)."""
+    """Dedup again after rewriting: two sources can be rewritten into one text. Copies with the same answer
+    keep the first row; a text with different answers is dropped whole (its gold answer would be a coin
+    toss)."""
     by_text: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_text.setdefault(dedup_key(row["rewrite"]["problem"]), []).append(row)
@@ -220,12 +260,20 @@ def _one_answer_per_prompt(rows: list[dict[str, Any]]) -> tuple[list[dict[str, A
     for group in by_text.values():
         answers = {row["rewrite"]["answer"] for row in group}
         if len(answers) > 1:
-            dropped += [{**row, "reason": f"rewrite_duplicate_conflict: {len(group)} rows share the rewritten text "
-                                          f"with answers {sorted(answers)}"} for row in group]
+            dropped += [
+                {
+                    **row,
+                    "reason": f"rewrite_duplicate_conflict: {len(group)} rows share the rewritten text "
+                    f"with answers {sorted(answers)}",
+                }
+                for row in group
+            ]
         else:
             kept.append(group[0])
-            dropped += [{**row, "reason": f"rewrite_duplicate: same rewritten text and answer as {group[0]['id']}"}
-                        for row in group[1:]]
+            dropped += [
+                {**row, "reason": f"rewrite_duplicate: same rewritten text and answer as {group[0]['id']}"}
+                for row in group[1:]
+            ]
     order = {id(row): i for i, row in enumerate(rows)}
     return sorted(kept, key=lambda row: order[id(row)]), dropped
 
@@ -242,4 +290,14 @@ class Export(Step):
 
 
 def build_steps() -> list[Step]:
-    return [Load(), Repair(), Dedup(), Decontaminate(), Select(), Analyse(), RewriteStep(), Verify(), Export()]
+    return [
+        Load(),
+        Repair(),
+        Dedup(),
+        Decontaminate(),
+        Select(),
+        Analyse(),
+        RewriteStep(),
+        Verify(),
+        Export(),
+    ]

@@ -6,9 +6,9 @@ undoing damage done before the data reached us. Unicode (NFKC) and whitespace no
 matching keys, never in what the model reads: NFKC would turn the circled labels ①②③ of DAPO-Math-17k into
 digits, giving `=0\\quad1` for `=0\\quad①`.
 - `dedup_key` (lowercase, single spaces) decides exact duplicates: it must never merge `a+b` with `a-b`.
-- `match_key` (lowercase, every run of non-alphanumerics becomes one space, `\\dfrac`/`\\tfrac` -> `\\frac`, no
-  `\\left`/`\\right`) is for contamination and near duplicates, where a false alarm only drops a training row.
-  With 30-character shingles at >= 60 % overlap it reproduces PROVENANCE.md's contamination counts.
+- `match_key` (lowercase, every run of non-alphanumerics becomes one space, `\\dfrac`/`\\tfrac` -> `\\frac`,
+  no `\\left`/`\\right`) is for contamination and near duplicates, where a false alarm only drops a training
+  row. With 30-character shingles at >= 60 % overlap it reproduces PROVENANCE.md's contamination counts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import numpy as np
 
 # The repairs, in order; docs/data.md lists them and tests/data/test_data_rules.py tests each one.
 REPAIRS: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    # "\frac" written into JSON unescaped is read back as a form feed followed by "rac" (606 DAPO-Math-17k rows)
+    # "\frac" written into JSON unescaped is read back as a form feed followed by "rac" (606 DAPO-Math-17k
+    # rows)
     ("form feed for \\f", re.compile(r"\x0c(?=rac|orall)"), r"\\f"),
     # likewise "\beta", "\begin", "\binom", "\boxed" read as a backspace followed by "eta", "egin", ...
     ("backspace for \\b", re.compile(r"\x08(?=eta|egin|inom|oxed)"), r"\\b"),

@@ -24,7 +24,9 @@ _D = EvalConfig()
 
 
 def _group_help() -> str:
-    benchmarks = "\n".join(f"  {name:<8} {rows:>5} problems  {what}" for name, (rows, what) in BENCHMARKS.items())
+    benchmarks = "\n".join(
+        f"  {name:<8} {rows:>5} problems  {what}" for name, (rows, what) in BENCHMARKS.items()
+    )
     return f"""Evaluate a model on math benchmarks with the DAPO protocol, re-score, compare.
 
 \b
@@ -39,7 +41,8 @@ Benchmarks (package data):
 
 \b
 Defaults = the DAPO protocol (paper sec. 4.1): {_D.n} samples per problem, temperature {_D.temperature},
-top_p {_D.top_p}, at most {_D.max_tokens} new tokens, the DAPO prompt template inside the model's chat template.
+top_p {_D.top_p}, at most {_D.max_tokens} new tokens, the DAPO prompt template inside the model's chat
+template.
 No --model and no --endpoint: the embedded SmolLM2-135M-Instruct on the HF engine. Runs resume: rerun the
 same command after an interruption and only missing samples are generated.
 Every option: `dapo-suite eval run --help`.
@@ -55,7 +58,9 @@ class EvalGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(name="eval", cls=EvalGroup, help=_group_help(), context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    name="eval", cls=EvalGroup, help=_group_help(), context_settings={"help_option_names": ["-h", "--help"]}
+)
 def eval_command() -> None:
     pass
 
@@ -66,40 +71,95 @@ def _default(name: str):
 
 @eval_command.command(name="run")
 @click.argument("benchmark", required=False)
-@click.option("--model", help="HF model directory or hub id (served model name with --endpoint). Default: embedded.")
+@click.option(
+    "--model", help="HF model directory or hub id (served model name with --endpoint). Default: embedded."
+)
 @click.option("--endpoint", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
-@click.option("--engine", type=click.Choice(ENGINES), default=_default("engine"), show_default=True,
-              help="auto = openai with --endpoint, vllm on a GPU with vLLM installed, else hf.")
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    default=_default("engine"),
+    show_default=True,
+    help="auto = openai with --endpoint, vllm on a GPU with vLLM installed, else hf.",
+)
 @click.option("--out", help="Run directory. Default: runs/eval/<benchmark>-<model>.")
 @click.option("--file", "file", help="A .jsonl/.parquet eval set instead of a shipped benchmark.")
-@click.option("--problem-key", default=_default("problem_key"), show_default=True, help="Problem column of --file.")
-@click.option("--answer-key", default=_default("answer_key"), show_default=True, help="Answer column of --file.")
-@click.option("--id-key", default=_default("id_key"), show_default=True, help="Id column (row number if absent).")
-@click.option("--n", type=int, default=_default("n"), show_default=True, help="Samples per problem (DAPO: 32).")
+@click.option(
+    "--problem-key", default=_default("problem_key"), show_default=True, help="Problem column of --file."
+)
+@click.option(
+    "--answer-key", default=_default("answer_key"), show_default=True, help="Answer column of --file."
+)
+@click.option(
+    "--id-key", default=_default("id_key"), show_default=True, help="Id column (row number if absent)."
+)
+@click.option(
+    "--n", type=int, default=_default("n"), show_default=True, help="Samples per problem (DAPO: 32)."
+)
 @click.option("--temperature", type=float, default=_default("temperature"), show_default=True)
 @click.option("--top-p", type=float, default=_default("top_p"), show_default=True)
-@click.option("--max-tokens", type=int, default=_default("max_tokens"), show_default=True,
-              help="New tokens per sample (DAPO L_max).")
-@click.option("--template", default=_default("template"), show_default=True,
-              help=f"Prompt template: {', '.join(TEMPLATES)}, or a string holding {{problem}}.")
-@click.option("--chat-template/--no-chat-template", default=_default("chat_template"), show_default=True,
-              help="Wrap the prompt in the model's chat template.")
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=_default("max_tokens"),
+    show_default=True,
+    help="New tokens per sample (DAPO L_max).",
+)
+@click.option(
+    "--template",
+    default=_default("template"),
+    show_default=True,
+    help=f"Prompt template: {', '.join(TEMPLATES)}, or a string holding {{problem}}.",
+)
+@click.option(
+    "--chat-template/--no-chat-template",
+    default=_default("chat_template"),
+    show_default=True,
+    help="Wrap the prompt in the model's chat template.",
+)
 @click.option("--seed", type=int, default=_default("seed"), show_default=True)
 @click.option("--limit", type=int, help="Only the first N problems.")
-@click.option("--dtype", default=_default("dtype"), show_default=True,
-              help="Weights dtype (hf, vllm): auto = bfloat16 where bf16 matmuls are native (vLLM; AVX-512 "
-                   "BF16/AMX CPUs), else float32; or float32, bfloat16, float16.")
-@click.option("--tools", type=click.Choice(["python"]), default=None,
-              help="Let the model run ```python blocks in the sandbox between its turns (hf engine); each call "
-                   "is recorded in generations.jsonl and tool statistics are reported beside avg@k.")
-@click.option("--batch-size", type=int, default=_default("batch_size"), show_default=True,
-              help="hf: sequences generated together.")
-@click.option("--concurrency", type=int, default=_default("concurrency"), show_default=True,
-              help="openai: requests in flight.")
-@click.option("--max-retries", type=int, default=_default("max_retries"), show_default=True,
-              help="openai: retries per request (exponential backoff).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML of EvalConfig fields; flags given on the command line override it.")
+@click.option(
+    "--dtype",
+    default=_default("dtype"),
+    show_default=True,
+    help="Weights dtype (hf, vllm): auto = bfloat16 where bf16 matmuls are native (vLLM; AVX-512 "
+    "BF16/AMX CPUs), else float32; or float32, bfloat16, float16.",
+)
+@click.option(
+    "--tools",
+    type=click.Choice(["python"]),
+    default=None,
+    help="Let the model run ```python blocks in the sandbox between its turns (hf engine); each call "
+    "is recorded in generations.jsonl and tool statistics are reported beside avg@k.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=_default("batch_size"),
+    show_default=True,
+    help="hf: sequences generated together.",
+)
+@click.option(
+    "--concurrency",
+    type=int,
+    default=_default("concurrency"),
+    show_default=True,
+    help="openai: requests in flight.",
+)
+@click.option(
+    "--max-retries",
+    type=int,
+    default=_default("max_retries"),
+    show_default=True,
+    help="openai: retries per request (exponential backoff).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML of EvalConfig fields; flags given on the command line override it.",
+)
 @click.pass_context
 def run_command(ctx: click.Context, benchmark: str | None, config_file: str | None, **flags) -> None:
     """Generate, grade and report (resumes a run directory made with the same settings)."""
@@ -113,8 +173,10 @@ def run_command(ctx: click.Context, benchmark: str | None, config_file: str | No
     try:
         config = EvalConfig.from_yaml(config_file, **given) if config_file else EvalConfig(**given)
         if config.file is None and config.benchmark not in BENCHMARKS:
-            raise ValueError(f"Unknown benchmark {config.benchmark!r}: choose one of {', '.join(BENCHMARKS)}, "
-                             "or pass --file PATH.")
+            raise ValueError(
+                f"Unknown benchmark {config.benchmark!r}: choose one of {', '.join(BENCHMARKS)}, "
+                "or pass --file PATH."
+            )
         results = run_eval(config)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         raise click.ClickException(str(error)) from None
@@ -123,7 +185,9 @@ def run_command(ctx: click.Context, benchmark: str | None, config_file: str | No
 
 @eval_command.command(name="score")
 @click.argument("generations", type=click.Path(exists=True))
-@click.option("--out", type=click.Path(file_okay=False), help="Where to write results (default: next to the file).")
+@click.option(
+    "--out", type=click.Path(file_okay=False), help="Where to write results (default: next to the file)."
+)
 def score_command(generations: str, out: str | None) -> None:
     """Re-grade saved generations (a generations.jsonl or its run directory) without a model."""
     from eval.runner import CONFIG_FILE, write_results
@@ -150,7 +214,9 @@ def score_command(generations: str, out: str | None) -> None:
 @click.argument("run_b", type=click.Path(exists=True))
 @click.option("--resamples", type=int, default=10_000, show_default=True, help="Bootstrap resamples.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="List every shared problem, not only those that differ.")
+@click.option(
+    "--all", "show_all", is_flag=True, help="List every shared problem, not only those that differ."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def compare_command(run_a: str, run_b: str, resamples: int, seed: int, show_all: bool, as_json: bool) -> None:
     """Per-problem accuracy differences of two runs (directories or generations files) and whether the avg@k
@@ -179,13 +245,17 @@ def _print_summary(results: dict, run_dir: Path) -> None:
     ci = "" if lo is None else f" (95 % CI {100 * lo:.1f}-{100 * hi:.1f})"
     click.echo(
         f"avg@{n} = {100 * results['avg@k']:.1f} %{ci}, pass@{n} = {100 * results['pass@k'][str(n)]:.1f} %, "
-        f"maj@{n} = {100 * results['maj@k'][str(n)]:.1f} %, no answer {100 * results['format_failure_rate']:.1f} %, "
-        f"truncated {100 * results['truncated_fraction']:.1f} %, mean length {results['response_len']['mean']:.0f} tokens"
+        f"maj@{n} = {100 * results['maj@k'][str(n)]:.1f} %, no answer "
+        f"{100 * results['format_failure_rate']:.1f} %, "
+        f"truncated {100 * results['truncated_fraction']:.1f} %, mean length "
+        f"{results['response_len']['mean']:.0f} tokens"
         + (f", {results['tokens_per_s']:.1f} tokens/s" if results.get("tokens_per_s") else "")
     )
     if tools := results.get("tools"):
         failed = tools["failed_call_rate"]
-        click.echo(f"tools: {tools['calls_per_response']:.2f} calls a response, {100 * tools['call_rate']:.1f} % of "
-                   f"responses call, {'-' if failed is None else f'{100 * failed:.1f} %'} of calls fail, "
-                   f"{tools['timeouts']} timed out")
+        click.echo(
+            f"tools: {tools['calls_per_response']:.2f} calls a response, {100 * tools['call_rate']:.1f} % of "
+            f"responses call, {'-' if failed is None else f'{100 * failed:.1f} %'} of calls fail, "
+            f"{tools['timeouts']} timed out"
+        )
     click.echo(f"report: {run_dir / 'report.md'}, {run_dir / 'report.png'}, {run_dir / 'results.json'}")

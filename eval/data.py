@@ -1,5 +1,5 @@
-"""Evaluation sets: the four shipped benchmarks (`dapo_suite.core.problems.BENCHMARKS`) and any jsonl/parquet file,
-read into the shared `Problem` record by field name (`--problem-key`, `--answer-key`, `--id-key`)."""
+"""Evaluation sets: the four shipped benchmarks (`dapo_suite.core.problems.BENCHMARKS`) and any jsonl/parquet
+file, read into the shared `Problem` record by field name (`--problem-key`, `--answer-key`, `--id-key`)."""
 
 from __future__ import annotations
 
@@ -47,15 +47,18 @@ def load_problems(
             text, answer = _lookup(row, problem_key), _lookup(row, answer_key)
         except KeyError as missing:
             raise UserError(
-                f"Row {index + 1} of {file or benchmark} has no field {missing}; its fields are {sorted(row)}. "
+                f"Row {index + 1} of {file or benchmark} has no field {missing}; its fields are "
+                f"{sorted(row)}. "
                 "Pass --problem-key and --answer-key."
             ) from None
         if isinstance(text, list):  # a verl chat prompt: take the last user message
             text = [m["content"] for m in text if m.get("role") == "user"][-1]
         if answer is None or not answer_text(answer):
             where = "row" if str(file).endswith(".parquet") else "line"
-            raise UserError(f"{file or benchmark} {where} {index + 1}: the answer ({answer_key}) is empty, so every "
-                            "sample would be graded wrong; fill it in or remove the row.")
+            raise UserError(
+                f"{file or benchmark} {where} {index + 1}: the answer ({answer_key}) is empty, so every "
+                "sample would be graded wrong; fill it in or remove the row."
+            )
         problem_id = row.get(id_key, index)
         extra = {k: row[k] for k in ("subject", "level") if k in row}
         problems.append(Problem(str(problem_id), str(text), answer_text(answer), extra))

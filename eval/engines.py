@@ -23,14 +23,27 @@ class OpenAIEngine:
 
     name = "openai"
 
-    def __init__(self, endpoint: str, model: str | None = None, concurrency: int = 64, max_retries: int = 6,
-                 timeout: float = 3600.0, backoff: float = 1.0, api_key: str = "EMPTY"):
+    def __init__(
+        self,
+        endpoint: str,
+        model: str | None = None,
+        concurrency: int = 64,
+        max_retries: int = 6,
+        timeout: float = 3600.0,
+        backoff: float = 1.0,
+        api_key: str = "EMPTY",
+    ):
         from dapo_suite.inference.endpoint import connect_endpoint
 
         # One place normalises the URL and asks /v1/models for the name when --model is not given.
         served = connect_endpoint(endpoint, model)
         self.base_url, self.model = served.base_url, served.model_name
-        self.concurrency, self.max_retries, self.timeout, self.backoff = concurrency, max_retries, timeout, backoff
+        self.concurrency, self.max_retries, self.timeout, self.backoff = (
+            concurrency,
+            max_retries,
+            timeout,
+            backoff,
+        )
         self.api_key = api_key
         import openai  # imported here, not inside the timed generation: its import is slow
 
@@ -40,8 +53,9 @@ class OpenAIEngine:
         asyncio.run(self._generate_all(requests, sampling, emit))
 
     async def _generate_all(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:
-        client = self.openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
-                                         timeout=self.timeout)
+        client = self.openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=self.timeout
+        )
         limit = asyncio.Semaphore(self.concurrency)
         tasks = [asyncio.ensure_future(self._one(client, limit, r, sampling)) for r in requests]
         emitted: set[tuple[str, int]] = set()
@@ -66,42 +80,68 @@ class OpenAIEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
-    async def _one(self, client, limit: asyncio.Semaphore, request: Request, sampling: Sampling) -> Completion:
+    async def _one(
+        self, client, limit: asyncio.Semaphore, request: Request, sampling: Sampling
+    ) -> Completion:
         """One sample, retried with exponential backoff on connection faults, timeouts, retryable statuses and
         malformed responses (a body that is not JSON, or no choices)."""
         openai = self.openai
-        common = {"model": self.model, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                  "max_tokens": sampling.max_tokens, "seed": request.seed}
+        common = {
+            "model": self.model,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": request.seed,
+        }
         attempt = 0
         while True:
             try:
                 async with limit:
                     if sampling.chat_template:
                         response = await client.chat.completions.create(
-                            messages=[{"role": "user", "content": request.prompt}], **common)
+                            messages=[{"role": "user", "content": request.prompt}], **common
+                        )
                     else:
                         response = await client.completions.create(prompt=request.prompt, **common)
                 choice = response.choices[0]
                 text = (choice.message.content if sampling.chat_template else choice.text) or ""
                 tokens = response.usage.completion_tokens if response.usage else 0
-                return Completion(request.problem_id, request.sample_index, text,
-                                  "length" if choice.finish_reason == "length" else "stop", tokens)
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError,
-                    openai.APIResponseValidationError, ValueError, TypeError, AttributeError, IndexError) as error:
+                return Completion(
+                    request.problem_id,
+                    request.sample_index,
+                    text,
+                    "length" if choice.finish_reason == "length" else "stop",
+                    tokens,
+                )
+            except (
+                openai.APIConnectionError,
+                openai.APITimeoutError,
+                openai.APIStatusError,
+                openai.APIResponseValidationError,
+                ValueError,
+                TypeError,
+                AttributeError,
+                IndexError,
+            ) as error:
                 status = getattr(error, "status_code", None)
                 if (status is not None and status not in RETRYABLE_STATUS) or attempt == self.max_retries:
                     kind = f"HTTP {status}" if status is not None else type(error).__name__
                     raise UserError(
-                        f"--endpoint {self.base_url}: the request for sample {request.sample_index} of problem "
-                        f"{request.problem_id} (model {self.model}) failed after {attempt + 1} attempt(s): {kind}: "
-                        f"{str(error).splitlines()[0] if str(error) else '(no message)'}. Finished samples are on "
-                        "disk: rerun the same command to resume.") from error
+                        f"--endpoint {self.base_url}: the request for sample {request.sample_index} of "
+                        "problem "
+                        f"{request.problem_id} (model {self.model}) failed after {attempt + 1} attempt(s): "
+                        f"{kind}: "
+                        f"{str(error).splitlines()[0] if str(error) else '(no message)'}. Finished samples "
+                        "are on "
+                        "disk: rerun the same command to resume."
+                    ) from error
             await asyncio.sleep(min(self.backoff * 2**attempt, 60.0) * (0.5 + random.random()))
             attempt += 1
 
 
 def engine_name(config) -> str:
-    """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else hf."""
+    """The engine `config.engine` names; `auto` = openai with an endpoint, vllm on a GPU with vllm, else
+    hf."""
     from dapo_suite.inference.models import choose_engine
 
     return "openai" if config.engine == "auto" and config.endpoint else choose_engine(config.engine)
@@ -129,12 +169,14 @@ def make_engine(config) -> Engine:
         from dapo_suite.core.sandbox.tool_config import sandbox_limits
         from dapo_suite.inference.tool_loop import ToolEngine
 
-        return ToolEngine(HFEngine.load(config.model, engine_dtype(config), config.batch_size),
-                          Sandbox(sandbox_limits(None)))
+        return ToolEngine(
+            HFEngine.load(config.model, engine_dtype(config), config.batch_size),
+            Sandbox(sandbox_limits(None)),
+        )
     if engine == "openai":
-        return OpenAIEngine(config.endpoint, config.model, config.concurrency, config.max_retries,
-                            config.request_timeout)
+        return OpenAIEngine(
+            config.endpoint, config.model, config.concurrency, config.max_retries, config.request_timeout
+        )
     if engine == "vllm":
         return VLLMEngine.load(config.model, engine_dtype(config), config.seed)
     return HFEngine.load(config.model, engine_dtype(config), config.batch_size)
-

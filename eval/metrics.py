@@ -1,7 +1,8 @@
 """Evaluation metrics: pure functions over graded samples, one per metric, each with its formula.
 
 Notation: P problems; problem i has n_i samples, c_i of them correct. avg@k, its standard error and interval,
-pass@k, and the tests across seeds are shared with the trainer and the report, so they live in `dapo_suite.core.stats`.
+pass@k, and the tests across seeds are shared with the trainer and the report, so they live in
+`dapo_suite.core.stats`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def answer_key(pred: str) -> str:
 
 def majority_correct(preds: Sequence[str | None], correct: Sequence[bool]) -> bool:
     """Majority vote over extracted answers (None = no answer, not a vote); ties go to the answer seen first.
-    The vote is correct when the samples giving the winning answer were graded correct. False with no votes."""
+    The vote is correct when the samples giving the winning answer were graded correct. False with no
+    votes."""
     keys = [answer_key(p) if p is not None else None for p in preds]
     votes = Counter(k for k in keys if k is not None)
     if not votes:
@@ -58,8 +60,14 @@ def length_statistics(num_tokens: Sequence[int]) -> dict[str, float]:
     """Response length in tokens: mean, population std, min, median, 90th percentile (nearest rank), max."""
     ordered = sorted(num_tokens)
     p90 = ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
-    return {"mean": statistics.fmean(ordered), "std": statistics.pstdev(ordered), "min": ordered[0],
-            "median": statistics.median(ordered), "p90": p90, "max": ordered[-1]}
+    return {
+        "mean": statistics.fmean(ordered),
+        "std": statistics.pstdev(ordered),
+        "min": ordered[0],
+        "median": statistics.median(ordered),
+        "p90": p90,
+        "max": ordered[-1],
+    }
 
 
 def tokens_per_second(num_tokens: int, wall_seconds: float) -> float:

@@ -30,12 +30,14 @@ def markdown(results: dict) -> str:
         "",
         "| metric | value |",
         "|---|---|",
-        f"| avg@{n} (%) | {_pct(results['avg@k'])} +- {_pct(results['avg@k_se'])} (95 % CI {_pct(lo)}-{_pct(hi)}) |",
+        f"| avg@{n} (%) | {_pct(results['avg@k'])} +- {_pct(results['avg@k_se'])} (95 % CI "
+        f"{_pct(lo)}-{_pct(hi)}) |",
         f"| pass@{n} (%) | {_pct(results['pass@k'][str(n)])} |",
         f"| maj@{n} (%) | {_pct(results['maj@k'][str(n)])} |",
         f"| format failures (%) | {_pct(results['format_failure_rate'])} |",
         f"| grader timeouts (could not check, counted wrong) | {results.get('grader_timeouts', 'n/a')} |",
-        f"| answers past the grader's work bound (counted wrong) | {results.get('grader_too_complex', 'n/a')} |",
+        "| answers past the grader's work bound (counted wrong) | "
+        f"{results.get('grader_too_complex', 'n/a')} |",
         f"| truncated (%) | {_pct(results['truncated_fraction'])} |",
         f"| response tokens mean / median / p90 / max | {length['mean']:.0f} / {length['median']:.0f} / "
         f"{length['p90']} / {length['max']} |",
@@ -83,8 +85,12 @@ def plot(results: dict, path: Path) -> None:
     left.grid(alpha=0.3)
     positions = range(len(problems))
     right.bar(positions, [100 * p["accuracy"] for p in problems], color="tab:blue")
-    right.set(ylabel="accuracy (%)", ylim=(0, 102), xlim=(-0.6, len(problems) - 0.4),
-              title=f"per-problem accuracy ({results['num_problems']} problems, {results['n']}+ samples each)")
+    right.set(
+        ylabel="accuracy (%)",
+        ylim=(0, 102),
+        xlim=(-0.6, len(problems) - 0.4),
+        title=f"per-problem accuracy ({results['num_problems']} problems, {results['n']}+ samples each)",
+    )
     if len(problems) <= 60:
         right.set_xticks(list(positions), [p["id"] for p in problems], rotation=90, fontsize=7)
     else:
@@ -105,8 +111,10 @@ def _tool_rows(tools: dict | None) -> list[str]:
     """The tool's rows of the metric table (a run with --tools python)."""
     if not tools:
         return []
-    return [f"| tool: calls a response, responses that call (%) | {tools['calls_per_response']:.2f}, "
-            f"{_pct(tools['call_rate'])} |",
-            f"| tool: calls that fail (%), timed out | {_pct(tools['failed_call_rate'])}, {tools['timeouts']} |",
-            f"| accuracy with a call / without (%) | {_pct(tools['accuracy_with_calls'])} / "
-            f"{_pct(tools['accuracy_without_calls'])} |"]
+    return [
+        f"| tool: calls a response, responses that call (%) | {tools['calls_per_response']:.2f}, "
+        f"{_pct(tools['call_rate'])} |",
+        f"| tool: calls that fail (%), timed out | {_pct(tools['failed_call_rate'])}, {tools['timeouts']} |",
+        f"| accuracy with a call / without (%) | {_pct(tools['accuracy_with_calls'])} / "
+        f"{_pct(tools['accuracy_without_calls'])} |",
+    ]

@@ -18,16 +18,21 @@ SESSIONS_FILE = "sessions.jsonl"  # one line per generation session: wall second
 
 
 def grade(text: str, answer: str) -> dict:
-    """The verdict of one sample: `{"score", "acc", "pred", "timeout", "too_complex"}` from the shared DAPO reward
-    (`timeout`, `too_complex`: the checker could not decide, so the sample counts as wrong but is reported apart)."""
+    """The verdict of one sample: `{"score", "acc", "pred", "timeout", "too_complex"}` from the shared DAPO
+    reward (`timeout`, `too_complex`: the checker could not decide, so the sample counts as wrong but is
+    reported apart)."""
     verdict = compute_score("eval", text, answer)
-    return {"score": verdict["score"], "acc": bool(verdict["acc"]), "pred": verdict["pred"],
-            **{reason: bool(verdict[reason]) for reason in UNCHECKED}}
+    return {
+        "score": verdict["score"],
+        "acc": bool(verdict["acc"]),
+        "pred": verdict["pred"],
+        **{reason: bool(verdict[reason]) for reason in UNCHECKED},
+    }
 
 
 def generations_file(path: str | Path) -> Path:
-    """The generations file of a run directory (`generations.jsonl`, or its gzip as committed under docs/results),
-    or `path` itself when it is a file."""
+    """The generations file of a run directory (`generations.jsonl`, or its gzip as committed under
+    docs/results), or `path` itself when it is a file."""
     path = Path(path)
     if not path.is_dir():
         return path
@@ -37,8 +42,9 @@ def generations_file(path: str | Path) -> Path:
 
 
 def read_generations(path: str | Path, repair: bool = False) -> list[dict]:
-    """The records of a generations file (`.gz` read as gzip). A last line cut short by a kill is dropped (and,
-    with `repair`, removed from the file so appends start on a clean line); a bad line elsewhere is an error."""
+    """The records of a generations file (`.gz` read as gzip). A last line cut short by a kill is dropped
+    (and, with `repair`, removed from the file so appends start on a clean line); a bad line elsewhere is an
+    error."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -69,9 +75,11 @@ def read_sessions(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def group_by_problem(records: Iterable[dict], problem_order: list[str] | None = None) -> dict[str, list[dict]]:
-    """Records per problem id, each list sorted by sample index; problems in `problem_order` or first-seen order.
-    A (problem, sample) pair present twice is an error: a run never repeats a finished sample."""
+def group_by_problem(
+    records: Iterable[dict], problem_order: list[str] | None = None
+) -> dict[str, list[dict]]:
+    """Records per problem id, each list sorted by sample index; problems in `problem_order` or first-seen
+    order. A (problem, sample) pair present twice is an error: a run never repeats a finished sample."""
     groups: dict[str, dict[int, dict]] = {pid: {} for pid in problem_order or []}
     for record in records:
         samples = groups.setdefault(str(record["problem_id"]), {})
@@ -83,13 +91,15 @@ def group_by_problem(records: Iterable[dict], problem_order: list[str] | None = 
 
 def regrade(records: list[dict]) -> list[dict]:
     """Records with fresh verdicts (score, acc, pred, timeout) from their text and stored answer."""
-    return [{**r, **grade(r.get("model_text", r["text"]), r["answer"])} for r in records]  # the model's own words
+    return [
+        {**r, **grade(r.get("model_text", r["text"]), r["answer"])} for r in records
+    ]  # the model's own words
 
 
 def tool_statistics(records: list[dict]) -> dict:
-    """Tool use over graded records that carry their calls: calls per response, the share of responses that call,
-    the share of calls that fail (any outcome but ok) or time out, and the accuracy of responses with and without
-    a call."""
+    """Tool use over graded records that carry their calls: calls per response, the share of responses that
+    call, the share of calls that fail (any outcome but ok) or time out, and the accuracy of responses with
+    and without a call."""
     from dapo_suite.inference.tool_loop import tool_use  # torch: only for runs that used the tool
 
     use = tool_use([[call["outcome"] for call in r.get("tool_calls", [])] for r in records])
@@ -102,8 +112,12 @@ def tool_statistics(records: list[dict]) -> dict:
     }
 
 
-def summarize(records: list[dict], problem_order: list[str] | None = None, sessions: list[dict] | None = None,
-              expected_n: int | None = None) -> dict:
+def summarize(
+    records: list[dict],
+    problem_order: list[str] | None = None,
+    sessions: list[dict] | None = None,
+    expected_n: int | None = None,
+) -> dict:
     """Every metric of a set of graded records, plus per-problem rows. `expected_n` marks the run incomplete
     when a problem has fewer samples."""
     if not records:
@@ -129,7 +143,9 @@ def summarize(records: list[dict], problem_order: list[str] | None = None, sessi
         "pass@k": {str(k): stats.mean_pass_at_k(correct, k) for k in metrics.k_values(n)},
         "maj@k": {str(k): metrics.maj_at_k(preds, correct, k) for k in metrics.k_values(n)},
         "format_failure_rate": metrics.format_failure_rate([s["pred"] for s in flat]),
-        "grader_timeouts": sum(bool(s.get("timeout")) for s in flat),  # generations graded before it lack the field
+        "grader_timeouts": sum(
+            bool(s.get("timeout")) for s in flat
+        ),  # generations graded before it lack the field
         "grader_too_complex": sum(bool(s.get("too_complex")) for s in flat),
         "truncated_fraction": metrics.truncated_fraction([s["finish_reason"] for s in flat]),
         "response_len": metrics.length_statistics([s["num_tokens"] for s in flat]),

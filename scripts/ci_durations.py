@@ -1,6 +1,6 @@
 """The CI durations table (docs/architecture.md, "CI") from the output of `bash .ci/run` (or
-`../shared/tools/fresh-clone-test`): each stage's wall time, then each test file's summed test time per stage and
-its slowest tests. `.ci/run` prints every test over 2 s (pytest --durations-min) and a line per stage.
+`../shared/tools/fresh-clone-test`): each stage's wall time, then each test file's summed test time per stage
+and its slowest tests. `.ci/run` prints every test over 2 s (pytest --durations-min) and a line per stage.
 
     ../shared/tools/fresh-clone-test > runs/ci.log 2>&1; python scripts/ci_durations.py runs/ci.log
 """
@@ -32,13 +32,17 @@ def parse(log: str) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("log", type=Path)
     parser.add_argument("--top", type=int, default=3, help="slowest tests named per file")
     args = parser.parse_args()
     text = args.log.read_text(errors="replace")
     stages, tests = parse(text)
-    cpu = next((line for line in text.splitlines() if line.startswith("== ci stages on")), "== ci stages on ?")
+    cpu = next(
+        (line for line in text.splitlines() if line.startswith("== ci stages on")), "== ci stages on ?"
+    )
     print(f"{cpu[3:]}\n\n| stage | wall time |\n|---|---|")
     for stage, seconds in stages.items():
         print(f"| {stage} | {seconds // 60}:{seconds % 60:02d} |")
@@ -51,7 +55,7 @@ def main() -> None:
             files[path].append((seconds, name))
         for path, entries in sorted(files.items(), key=lambda item: -sum(s for s, _ in item[1])):
             entries.sort(reverse=True)
-            slowest = "; ".join(f"{name} {seconds:.0f} s" for seconds, name in entries[:args.top])
+            slowest = "; ".join(f"{name} {seconds:.0f} s" for seconds, name in entries[: args.top])
             print(f"| {stage} | {path} | {sum(s for s, _ in entries):.0f} | {slowest} |")
 
 

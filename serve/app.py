@@ -1,10 +1,11 @@
-"""The browser chat (Gradio 6): streams a reasoner's reply from an OpenAI-compatible endpoint, folds the reasoning
-into a collapsible "Thinking" message and shows the final `Answer:` line with a badge when it is an integer, and
-checks the answer when the question is a known AIME 2024 problem. All inference goes through `openai` to one
-endpoint (`dapo_suite.inference.endpoint`), so the app is the same on a laptop (dapo-suite's batched sampler) and on a GPU (`vllm serve`).
+"""The browser chat (Gradio 6): streams a reasoner's reply from an OpenAI-compatible endpoint, folds the
+reasoning into a collapsible "Thinking" message and shows the final `Answer:` line with a badge when it is an
+integer, and checks the answer when the question is a known AIME 2024 problem. All inference goes through
+`openai` to one endpoint (`dapo_suite.inference.endpoint`), so the app is the same on a laptop (dapo-suite's
+batched sampler) and on a GPU (`vllm serve`).
 
-Limits: a queue with a concurrency limit and a maximum size, a maximum question length, a timeout per reply, and
-no file routes beyond Gradio's own static assets (no `allowed_paths`)."""
+Limits: a queue with a concurrency limit and a maximum size, a maximum question length, a timeout per reply,
+and no file routes beyond Gradio's own static assets (no `allowed_paths`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from serve.config import ServeConfig
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no phoning home from a local model server
 
-API_NAME = "chat"  # gradio_client: Client(url).submit(question, temperature, top_p, max_tokens, dapo, api_name="/chat")
+# gradio_client: Client(url).submit(question, temperature, top_p, max_tokens, dapo, api_name="/chat")
+API_NAME = "chat"
 THINKING = "Thinking"
 TOOL_TITLE = "Ran Python"
 UPDATE_INTERVAL_S = 0.1
@@ -55,9 +57,9 @@ def _text(content) -> str:
 
 
 def history_to_messages(history: list[dict], dapo_prompt: bool, tools: bool = False) -> list[dict[str, str]]:
-    """Chat history as the model saw it: user turns (wrapped as they were sent), assistant turns rebuilt from the
-    Thinking message (which holds the code blocks and their outputs) plus the `Answer:` line; tool calls shown
-    apart, badges, checks, speed lines and warnings are left out."""
+    """Chat history as the model saw it: user turns (wrapped as they were sent), assistant turns rebuilt from
+    the Thinking message (which holds the code blocks and their outputs) plus the `Answer:` line; tool calls
+    shown apart, badges, checks, speed lines and warnings are left out."""
     messages: list[dict[str, str]] = []
     for entry in history:
         role, content = entry.get("role"), _text(entry.get("content"))
@@ -90,8 +92,11 @@ def tool_message(code: str, result: RunResult):
 
     title = TOOL_TITLE + ("" if result.outcome == "ok" else f": {result.outcome.replace('_', ' ')}")
     body = f"```python\n{code.rstrip()}\n```\n```\n{result.model_view(2000) or '(no output)'}\n```"
-    return gr.ChatMessage(role="assistant", content=body,
-                          metadata={"title": title, "status": "done", "duration": round(result.execution_time, 2)})
+    return gr.ChatMessage(
+        role="assistant",
+        content=body,
+        metadata={"title": title, "status": "done", "duration": round(result.execution_time, 2)},
+    )
 
 
 def _shorten(text: str, limit: int = 70) -> str:
@@ -100,27 +105,33 @@ def _shorten(text: str, limit: int = 70) -> str:
 
 
 def balance_math(text: str) -> str:
-    """Escape a trailing unmatched `$` (a partial reply, or a model that never closes it), which would otherwise
-    make the Markdown renderer swallow the rest of the message as broken LaTeX."""
+    """Escape a trailing unmatched `$` (a partial reply, or a model that never closes it), which would
+    otherwise make the Markdown renderer swallow the rest of the message as broken LaTeX."""
     unescaped = [m.start() for m in re.finditer(r"(?<!\\)\$", text)]
     if len(unescaped) % 2 == 1:
         cut = unescaped[-1]
-        text = text[:cut] + "\\$" + text[cut + 1:]
+        text = text[:cut] + "\\$" + text[cut + 1 :]
     return text
 
 
-def render(text: str, speed: Speed, done: bool, problem: Problem | None, note: str | None = None,
-           calls: tuple = ()):
-    """The assistant messages for a (partial) reply: Thinking, each tool call (`calls`: (code, RunResult)), then
-    the answer with its badges and figures."""
+def render(
+    text: str, speed: Speed, done: bool, problem: Problem | None, note: str | None = None, calls: tuple = ()
+):
+    """The assistant messages for a (partial) reply: Thinking, each tool call (`calls`: (code, RunResult)),
+    then the answer with its badges and figures."""
     import gradio as gr
 
     reply = split_reply(text)
     # Live figures while streaming; once done, the answer message carries them and the title its duration.
-    thinking_meta = ({"title": THINKING, "status": "done", "duration": round(speed.elapsed_s, 1)} if done
-                     else {"title": THINKING, "status": "pending", "log": str(speed)})
-    messages = [gr.ChatMessage(role="assistant", content=balance_math(reply.thinking) or "…",
-                               metadata=thinking_meta), *(tool_message(code, result) for code, result in calls)]
+    thinking_meta = (
+        {"title": THINKING, "status": "done", "duration": round(speed.elapsed_s, 1)}
+        if done
+        else {"title": THINKING, "status": "pending", "log": str(speed)}
+    )
+    messages = [
+        gr.ChatMessage(role="assistant", content=balance_math(reply.thinking) or "…", metadata=thinking_meta),
+        *(tool_message(code, result) for code, result in calls),
+    ]
     if not done and reply.answer is None:
         return messages
     lines = []
@@ -133,10 +144,14 @@ def render(text: str, speed: Speed, done: bool, problem: Problem | None, note: s
         badges.append(f'<span class="badge badge-integer">integer {reply.integer}</span>')
     if done and problem is not None:
         if check(text, problem):
-            badges.append(f'<span class="badge badge-correct">✓ correct: AIME {html.escape(problem.id)}</span>')
+            badges.append(
+                f'<span class="badge badge-correct">✓ correct: AIME {html.escape(problem.id)}</span>'
+            )
         else:
-            badges.append(f'<span class="badge badge-wrong">✗ AIME {html.escape(problem.id)} answer is '
-                          f'{html.escape(problem.answer)}</span>')
+            badges.append(
+                f'<span class="badge badge-wrong">✗ AIME {html.escape(problem.id)} answer is '
+                f"{html.escape(problem.answer)}</span>"
+            )
     if badges:
         lines.append(" ".join(badges))
     if done:
@@ -153,8 +168,12 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
     import httpx
     import openai
 
-    client = openai.OpenAI(base_url=endpoint.base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"),
-                           timeout=httpx.Timeout(config.request_timeout_s, connect=10.0), max_retries=0)
+    client = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "unused"),
+        timeout=httpx.Timeout(config.request_timeout_s, connect=10.0),
+        max_retries=0,
+    )
     problems = load_examples("aime24")
 
     sandbox = None
@@ -164,13 +183,21 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
 
         sandbox = Sandbox(sandbox_limits(None))  # refuses, saying what to install, where it cannot isolate
 
-    def respond(message: str, history: list[dict], temperature: float, top_p: float, max_tokens: float,
-                dapo_prompt: bool) -> Iterator[list]:
+    def respond(
+        message: str,
+        history: list[dict],
+        temperature: float,
+        top_p: float,
+        max_tokens: float,
+        dapo_prompt: bool,
+    ) -> Iterator[list]:
         if not message or not message.strip():
             raise gr.Error("Type a question first.")
         if len(message) > config.max_prompt_chars:
-            raise gr.Error(f"Your question has {len(message):,} characters; the limit is {config.max_prompt_chars:,}. "
-                           f"Shorten it, or restart with --max-prompt-chars.")
+            raise gr.Error(
+                f"Your question has {len(message):,} characters; the limit is {config.max_prompt_chars:,}. "
+                f"Shorten it, or restart with --max-prompt-chars."
+            )
         problem = find_problem(message, problems)
         messages = history_to_messages(history, dapo_prompt, bool(sandbox))
         messages.append({"role": "user", "content": user_message(message, dapo_prompt, bool(sandbox))})
@@ -183,13 +210,21 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
             extra = {"continue_final_message": True, "add_generation_prompt": False} if text else None
             try:
                 stream = client.chat.completions.create(
-                    model=endpoint.model_name, messages=turn, stream=True, temperature=float(temperature),
-                    top_p=float(top_p), max_tokens=max(int(max_tokens) - tokens, 1),
-                    stream_options={"include_usage": True}, extra_body=extra)
+                    model=endpoint.model_name,
+                    messages=turn,
+                    stream=True,
+                    temperature=float(temperature),
+                    top_p=float(top_p),
+                    max_tokens=max(int(max_tokens) - tokens, 1),
+                    stream_options={"include_usage": True},
+                    extra_body=extra,
+                )
             except (openai.APIConnectionError, openai.APITimeoutError) as error:
                 raise gr.Error(f"{endpoint.diagnose()} ({type(error).__name__})") from error
             except openai.APIStatusError as error:
-                raise gr.Error(f"The model server refused the request ({error.status_code}): {error.message}") from error
+                raise gr.Error(
+                    f"The model server refused the request ({error.status_code}): {error.message}"
+                ) from error
             turn_start, turn_tokens, code = len(text), 0, None
             try:
                 for chunk in stream:
@@ -211,60 +246,108 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
                         break
                     if code is not None:
                         break  # the block is complete: stop this turn (closing the stream stops the server)
-                    # Coalesce fast streams (a GPU's hundreds of tokens/s) into ~10 UI updates/s: each update is a
-                    # diff, a JSON message and a re-render, CPU taken from a model server on the same machine.
+                    # Coalesce fast streams (a GPU's hundreds of tokens/s) into ~10 UI updates/s: each update
+                    # is a diff, a JSON message and a re-render, CPU taken from a model server on the same
+                    # machine.
                     if first_text or now - last_update >= UPDATE_INTERVAL_S:
                         last_update = now
-                        yield render(text, Speed(tokens + turn_tokens, now - start, first_token_s), False, problem,
-                                     calls=tuple(calls))
+                        yield render(
+                            text,
+                            Speed(tokens + turn_tokens, now - start, first_token_s),
+                            False,
+                            problem,
+                            calls=tuple(calls),
+                        )
             except (openai.APIError, httpx.HTTPError) as error:
                 note = f"The reply was cut off: {endpoint.diagnose()} ({type(error).__name__})"
             finally:
-                stream.close()  # on Stop too (GeneratorExit): the server sees the disconnect and stops generating
+                # on Stop too (GeneratorExit): the server sees the disconnect and stops generating
+                stream.close()
             tokens += turn_tokens
-            if code is None or note is not None or len(calls) >= config.max_tool_calls or tokens >= max_tokens:
+            if (
+                code is None
+                or note is not None
+                or len(calls) >= config.max_tool_calls
+                or tokens >= max_tokens
+            ):
                 break
             result = sandbox.run(code)
             calls.append((code, result))
             text += tool_turn_text(result.model_view(256), text.endswith("\n"))
             finish = None
-            yield render(text, Speed(tokens, time.perf_counter() - start, first_token_s), False, problem,
-                         calls=tuple(calls))
+            yield render(
+                text,
+                Speed(tokens, time.perf_counter() - start, first_token_s),
+                False,
+                problem,
+                calls=tuple(calls),
+            )
         if finish == "length" and note is None:
             note = f"Reached the max-tokens budget ({int(max_tokens)}); raise it for longer reasoning."
-        yield render(text, Speed(tokens, time.perf_counter() - start, first_token_s), True, problem, note,
-                     tuple(calls))
+        yield render(
+            text, Speed(tokens, time.perf_counter() - start, first_token_s), True, problem, note, tuple(calls)
+        )
 
     examples = sorted(problems, key=lambda problem: len(problem.problem))[:4]
-    description = (f"Model `{endpoint.model_name}` served by `{endpoint.engine}` at `{endpoint.base_url}`. "
-                   "The reply's reasoning folds into *Thinking*; the final `Answer:` line is graded as DAPO's "
-                   "reward grades it, and checked when the question is an AIME 2024 problem.")
+    description = (
+        f"Model `{endpoint.model_name}` served by `{endpoint.engine}` at `{endpoint.base_url}`. "
+        "The reply's reasoning folds into *Thinking*; the final `Answer:` line is graded as DAPO's "
+        "reward grades it, and checked when the question is an AIME 2024 problem."
+    )
     with gr.Blocks(title="DAPO reasoner", analytics_enabled=False, fill_height=True) as demo:
         # The controls come first so that ChatInterface finds them rendered and leaves them in the sidebar.
         with gr.Sidebar(position="right", open=True, width=300):
             gr.Markdown("### Sampling\nPreset to DAPO's evaluation settings: temperature 1.0, top-p 0.7.")
             temperature = gr.Slider(0.0, 2.0, value=config.temperature, step=0.05, label="Temperature")
             top_p = gr.Slider(0.05, 1.0, value=config.top_p, step=0.05, label="Top-p")
-            max_tokens = gr.Slider(16, config.max_tokens_limit, value=config.max_tokens, step=16, label="Max tokens")
-            dapo_prompt = gr.Checkbox(value=config.dapo_prompt, label="DAPO prompt",
-                                      info="Wrap the question in the DAPO-Math-17K instruction.")
-            gr.Markdown(f"<small>Up to {config.concurrency_limit} replies at once; questions up to "
-                        f"{config.max_prompt_chars:,} characters; replies cut off after "
-                        f"{config.request_timeout_s:.0f} s.</small>")
+            max_tokens = gr.Slider(
+                16, config.max_tokens_limit, value=config.max_tokens, step=16, label="Max tokens"
+            )
+            dapo_prompt = gr.Checkbox(
+                value=config.dapo_prompt,
+                label="DAPO prompt",
+                info="Wrap the question in the DAPO-Math-17K instruction.",
+            )
+            gr.Markdown(
+                f"<small>Up to {config.concurrency_limit} replies at once; questions up to "
+                f"{config.max_prompt_chars:,} characters; replies cut off after "
+                f"{config.request_timeout_s:.0f} s.</small>"
+            )
         gr.Markdown(f"## DAPO reasoner chat\n{description}")
-        chatbot = gr.Chatbot(label="Chat", elem_id="chat", layout="bubble", height=600, buttons=["copy"], render=False,
-                             latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
-                                               {"left": "$", "right": "$", "display": False}],
-                             placeholder="**Ask a math question**, or start from an AIME 2024 problem:")
-        textbox = gr.Textbox(placeholder="Ask a math question…", show_label=False, elem_id="question",
-                             max_lines=8, submit_btn=True, stop_btn=True, render=False)
+        chatbot = gr.Chatbot(
+            label="Chat",
+            elem_id="chat",
+            layout="bubble",
+            height=600,
+            buttons=["copy"],
+            render=False,
+            latex_delimiters=[
+                {"left": "$$", "right": "$$", "display": True},
+                {"left": "$", "right": "$", "display": False},
+            ],
+            placeholder="**Ask a math question**, or start from an AIME 2024 problem:",
+        )
+        textbox = gr.Textbox(
+            placeholder="Ask a math question…",
+            show_label=False,
+            elem_id="question",
+            max_lines=8,
+            submit_btn=True,
+            stop_btn=True,
+            render=False,
+        )
         gr.ChatInterface(
-            respond, chatbot=chatbot, textbox=textbox,
+            respond,
+            chatbot=chatbot,
+            textbox=textbox,
             additional_inputs=[temperature, top_p, max_tokens, dapo_prompt],
             # Plain strings (not rows with the sliders' values) so the examples show as cards in the chat.
             examples=[[p.problem] for p in examples] or None,
             example_labels=[f"AIME {p.id}: {_shorten(p.problem)}" for p in examples] or None,
-            run_examples_on_click=False, cache_examples=False, api_name=API_NAME, fill_height=True,
+            run_examples_on_click=False,
+            cache_examples=False,
+            api_name=API_NAME,
+            fill_height=True,
             flagging_mode="never",
         )
     return demo
@@ -276,8 +359,9 @@ def open_endpoint(config: ServeConfig) -> Iterator[Endpoint]:
     if config.endpoint:
         yield connect_endpoint(config.endpoint, config.model)
         return
-    with start_endpoint(config.model, port=config.api_port, engine=config.engine,
-                        startup_timeout_s=config.startup_timeout_s) as endpoint:
+    with start_endpoint(
+        config.model, port=config.api_port, engine=config.engine, startup_timeout_s=config.startup_timeout_s
+    ) as endpoint:
         yield endpoint
 
 
@@ -285,17 +369,30 @@ def launch_kwargs(config: ServeConfig) -> dict:
     import gradio as gr
 
     logins = read_logins(config.auth, config.auth_file)
-    return dict(server_name=config.host, server_port=config.port, show_error=True, ssr_mode=False,
-                auth=logins or None, auth_message="Log in to chat with the model." if logins else None,
-                mcp_server=False, max_file_size="1mb", footer_links=[], css=CSS,
-                theme=gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
-                                     # System fonts: Gradio's default Google fonts would stall an offline page.
-                                     font=["ui-sans-serif", "system-ui", "sans-serif"],
-                                     font_mono=["ui-monospace", "Consolas", "monospace"]))
+    return dict(
+        server_name=config.host,
+        server_port=config.port,
+        show_error=True,
+        ssr_mode=False,
+        auth=logins or None,
+        auth_message="Log in to chat with the model." if logins else None,
+        mcp_server=False,
+        max_file_size="1mb",
+        footer_links=[],
+        css=CSS,
+        theme=gr.themes.Soft(
+            primary_hue="indigo",
+            neutral_hue="slate",
+            # System fonts: Gradio's default Google fonts would stall an offline page.
+            font=["ui-sans-serif", "system-ui", "sans-serif"],
+            font_mono=["ui-monospace", "Consolas", "monospace"],
+        ),
+    )
 
 
 def stop_on_sigterm() -> None:
     """Turn SIGTERM into Ctrl-C, so `docker stop` / `kill` unwind the same path and stop the model server."""
+
     def handler(signum, frame):
         raise KeyboardInterrupt
 
@@ -307,7 +404,10 @@ def launch_app(config: ServeConfig) -> None:
     stop_on_sigterm()
     try:
         with open_endpoint(config) as endpoint:
-            print(f"Model server: {endpoint.base_url} (model {endpoint.model_name}, {endpoint.engine})", flush=True)
+            print(
+                f"Model server: {endpoint.base_url} (model {endpoint.model_name}, {endpoint.engine})",
+                flush=True,
+            )
             demo = build_app(config, endpoint)
             demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
             demo.launch(**launch_kwargs(config))

@@ -23,16 +23,19 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_warning(host: str, port: int, protected: bool, what: str, how: str) -> str | None:
-    """A warning for a server on a non-loopback `host` that lets anyone in (not `protected`): what it exposes and
-    the flag that closes it; None when it binds loopback or is protected."""
+    """A warning for a server on a non-loopback `host` that lets anyone in (not `protected`): what it exposes
+    and the flag that closes it; None when it binds loopback or is protected."""
     if protected or is_loopback(host):
         return None
-    return f"warning: {what} listens on {host}:{port} with no {how}: anyone who reaches that port can use the model"
+    return (
+        f"warning: {what} listens on {host}:{port} with no {how}: anyone who reaches that port can use "
+        "the model"
+    )
 
 
 class RequireApiKey:
-    """ASGI middleware: a request to /v1/... without `Authorization: Bearer <key>` gets 401 in OpenAI's error shape
-    before the app reads its body; /health stays open, as vLLM's does."""
+    """ASGI middleware: a request to /v1/... without `Authorization: Bearer <key>` gets 401 in OpenAI's error
+    shape before the app reads its body; /health stays open, as vLLM's does."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
@@ -45,14 +48,20 @@ class RequireApiKey:
         if given is not None and hmac.compare_digest(given, self.expected):
             await self.app(scope, receive, send)
             return
-        message = ("Incorrect API key provided." if given else "You didn't provide an API key. Provide it in an "
-                   "Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY).")
+        message = (
+            "Incorrect API key provided."
+            if given
+            else "You didn't provide an API key. Provide it in an "
+            "Authorization header using Bearer auth (Authorization: Bearer YOUR_KEY)."
+        )
         await error_response(401, message, None, "invalid_api_key")(scope, receive, send)
 
 
 def read_logins(auth: str | None, auth_file: str | None) -> list[tuple[str, str]]:
-    """The chat's (user, password) pairs: `--auth user:password`, then each `user:password` line of `--auth-file`
-    (blank lines and # comments skipped); a malformed one is a ValueError naming the flag or the file's line."""
+    """The chat's (user, password) pairs: `--auth user:password`, then each `user:password` line of
+    `--auth-file` (blank lines and # comments skipped); a malformed one is a ValueError naming the flag or the
+    file's line."""
+
     def pair(text: str, where: str) -> tuple[str, str]:
         user, colon, password = text.partition(":")
         if not (colon and user.strip() and password):

@@ -1,6 +1,7 @@
-"""What the chat shows, as pure functions over text (no Gradio, no network): the reply split into its reasoning
-and its final `Answer:` line, the answer read as the reward reads it (`dapo_suite.core.reward`), a check against the
-benchmark's answer when the question is a known AIME 2024 problem, and the per-reply speed figures."""
+"""What the chat shows, as pure functions over text (no Gradio, no network): the reply split into its
+reasoning and its final `Answer:` line, the answer read as the reward reads it (`dapo_suite.core.reward`), a
+check against the benchmark's answer when the question is a known AIME 2024 problem, and the per-reply speed
+figures."""
 
 from __future__ import annotations
 

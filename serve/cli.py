@@ -1,5 +1,5 @@
-"""`dapo-suite serve`: the chat app (default) and `dapo-suite serve api` (the OpenAI-compatible endpoint alone).
-Gradio, openai and the model server load only when a command runs."""
+"""`dapo-suite serve`: the chat app (default) and `dapo-suite serve api` (the OpenAI-compatible endpoint
+alone). Gradio, openai and the model server load only when a command runs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from serve.config import ENGINES, ServeConfig
 _DEFAULTS = ServeConfig()
 
 
-_MODEL_HELP = ("Checkpoint directory (`dapo-suite train` output), hub id, or `embedded` (default: the embedded "
-               "SmolLM2-135M-Instruct).")
+_MODEL_HELP = (
+    "Checkpoint directory (`dapo-suite train` output), hub id, or `embedded` (default: the embedded "
+    "SmolLM2-135M-Instruct)."
+)
 
 
 def _model_option(extra: str = ""):
@@ -22,59 +24,122 @@ def _model_option(extra: str = ""):
 
 
 def _engine_option(func):
-    return click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-                        help="Model server to start: vLLM when installed with a GPU (auto), else dapo-suite's sampler with "
-                             "continuous batching; `transformers` starts `transformers serve`.")(func)
+    return click.option(
+        "--engine",
+        type=click.Choice(ENGINES),
+        default="auto",
+        show_default=True,
+        help="Model server to start: vLLM when installed with a GPU (auto), else dapo-suite's sampler with "
+        "continuous batching; `transformers` starts `transformers serve`.",
+    )(func)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @_model_option(" With --endpoint: the served model name to request (default: the first one it lists).")
-@click.option("--endpoint", default=None, metavar="URL",
-              help="Use a running OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of starting one.")
+@click.option(
+    "--endpoint",
+    default=None,
+    metavar="URL",
+    help="Use a running OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of starting one.",
+)
 @_engine_option
-@click.option("--host", default=_DEFAULTS.host, show_default=True,
-              help="Address the chat binds; 0.0.0.0 exposes it to your network (then set --auth or --auth-file).")
+@click.option(
+    "--host",
+    default=_DEFAULTS.host,
+    show_default=True,
+    help="Address the chat binds; 0.0.0.0 exposes it to your network (then set --auth or --auth-file).",
+)
 @click.option("--port", default=_DEFAULTS.port, show_default=True, help="Port of the chat app.")
-@click.option("--auth", default=None, metavar="USER:PASSWORD",
-              help="Ask for this login before the chat opens (Gradio's login page). Visible in the process list: "
-                   "prefer --auth-file on a shared machine.")
-@click.option("--auth-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
-              help="Logins the chat accepts, one user:password per line (blank lines and # comments skipped).")
-@click.option("--api-port", type=int, default=None, help="Port of the model server started for --model [default: free].")
-@click.option("--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0).")
+@click.option(
+    "--auth",
+    default=None,
+    metavar="USER:PASSWORD",
+    help="Ask for this login before the chat opens (Gradio's login page). Visible in the process list: "
+    "prefer --auth-file on a shared machine.",
+)
+@click.option(
+    "--auth-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Logins the chat accepts, one user:password per line (blank lines and # comments skipped).",
+)
+@click.option(
+    "--api-port", type=int, default=None, help="Port of the model server started for --model [default: free]."
+)
+@click.option(
+    "--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0)."
+)
 @click.option("--top-p", default=_DEFAULTS.top_p, show_default=True, help="Initial top-p (DAPO: 0.7).")
-@click.option("--max-tokens", default=_DEFAULTS.max_tokens, show_default=True,
-              help="Initial reply budget, in tokens: enough for a worked answer, short enough to wait for.")
-@click.option("--concurrency", "concurrency_limit", default=_DEFAULTS.concurrency_limit, show_default=True,
-              help="Replies generated at once; others wait in the queue.")
+@click.option(
+    "--max-tokens",
+    default=_DEFAULTS.max_tokens,
+    show_default=True,
+    help="Initial reply budget, in tokens: enough for a worked answer, short enough to wait for.",
+)
+@click.option(
+    "--concurrency",
+    "concurrency_limit",
+    default=_DEFAULTS.concurrency_limit,
+    show_default=True,
+    help="Replies generated at once; others wait in the queue.",
+)
 @click.option("--max-queue", default=_DEFAULTS.max_queue, show_default=True, help="Requests that may wait.")
-@click.option("--max-prompt-chars", default=_DEFAULTS.max_prompt_chars, show_default=True,
-              help="Longest question accepted.")
-@click.option("--request-timeout", "request_timeout_s", default=_DEFAULTS.request_timeout_s, show_default=True,
-              help="Seconds a reply may stream before it is cut off.")
-@click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
-              help="Seconds the model server may take to become healthy.")
-@click.option("--tools", type=click.Choice(["python"]), default=None,
-              help="Let the model run ```python blocks in the sandbox (docs/tools.md); each call and its output "
-                   "show folded in the reply, as Thinking does.")
-@click.option("--no-dapo-prompt", "dapo_prompt", flag_value=False, default=True,
-              help="Start with the DAPO prompt checkbox off (questions are sent as typed).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML of ServeConfig fields; flags given on the command line override it.")
+@click.option(
+    "--max-prompt-chars",
+    default=_DEFAULTS.max_prompt_chars,
+    show_default=True,
+    help="Longest question accepted.",
+)
+@click.option(
+    "--request-timeout",
+    "request_timeout_s",
+    default=_DEFAULTS.request_timeout_s,
+    show_default=True,
+    help="Seconds a reply may stream before it is cut off.",
+)
+@click.option(
+    "--startup-timeout",
+    "startup_timeout_s",
+    default=_DEFAULTS.startup_timeout_s,
+    show_default=True,
+    help="Seconds the model server may take to become healthy.",
+)
+@click.option(
+    "--tools",
+    type=click.Choice(["python"]),
+    default=None,
+    help="Let the model run ```python blocks in the sandbox (docs/tools.md); each call and its output "
+    "show folded in the reply, as Thinking does.",
+)
+@click.option(
+    "--no-dapo-prompt",
+    "dapo_prompt",
+    flag_value=False,
+    default=True,
+    help="Start with the DAPO prompt checkbox off (questions are sent as typed).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML of ServeConfig fields; flags given on the command line override it.",
+)
 @click.pass_context
 def serve(ctx: click.Context, config_file: str | None, **options) -> None:
     """Chat with a trained reasoner in the browser, or serve it over an OpenAI-compatible API.
 
     \b
     Examples:
-      dapo-suite serve                                   # chat with the embedded model at http://127.0.0.1:7860
-      dapo-suite serve --model runs/dapo/checkpoint-last # chat with a trained checkpoint
-      dapo-suite serve --endpoint http://gpu-box:8000/v1 # chat through a server that is already running
-      dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000   # the endpoint alone
+      dapo-suite serve                                   # chat with the embedded model at
+      http://127.0.0.1:7860 dapo-suite serve --model runs/dapo/checkpoint-last # chat with a trained
+      checkpoint dapo-suite serve --endpoint http://gpu-box:8000/v1 # chat through a server that is already
+      running dapo-suite serve api --model runs/dapo/checkpoint-last --port 8000   # the endpoint alone
 
     The chat streams the reply, folds the reasoning into "Thinking", shows the final `Answer:` line (badge
     when it is an integer) and checks it when the question is an AIME 2024 problem. The model server
-    (`vllm serve` on a GPU, dapo-suite's batched sampler on the CPU) is health-checked first and stopped with the app.
+    (`vllm serve` on a GPU, dapo-suite's batched sampler on the CPU) is health-checked first and stopped with
+    the app.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -85,8 +150,13 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
         config = load_config(ServeConfig, config_file, given, "serve")
     except ValueError as error:
         raise click.BadParameter(str(error)) from error
-    if warning := exposure_warning(config.host, config.port, bool(config.auth or config.auth_file), "the chat",
-                                   "login: set --auth USER:PASSWORD or --auth-file FILE"):
+    if warning := exposure_warning(
+        config.host,
+        config.port,
+        bool(config.auth or config.auth_file),
+        "the chat",
+        "login: set --auth USER:PASSWORD or --auth-file FILE",
+    ):
         click.echo(warning, err=True)
     launch_app(config)
 
@@ -94,24 +164,62 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
 @serve.command()
 @_model_option()
 @_engine_option
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address the API binds; 0.0.0.0 exposes it to your network (then set --api-key).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the API binds; 0.0.0.0 exposes it to your network (then set --api-key).",
+)
 @click.option("--port", type=int, default=8000, show_default=True, help="Port of the API (0: a free one).")
-@click.option("--api-key", default=None, envvar=API_KEY_ENV, show_envvar=True, metavar="KEY",
-              help="Answer only requests that send `Authorization: Bearer KEY` (an OpenAI client's api_key); "
-                   "others get 401 in OpenAI's error shape before any work, as vLLM's --api-key. /health stays open.")
-@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].")
-@click.option("--startup-timeout", "startup_timeout_s", default=_DEFAULTS.startup_timeout_s, show_default=True,
-              help="Seconds the model server may take to become healthy.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
-                   "else float32; float32 gives the same greedy text on every CPU.")
-@click.option("--served-model-name", "served_name", default=None, metavar="NAME",
-              help="The name /v1/models lists and requests send as `model` [default: SmolLM2-135M-Instruct for the "
-                   "embedded model, a checkpoint's folder name, a hub id as given]; the model's path is accepted too.")
-def api(model: str | None, engine: str, host: str, port: int, api_key: str | None, max_prompt_tokens: int | None,
-        startup_timeout_s: float, dtype: str, served_name: str | None) -> None:
+@click.option(
+    "--api-key",
+    default=None,
+    envvar=API_KEY_ENV,
+    show_envvar=True,
+    metavar="KEY",
+    help="Answer only requests that send `Authorization: Bearer KEY` (an OpenAI client's api_key); "
+    "others get 401 in OpenAI's error shape before any work, as vLLM's --api-key. /health stays open.",
+)
+@click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].",
+)
+@click.option(
+    "--startup-timeout",
+    "startup_timeout_s",
+    default=_DEFAULTS.startup_timeout_s,
+    show_default=True,
+    help="Seconds the model server may take to become healthy.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    default="auto",
+    show_default=True,
+    help="Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
+    "else float32; float32 gives the same greedy text on every CPU.",
+)
+@click.option(
+    "--served-model-name",
+    "served_name",
+    default=None,
+    metavar="NAME",
+    help="The name /v1/models lists and requests send as `model` [default: SmolLM2-135M-Instruct for the "
+    "embedded model, a checkpoint's folder name, a hub id as given]; the model's path is accepted too.",
+)
+def api(
+    model: str | None,
+    engine: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_prompt_tokens: int | None,
+    startup_timeout_s: float,
+    dtype: str,
+    served_name: str | None,
+) -> None:
     """Serve a model over an OpenAI-compatible API only (for `dapo-suite data` and `dapo-suite eval`).
 
     \b
@@ -132,18 +240,35 @@ def api(model: str | None, engine: str, host: str, port: int, api_key: str | Non
 
     stop_on_sigterm()
     port = port or free_port(host)
-    if warning := exposure_warning(host, port, bool(api_key), "serve api", f"API key: set --api-key or {API_KEY_ENV}"):
+    if warning := exposure_warning(
+        host, port, bool(api_key), "serve api", f"API key: set --api-key or {API_KEY_ENV}"
+    ):
         click.echo(warning, err=True)
     try:
         name = served_name or served_model_name(model)
-        with start_endpoint(model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype,
-                            served_name=name) as endpoint:
-            def ready() -> None:
-                click.echo(f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: http://{host}:{port}/v1\n"
-                           f"  model:    {name}\nCtrl-C stops it.")
+        with start_endpoint(
+            model, engine=engine, startup_timeout_s=startup_timeout_s, dtype=dtype, served_name=name
+        ) as endpoint:
 
-            serve_front(endpoint.base_url, name, endpoint.model_path, host, port, max_prompt_tokens,
-                        on_ready=ready, engine=endpoint.engine, child_model=endpoint.model_name, api_key=api_key)
+            def ready() -> None:
+                click.echo(
+                    f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: "
+                    f"http://{host}:{port}/v1\n"
+                    f"  model:    {name}\nCtrl-C stops it."
+                )
+
+            serve_front(
+                endpoint.base_url,
+                name,
+                endpoint.model_path,
+                host,
+                port,
+                max_prompt_tokens,
+                on_ready=ready,
+                engine=endpoint.engine,
+                child_model=endpoint.model_name,
+                api_key=api_key,
+            )
             if endpoint.exit_code() is not None:
                 raise click.ClickException(endpoint.diagnose())
     except KeyboardInterrupt:

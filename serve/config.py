@@ -1,6 +1,6 @@
-"""The serving stage's one config: where the model comes from, how it samples, and the limits that keep the app
-up. `dapo-suite serve` fills it from `--config FILE.yaml`, then the flags given (`dapo_suite.core.fields.load_config`);
-`__post_init__` rejects impossible values and says what to set."""
+"""The serving stage's one config: where the model comes from, how it samples, and the limits that keep the
+app up. `dapo-suite serve` fills it from `--config FILE.yaml`, then the flags given
+(`dapo_suite.core.fields.load_config`); `__post_init__` rejects impossible values and says what to set."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ class ServeConfig:
     """Address the chat app binds: loopback only unless you choose otherwise."""
     port: int = 7860
     auth: str | None = None
-    """`user:password` the chat asks for before it opens (Gradio's login page); None with no auth_file: no login."""
+    """`user:password` the chat asks for before it opens (Gradio's login page); None with no auth_file: no
+    login."""
     auth_file: str | None = None
     """A file of `user:password` lines, one login each (blank lines and # comments skipped)."""
     api_port: int | None = None
@@ -35,14 +36,16 @@ class ServeConfig:
     temperature: float = 1.0
     top_p: float = 0.7
     max_tokens: int = 512
-    """Default reply budget: room for a worked answer and its `Answer:` line, short enough to wait for on a CPU."""
+    """Default reply budget: room for a worked answer and its `Answer:` line, short enough to wait for on a
+    CPU."""
     max_tokens_limit: int = 8192
     """Upper end of the max-tokens slider (SmolLM2's context is 8192)."""
     dapo_prompt: bool = True
     """Wrap each question in the DAPO-Math-17K instruction (it asks for a final `Answer:` line)."""
     tools: str | None = None
-    """"python": the model may run ```python blocks in the sandbox (docs/tools.md); each call and its output are
-    shown folded, as Thinking is."""
+    """"python": the model may run
+    ```python blocks in the sandbox (docs/tools.md); each call and its output are shown folded, as Thinking
+    is."""
     max_tool_calls: int = 3
     """Code blocks run per reply (verl's max_assistant_turns - 1); a later block ends the reply."""
 
@@ -64,7 +67,9 @@ class ServeConfig:
         if self.engine not in ENGINES:
             raise ValueError(f"engine={self.engine!r}: choose one of {', '.join(ENGINES)}.")
         if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError(f"temperature={self.temperature}: set a value in [0, 2] (DAPO evaluates at 1.0).")
+            raise ValueError(
+                f"temperature={self.temperature}: set a value in [0, 2] (DAPO evaluates at 1.0)."
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p}: set a value in (0, 1] (DAPO evaluates at 0.7).")
         if not 1 <= self.max_tokens <= self.max_tokens_limit:

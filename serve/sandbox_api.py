@@ -1,12 +1,12 @@
-"""`dapo-suite sandbox serve`: SandboxFusion's `POST /run_code` on dapo-suite's sandbox, so the `sandbox-fusion`
-client and verl tool configs written for SandboxFusion work unchanged.
+"""`dapo-suite sandbox serve`: SandboxFusion's `POST /run_code` on dapo-suite's sandbox, so the
+`sandbox-fusion` client and verl tool configs written for SandboxFusion work unchanged.
 
-Request (SandboxFusion's `RunCodeRequest`): `code`, `language` ("python"), `run_timeout` (seconds, capped at the
-sandbox's wall-time limit), `stdin`; `compile_timeout`, `files` and `fetch_files` are accepted empty only (no
-compiled languages, no files in or out: a non-empty one gets 400). Response (`RunCodeResponse`): `status`
+Request (SandboxFusion's `RunCodeRequest`): `code`, `language` ("python"), `run_timeout` (seconds, capped at
+the sandbox's wall-time limit), `stdin`; `compile_timeout`, `files` and `fetch_files` are accepted empty only
+(no compiled languages, no files in or out: a non-empty one gets 400). Response (`RunCodeResponse`): `status`
 Success | Failed | SandboxError, `message`, `run_result` {status Finished | TimeLimitExceeded, execution_time,
-return_code, stdout, stderr}, `files` {}. At most `max_concurrency` calls run at once; the rest wait their turn.
-A request that is not such an object gets 400 naming the field; with `api_key`, one without
+return_code, stdout, stderr}, `files` {}. At most `max_concurrency` calls run at once; the rest wait their
+turn. A request that is not such an object gets 400 naming the field; with `api_key`, one without
 `Authorization: Bearer KEY` gets 401.
 """
 
@@ -21,8 +21,16 @@ from fastapi.responses import JSONResponse
 from dapo_suite.core.sandbox import OUTCOMES, RunResult, Sandbox
 
 LANGUAGES = ("python", "python3")
-FIELDS = {"code": str, "language": str, "run_timeout": (int, float), "compile_timeout": (int, float),
-          "stdin": (str, type(None)), "files": dict, "fetch_files": list, "memory_limit_MB": (int, float)}
+FIELDS = {
+    "code": str,
+    "language": str,
+    "run_timeout": (int, float),
+    "compile_timeout": (int, float),
+    "stdin": (str, type(None)),
+    "files": dict,
+    "fetch_files": list,
+    "memory_limit_MB": (int, float),
+}
 
 
 class BadRequest(ValueError):
@@ -54,13 +62,26 @@ def parse_run_code(body: object) -> dict:
 def fusion_response(result: RunResult) -> dict:
     """A RunResult in SandboxFusion's RunCodeResponse shape."""
     if result.outcome == "sandbox_error":
-        return {"status": "SandboxError", "message": result.message, "compile_result": None, "run_result": None,
-                "files": {}}
-    return {"status": "Success" if result.return_code == 0 else "Failed", "message": result.message,
+        return {
+            "status": "SandboxError",
+            "message": result.message,
             "compile_result": None,
-            "run_result": {"status": OUTCOMES[result.outcome], "execution_time": result.execution_time,
-                           "return_code": result.return_code, "stdout": result.stdout, "stderr": result.stderr},
-            "files": {}}
+            "run_result": None,
+            "files": {},
+        }
+    return {
+        "status": "Success" if result.return_code == 0 else "Failed",
+        "message": result.message,
+        "compile_result": None,
+        "run_result": {
+            "status": OUTCOMES[result.outcome],
+            "execution_time": result.execution_time,
+            "return_code": result.return_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+        },
+        "files": {},
+    }
 
 
 def make_app(sandbox: Sandbox, max_concurrency: int = 2, api_key: str | None = None) -> FastAPI:
@@ -77,14 +98,19 @@ def make_app(sandbox: Sandbox, max_concurrency: int = 2, api_key: str | None = N
         if expected is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                return JSONResponse({"detail": "missing or wrong API key: send Authorization: Bearer KEY"}, 401)
+                return JSONResponse(
+                    {"detail": "missing or wrong API key: send Authorization: Bearer KEY"}, 401
+                )
         try:
             body = parse_run_code(await request.json())
         except ValueError as error:  # BadRequest, or a body that is not JSON
-            return JSONResponse({"detail": str(error) if isinstance(error, BadRequest)
-                                 else "the body is not JSON"}, 400)
+            return JSONResponse(
+                {"detail": str(error) if isinstance(error, BadRequest) else "the body is not JSON"}, 400
+            )
         async with slots:
-            result = await asyncio.to_thread(sandbox.run, body["code"], body.get("stdin"), body.get("run_timeout"))
+            result = await asyncio.to_thread(
+                sandbox.run, body["code"], body.get("stdin"), body.get("run_timeout")
+            )
         return JSONResponse(fusion_response(result))
 
     return app

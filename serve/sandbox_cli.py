@@ -14,23 +14,33 @@ _LIMITS = SandboxLimits()
 
 def _limit_options(func):
     for name, kind, help_text in (
-            ("wall-seconds", float, "Wall-time limit of a call; then its whole process tree is killed."),
-            ("cpu-seconds", float, "CPU-time limit of a call (RLIMIT_CPU)."),
-            ("memory-mb", int, "Address-space limit of a call (RLIMIT_AS), in MB."),
-            ("output-bytes", int, "Limit of stdout and of stderr each; past it the call is stopped.")):
+        ("wall-seconds", float, "Wall-time limit of a call; then its whole process tree is killed."),
+        ("cpu-seconds", float, "CPU-time limit of a call (RLIMIT_CPU)."),
+        ("memory-mb", int, "Address-space limit of a call (RLIMIT_AS), in MB."),
+        ("output-bytes", int, "Limit of stdout and of stderr each; past it the call is stopped."),
+    ):
         default = getattr(_LIMITS, name.replace("-", "_"))
         func = click.option(f"--{name}", type=kind, default=default, show_default=True, help=help_text)(func)
-    return click.option("--unsafe-no-isolation", is_flag=True,
-                        help="Run without bubblewrap's namespaces (rlimits only): the code can read your files, "
-                             "environment and network. Only where isolation cannot be installed.")(func)
+    return click.option(
+        "--unsafe-no-isolation",
+        is_flag=True,
+        help="Run without bubblewrap's namespaces (rlimits only): the code can read your files, "
+        "environment and network. Only where isolation cannot be installed.",
+    )(func)
 
 
 def _sandbox(options: dict, pool_size: int):
     from dapo_suite.core.sandbox import Sandbox
 
-    limits = SandboxLimits(wall_seconds=options["wall_seconds"], cpu_seconds=options["cpu_seconds"],
-                           memory_mb=options["memory_mb"], output_bytes=options["output_bytes"])
-    return Sandbox(limits, pool_size=pool_size, isolation="unsafe-none" if options["unsafe_no_isolation"] else "bwrap")
+    limits = SandboxLimits(
+        wall_seconds=options["wall_seconds"],
+        cpu_seconds=options["cpu_seconds"],
+        memory_mb=options["memory_mb"],
+        output_bytes=options["output_bytes"],
+    )
+    return Sandbox(
+        limits, pool_size=pool_size, isolation="unsafe-none" if options["unsafe_no_isolation"] else "bwrap"
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,11 +56,17 @@ def sandbox() -> None:
 
 @sandbox.command("run")
 @click.argument("file", type=click.File("r"))
-@click.option("--json", "as_json", is_flag=True, help="Print the whole record (outcome, exit status, output, "
-                                                     "time) as JSON instead of what the model would see.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the whole record (outcome, exit status, output, "
+    "time) as JSON instead of what the model would see.",
+)
 @_limit_options
 def run(file, as_json: bool, **options) -> None:
-    """Run FILE (- for standard input) once and print what the model would see; the exit status is the call's."""
+    """Run FILE (- for standard input) once and print what the model would see; the exit status is the
+    call's."""
     import json
 
     code = file.read()
@@ -61,16 +77,26 @@ def run(file, as_json: bool, **options) -> None:
 
 
 @sandbox.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; beyond loopback set --api-key.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind; beyond loopback set --api-key."
+)
 @click.option("--port", default=8080, show_default=True, help="Port (SandboxFusion's default is 8080).")
-@click.option("--api-key", default=None, envvar="DAPO_SUITE_SANDBOX_API_KEY",
-              help="Require `Authorization: Bearer KEY` (default: $DAPO_SUITE_SANDBOX_API_KEY).")
-@click.option("--max-concurrency", default=2, show_default=True,
-              help="Calls run at once (the rest wait); about one per core.")
+@click.option(
+    "--api-key",
+    default=None,
+    envvar="DAPO_SUITE_SANDBOX_API_KEY",
+    help="Require `Authorization: Bearer KEY` (default: $DAPO_SUITE_SANDBOX_API_KEY).",
+)
+@click.option(
+    "--max-concurrency",
+    default=2,
+    show_default=True,
+    help="Calls run at once (the rest wait); about one per core.",
+)
 @_limit_options
 def serve(host: str, port: int, api_key: str | None, max_concurrency: int, **options) -> None:
-    """Serve SandboxFusion's `POST /run_code` (the `sandbox-fusion` client, verl tool configs written for it)."""
+    """Serve SandboxFusion's `POST /run_code` (the `sandbox-fusion` client, verl tool configs written for
+    it)."""
     import uvicorn
 
     from serve.auth import exposure_warning

@@ -12,7 +12,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-INNER = '''
+INNER = """
 import time
 import pytest
 
@@ -24,7 +24,7 @@ def test_first():
 @pytest.mark.launches(2)
 def test_extends_it():
     pass
-'''
+"""
 
 
 def run_session(tmp_path: Path, deadline_in_s: float | None) -> str:
@@ -34,8 +34,14 @@ def run_session(tmp_path: Path, deadline_in_s: float | None) -> str:
     env = {key: value for key, value in os.environ.items() if key != "DAPO_SUITE_TEST_DEADLINE"}
     if deadline_in_s is not None:
         env["DAPO_SUITE_TEST_DEADLINE"] = str(time.time() + deadline_in_s)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "test_inner.py"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 

@@ -7,7 +7,8 @@ from click.testing import CliRunner
 
 
 def test_verl_hydra_and_latex_parser_import_together():
-    # One fresh interpreter, as a user's script would be: a latex2sympy2 that pins antlr 4.7.2 breaks hydra here.
+    # One fresh interpreter, as a user's script would be: a latex2sympy2 that pins antlr 4.7.2 breaks hydra
+    # here.
     code = (
         "import verl, hydra, omegaconf, latex2sympy2_extended, math_verify\n"
         "from importlib.metadata import version\n"
@@ -46,15 +47,21 @@ def test_help_lists_every_stage():
 
 
 def test_console_script_is_installed():
-    result = subprocess.run(["dapo-suite", "--version"], capture_output=True, text=True,
-                            env={"PATH": str(__import__("pathlib").Path(sys.executable).parent)})
+    result = subprocess.run(
+        ["dapo-suite", "--version"],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(__import__("pathlib").Path(sys.executable).parent)},
+    )
     assert result.returncode == 0 and "dapo-suite" in result.stdout
 
 
 def test_a_stage_not_built_yet_says_so_and_exits_non_zero(monkeypatch):
     from dapo_suite import cli
 
-    monkeypatch.setitem(cli.STAGES, "later", ("dapo_suite.stage_that_does_not_exist", "later", "A future stage."))
+    monkeypatch.setitem(
+        cli.STAGES, "later", ("dapo_suite.stage_that_does_not_exist", "later", "A future stage.")
+    )
     result = CliRunner().invoke(cli.main, ["later", "--anything"])
     assert result.exit_code != 0
     assert "not built yet" in result.output

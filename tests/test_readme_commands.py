@@ -1,9 +1,9 @@
-"""The README's "Using it" commands, read from README.md and run in order in a fresh folder, each checked to do
-what its line says (issue 62), on the embedded model at toy scale: the flags appended to a line only make it
-cheaper (a step or two, two AIME problems, 8 tokens; a free port), and a placeholder (runs/eval/A, B) becomes the
-evaluations run before it. The named raw set math_train is a stand-in in MATH's format (the shipped arithmetic
-problems) under a data root of the test's own, so the data build runs as the README writes it without the
-7,500-problem download."""
+"""The README's "Using it" commands, read from README.md and run in order in a fresh folder, each checked to
+do what its line says (issue 62), on the embedded model at toy scale: the flags appended to a line only make
+it cheaper (a step or two, two AIME problems, 8 tokens; a free port), and a placeholder (runs/eval/A, B)
+becomes the evaluations run before it. The named raw set math_train is a stand-in in MATH's format (the
+shipped arithmetic problems) under a data root of the test's own, so the data build runs as the README writes
+it without the 7,500-problem download."""
 
 from __future__ import annotations
 
@@ -37,16 +37,30 @@ def readme_commands() -> list[list[str]]:
 
 
 def _run(args: list[str], cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"dapo-suite {shlex.join(args)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "dapo_suite.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, (
+        f"dapo-suite {shlex.join(args)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )
     return result
 
 
 def _served(args: list[str], cwd: Path, env: dict, ready: str):
     """A serving command started in the background; (process, its output up to the line holding `ready`)."""
-    process = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", *args], cwd=cwd, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dapo_suite.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     for line in process.stdout:
         lines.append(line)
@@ -67,14 +81,34 @@ def _stop(process: subprocess.Popen) -> None:
 def test_the_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
     commands = readme_commands()
     assert [" ".join(args[:2]) for args in commands] == [
-        "data build", "train --preset", "train --resume", "train ladder", "eval aime24", "eval compare",
-        "report runs/dapo", "serve --model", "serve api"], commands
+        "data build",
+        "train --preset",
+        "train --resume",
+        "train ladder",
+        "eval aime24",
+        "eval compare",
+        "report runs/dapo",
+        "serve --model",
+        "serve api",
+    ], commands
     root = tmp_path / "data-root" / "math_train"
     root.mkdir(parents=True)
     rows = [json.loads(line) for line in ARITHMETIC.read_text().splitlines()]
-    root.joinpath("train.jsonl").write_text("".join(json.dumps(
-        {"problem": row["question"], "solution": f"So the answer is $\\boxed{{{row['answer']}}}$.",
-         "answer": row["answer"], "level": "Level 1", "type": "Prealgebra"}) + "\n" for row in rows))
+    root.joinpath("train.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "problem": row["question"],
+                    "solution": f"So the answer is $\\boxed{{{row['answer']}}}$.",
+                    "answer": row["answer"],
+                    "level": "Level 1",
+                    "type": "Prealgebra",
+                }
+            )
+            + "\n"
+            for row in rows
+        )
+    )
     env = {**os.environ, "DAPO_SUITE_DATA": str(root.parent), "HF_HUB_OFFLINE": "1"}
     work = tmp_path / "clone"
     work.mkdir()
@@ -90,8 +124,11 @@ def test_the_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
 
     # continue after a crash: the same run, its own data and settings, one step further
     _run([*resume, "--set", "max_steps=2"], work, env)
-    steps = [json.loads(line)["step"] for line in (work / "runs" / "dapo" / "metrics.jsonl").read_text().splitlines()
-             if "reward/acc" in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in (work / "runs" / "dapo" / "metrics.jsonl").read_text().splitlines()
+        if "reward/acc" in line
+    ]
     assert steps == [1, 2]
     assert "train_file: data/math/train.parquet" in (work / "runs" / "dapo" / "config.yaml").read_text()
 
@@ -102,7 +139,10 @@ def test_the_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
     _run(["eval", "aime24", *CHEAP_EVAL], work, env)  # the starting model: the other side of the comparison
     runs = {path.name: path for path in (work / "runs" / "eval").iterdir()}
     assert set(runs) == {"aime24-checkpoint-last", "aime24-embedded"}, runs
-    placeholders = {"runs/eval/A": "runs/eval/aime24-embedded", "runs/eval/B": "runs/eval/aime24-checkpoint-last"}
+    placeholders = {
+        "runs/eval/A": "runs/eval/aime24-embedded",
+        "runs/eval/B": "runs/eval/aime24-checkpoint-last",
+    }
     compared = _run([placeholders.get(arg, arg) for arg in compare], work, env)
     assert "paired bootstrap over problems" in compared.stdout
 
@@ -131,8 +171,9 @@ def test_the_readme_commands_run_in_order_on_a_fresh_folder(tmp_path):
         base_url = re.search(r"base URL: (\S+)", output)[1]
         assert re.search(r"model: +checkpoint-last$", output, re.MULTILINE), output
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-        reply = client.chat.completions.create(model="checkpoint-last", max_tokens=4,
-                                               messages=[{"role": "user", "content": "What is 2 + 2?"}])
+        reply = client.chat.completions.create(
+            model="checkpoint-last", max_tokens=4, messages=[{"role": "user", "content": "What is 2 + 2?"}]
+        )
         assert reply.choices[0].message.content is not None and reply.usage.completion_tokens > 0
     finally:
         _stop(process)

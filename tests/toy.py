@@ -1,5 +1,6 @@
-"""The toy training scale and the CLI runners shared by the end-to-end tests: `dapo-suite ARGS...` to completion,
-and `dapo-suite serve api` as a running child (a module, not a conftest: the tests import what they use)."""
+"""The toy training scale and the CLI runners shared by the end-to-end tests: `dapo-suite ARGS...` to
+completion, and `dapo-suite serve api` as a running child (a module, not a conftest: the tests import what
+they use)."""
 
 from __future__ import annotations
 
@@ -15,28 +16,65 @@ from pathlib import Path
 from dapo_suite.core.ports import free_port
 
 # Toy training scale: seconds per step on a CPU.
-TOY = {"group_size": 2, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1, "micro_batch_size": 4,
-       "max_response_length": 8, "overlong_buffer_len": 4, "heldout_size": 4, "val_n": 1, "max_num_gen_batches": 1}
+TOY = {
+    "group_size": 2,
+    "gen_batch_size": 2,
+    "train_batch_size": 2,
+    "mini_batch_size": 1,
+    "micro_batch_size": 4,
+    "max_response_length": 8,
+    "overlong_buffer_len": 4,
+    "heldout_size": 4,
+    "val_n": 1,
+    "max_num_gen_batches": 1,
+}
 TOY_FLAGS = [arg for key, value in TOY.items() for arg in ("--set", f"{key}={value}")]
 
 
 # A run small enough for a test: 2 prompts x 2 responses of at most 8 tokens per step, 1 held-out problem.
-TINY = ["--preset", "+token-loss", "--set", "overlong_filter=false", "--set", "heldout_size=2", "--set", "val_n=1", "--set", "group_size=2",
-        "--set", "gen_batch_size=2", "--set", "train_batch_size=2", "--set", "mini_batch_size=1",
-        "--set", "micro_batch_size=4", "--set", "max_response_length=8", "--set", "overlong_buffer_len=4",
-        "--set", "val_max_response_length=8"]
+TINY = [
+    "--preset",
+    "+token-loss",
+    "--set",
+    "overlong_filter=false",
+    "--set",
+    "heldout_size=2",
+    "--set",
+    "val_n=1",
+    "--set",
+    "group_size=2",
+    "--set",
+    "gen_batch_size=2",
+    "--set",
+    "train_batch_size=2",
+    "--set",
+    "mini_batch_size=1",
+    "--set",
+    "micro_batch_size=4",
+    "--set",
+    "max_response_length=8",
+    "--set",
+    "overlong_buffer_len=4",
+    "--set",
+    "val_max_response_length=8",
+]
 
 
 def run_train(out: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """`dapo-suite train` at the TINY scale into `out`, output captured."""
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, *extra],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_suite.cli", "train", "--out", str(out), *TINY, *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dapo_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """`dapo-suite ARGS...` in a fresh interpreter, output captured."""
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @dataclass(frozen=True)
@@ -50,14 +88,21 @@ class ServedApi:
 
 
 @contextmanager
-def serve_api(*args: str, env: dict[str, str] | None = None, max_lines: int = 200,
-              stop_timeout_s: float = 30) -> Iterator[ServedApi]:
-    """`dapo-suite serve api --port PORT ARGS...` on a free port in a fresh interpreter, given once it has printed
-    its base URL and model (read from at most `max_lines` lines of its output); on exit SIGTERM, then a kill if it
-    has not stopped within `stop_timeout_s`. `env`: the child's whole environment (default: this process's)."""
+def serve_api(
+    *args: str, env: dict[str, str] | None = None, max_lines: int = 200, stop_timeout_s: float = 30
+) -> Iterator[ServedApi]:
+    """`dapo-suite serve api --port PORT ARGS...` on a free port in a fresh interpreter, given once it has
+    printed its base URL and model (read from at most `max_lines` lines of its output); on exit SIGTERM, then
+    a kill if it has not stopped within `stop_timeout_s`. `env`: the child's whole environment (default: this
+    process's)."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), *args],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dapo_suite.cli", "serve", "api", "--port", str(port), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines: list[str] = []
         for line in process.stdout:

@@ -1,10 +1,10 @@
-"""Typing a user's value (`--set key=value`, a YAML preset or config file) against a dataclass field's type hint,
-and the one config loader of every stage (`load_config`: YAML file, then overrides, then validation).
+"""Typing a user's value (`--set key=value`, a YAML preset or config file) against a dataclass field's type
+hint, and the one config loader of every stage (`load_config`: YAML file, then overrides, then validation).
 
 Driven by the hints alone, so a field added to a config is covered without a line here: `lr: float` takes
-`3e-5` or `1` and refuses `abc` ("lr takes a float"), `dynamic_sampling: bool` takes true/false (yes/no, on/off,
-1/0) and refuses `maybe`, `clip_c: float | None` also takes null, `model: str` takes any text as written,
-`Literal["a", "b"]` takes one of its values, `list[str]` a YAML list or a comma-separated string.
+`3e-5` or `1` and refuses `abc` ("lr takes a float"), `dynamic_sampling: bool` takes true/false (yes/no,
+on/off, 1/0) and refuses `maybe`, `clip_c: float | None` also takes null, `model: str` takes any text as
+written, `Literal["a", "b"]` takes one of its values, `list[str]` a YAML list or a comma-separated string.
 Ranges are the dataclass's own business (`__post_init__`, with `within` for intervals written "[0, 1)").
 """
 
@@ -46,8 +46,9 @@ def typed_value(cls: type, key: str, value: Any, where: str = "--set") -> Any:
 
 def read_config_file(cls: type, path: str | Path, stage: str, section: str | None = None) -> dict[str, Any]:
     """The fields a YAML (or JSON) file sets for the config dataclass `cls`, typed against their hints; read
-    under a top-level `section:` key when the file has one. A run's provenance keys are skipped (a saved config
-    reads back as input); any other key that is not a field is refused, naming the file and the valid keys."""
+    under a top-level `section:` key when the file has one. A run's provenance keys are skipped (a saved
+    config reads back as input); any other key that is not a field is refused, naming the file and the valid
+    keys."""
     values = yaml.safe_load(Path(path).read_text()) or {}
     if section and isinstance(values.get(section), dict):
         values = values[section]
@@ -59,10 +60,16 @@ def read_config_file(cls: type, path: str | Path, stage: str, section: str | Non
     return {key: typed_value(cls, key, value, where=f"{path}:") for key, value in values.items()}
 
 
-def load_config(cls: type[Config], path: str | Path | None, overrides: dict[str, Any], stage: str,
-                section: str | None = None) -> Config:
-    """The one config loader of every stage: the dataclass defaults, then the file's values (`read_config_file`),
-    then `overrides` (the flags given), then validation by the dataclass's own `__post_init__`."""
+def load_config(
+    cls: type[Config],
+    path: str | Path | None,
+    overrides: dict[str, Any],
+    stage: str,
+    section: str | None = None,
+) -> Config:
+    """The one config loader of every stage: the dataclass defaults, then the file's values
+    (`read_config_file`), then `overrides` (the flags given), then validation by the dataclass's own
+    `__post_init__`."""
     values = read_config_file(cls, path, stage, section) if path else {}
     return cls(**{**values, **overrides})
 

@@ -1,7 +1,7 @@
 """One writer per output folder: a stage holds `OUT/.dapo-suite.lock` while it writes there.
 
-Two `data build` (or `train`, `eval`, `demo`) runs into one folder would interleave their files and both exit 0.
-The lock is an advisory `flock` on a file that records who holds it (pid, host, command, start time), so:
+Two `data build` (or `train`, `eval`, `demo`) runs into one folder would interleave their files and both exit
+0. The lock is an advisory `flock` on a file that records who holds it (pid, host, command, start time), so:
 - a second writer is refused at once, with a message naming the process that holds the folder;
 - a lock left by a process that died (kill -9, a crash, a reboot) is not held by anyone: the kernel releases a
   flock with its process, so the next writer takes it over and says whose it was.
@@ -42,10 +42,13 @@ def _holder(text: str) -> dict:
 
 
 @contextmanager
-def output_lock(folder: str | Path, flag: str = "--out", warn=None, wait_seconds: float = 0.0) -> Iterator[Path]:
-    """Hold the lock on `folder` (created if missing) for the block; `warn(message)` hears a stale lock's takeover
-    (default: stderr). Raises FolderBusy, naming the other process, when a live process holds it (for longer than
-    `wait_seconds`: a wait suits locks that are held for moments, such as a shared file's rewrite)."""
+def output_lock(
+    folder: str | Path, flag: str = "--out", warn=None, wait_seconds: float = 0.0
+) -> Iterator[Path]:
+    """Hold the lock on `folder` (created if missing) for the block; `warn(message)` hears a stale lock's
+    takeover (default: stderr). Raises FolderBusy, naming the other process, when a live process holds it (for
+    longer than `wait_seconds`: a wait suits locks that are held for moments, such as a shared file's
+    rewrite)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
@@ -62,22 +65,40 @@ def output_lock(folder: str | Path, flag: str = "--out", warn=None, wait_seconds
                     continue
                 handle.seek(0)
                 other = _holder(handle.read())
-                who = (f"pid {other.get('pid', '?')} on {other.get('host', '?')}, started "
-                       f"{other.get('started', '?')}: `{other.get('command', '?')}`") if other else "another process"
-                raise FolderBusy(f"{flag} {folder}: another dapo-suite process is writing there ({who}). Wait for "
-                                 f"it to finish, stop it, or pick another {flag}.", who) from None
+                who = (
+                    (
+                        f"pid {other.get('pid', '?')} on {other.get('host', '?')}, started "
+                        f"{other.get('started', '?')}: `{other.get('command', '?')}`"
+                    )
+                    if other
+                    else "another process"
+                )
+                raise FolderBusy(
+                    f"{flag} {folder}: another dapo-suite process is writing there ({who}). Wait for "
+                    f"it to finish, stop it, or pick another {flag}.",
+                    who,
+                ) from None
         handle.seek(0)
         previous = _holder(handle.read())
         if previous:
-            message = (f"{flag} {folder}: taking over the lock of pid {previous.get('pid', '?')} "
-                       f"(`{previous.get('command', '?')}`, started {previous.get('started', '?')}), which is no "
-                       f"longer running; its files are kept and resumed where the stage allows")
+            message = (
+                f"{flag} {folder}: taking over the lock of pid {previous.get('pid', '?')} "
+                f"(`{previous.get('command', '?')}`, started {previous.get('started', '?')}), which is no "
+                f"longer running; its files are kept and resumed where the stage allows"
+            )
             (warn or (lambda text: print(f"warning: {text}", file=sys.stderr)))(message)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        handle.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            )
+        )
         handle.flush()
         try:
             yield folder

@@ -7,7 +7,8 @@ import socket
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on `host` that nothing listens on now (the OS picks it; another process may take it before use)."""
+    """A port on `host` that nothing listens on now (the OS picks it; another process may take it before
+    use)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

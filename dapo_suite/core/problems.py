@@ -1,10 +1,12 @@
-"""The problem record every stage shares, the one reader of problem files, and where the shipped benchmarks lie.
+"""The problem record every stage shares, the one reader of problem files, and where the shipped benchmarks
+lie.
 
 A problem is `Problem(id, problem, answer, extra)`: `answer` is a string (integers as plain digits), the form
-`dapo_suite.core.reward.compute_score` grades against; `extra` keeps what a benchmark reports by (subject, level).
-The training set reader (`dapo_suite.train.tasks`), the evaluator (`eval.data`), the chat (`serve.chat`) and the data
-build (`data_pipeline.sources`) read files with `read_rows` and find benchmarks with `benchmark_path`.
-Provenance of the shipped files: docs/eval.md, "Benchmarks" (AIME/AMC statements are (c) MAA: evaluation use only).
+`dapo_suite.core.reward.compute_score` grades against; `extra` keeps what a benchmark reports by (subject,
+level). The training set reader (`dapo_suite.train.tasks`), the evaluator (`eval.data`), the chat
+(`serve.chat`) and the data build (`data_pipeline.sources`) read files with `read_rows` and find benchmarks
+with `benchmark_path`. Provenance of the shipped files: docs/eval.md, "Benchmarks" (AIME/AMC statements are
+(c) MAA: evaluation use only).
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ class Problem:
 def benchmark_path(name: str) -> Path:
     """The jsonl file of a shipped benchmark."""
     if name not in BENCHMARKS:
-        raise ValueError(f"Unknown benchmark {name!r}: choose one of {', '.join(BENCHMARKS)}, or pass --file PATH.")
+        raise ValueError(
+            f"Unknown benchmark {name!r}: choose one of {', '.join(BENCHMARKS)}, or pass --file PATH."
+        )
     return Path(str(resources.files("dapo_suite.core") / "benchmarks" / f"{name}.jsonl"))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a jsonl, json (a list, or {"data": [...]}), parquet or csv/tsv file, as dicts; blank jsonl lines
-    are skipped and a line that is not JSON is named by its number."""
+    """Rows of a jsonl, json (a list, or {"data": [...]}), parquet or csv/tsv file, as dicts; blank jsonl
+    lines are skipped and a line that is not JSON is named by its number."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
@@ -55,8 +59,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as error:
-                        raise UserError(f"{path} line {number}: not valid JSON ({error.msg}); fix or remove it") \
-                            from None
+                        raise UserError(
+                            f"{path} line {number}: not valid JSON ({error.msg}); fix or remove it"
+                        ) from None
         return rows
     if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))

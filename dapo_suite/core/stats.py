@@ -1,11 +1,11 @@
-"""Statistics shared by every stage: accuracy over graded samples with its standard error and interval, and the
-tests that compare training runs paired by seed. Pure functions, each with its formula.
+"""Statistics shared by every stage: accuracy over graded samples with its standard error and interval, and
+the tests that compare training runs paired by seed. Pure functions, each with its formula.
 
 Notation: P problems; problem i has n_i samples, c_i of them correct; a_i = c_i / n_i its accuracy.
 Problems are the sampled unit for uncertainty (a benchmark is a sample of problems; the samples of one
 problem are correlated), as in the paired bootstrap of `eval.compare`. Across training runs the unit is the
-seed: a few runs per setting, compared pair by pair (the same seed) with a paired t-test and an exact sign-flip
-test (`dapo-suite train ladder`).
+seed: a few runs per setting, compared pair by pair (the same seed) with a paired t-test and an exact
+sign-flip test (`dapo-suite train ladder`).
 """
 
 from __future__ import annotations
@@ -59,20 +59,21 @@ def confidence_interval_95(mean: float, standard_error: float) -> tuple[float, f
     return (max(0.0, mean - Z_95 * standard_error), min(1.0, mean + Z_95 * standard_error))
 
 
-
 # ---- Across seeds: a few runs per setting, paired by seed ------------------------------------------------
 
 
 def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation s = sqrt( sum (x - mean)^2 / (N - 1) ) of N runs; s is NaN for N < 2."""
+    """Mean and sample standard deviation s = sqrt( sum (x - mean)^2 / (N - 1) ) of N runs; s is NaN for N <
+    2."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else math.nan
 
 
 def student_t_two_sided_p(t: float, df: int) -> float:
     """P(|T| >= |t|) for Student's t with an integer df >= 1, in closed form (Abramowitz & Stegun 26.7.3-4):
     with theta = atan(|t| / sqrt(df)), A = P(|T| < |t|) is
-      df odd:  (2/pi) (theta + sin(theta) (cos(theta) + 2/3 cos^3(theta) + ... + [2*4..(df-3)]/[1*3..(df-2)] cos^(df-2)))
-      df even: sin(theta) (1 + 1/2 cos^2(theta) + ... + [1*3..(df-3)]/[2*4..(df-2)] cos^(df-2)(theta))
+      df odd:  (2/pi) (theta + sin(theta) (cos(theta) + 2/3 cos^3(theta) + ... + [2*4..(df-3)]/[1*3..(df-2)]
+      cos^(df-2))) df even: sin(theta) (1 + 1/2 cos^2(theta) + ... + [1*3..(df-3)]/[2*4..(df-2)]
+      cos^(df-2)(theta))
     (the odd sum is empty for df = 1), and p = 1 - A. Exact for the integer df of a paired t-test."""
     if df < 1:
         raise ValueError(f"Student's t needs df >= 1, got {df}")
@@ -80,7 +81,8 @@ def student_t_two_sided_p(t: float, df: int) -> float:
         return 0.0
     theta = math.atan(abs(t) / math.sqrt(df))
     cos2 = math.cos(theta) ** 2
-    # Both series have terms T_k = T_(k-2) cos^2 (k-1)/k, from T_1 = cos (odd) or T_0 = 1 (even), up to k = df-2.
+    # Both series have terms T_k = T_(k-2) cos^2 (k-1)/k, from T_1 = cos (odd) or T_0 = 1 (even), up to k =
+    # df-2.
     first = 1 if df % 2 else 0
     term = math.cos(theta) if first else 1.0
     total = term if df > 1 else 0.0
@@ -112,34 +114,52 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     n = len(diffs)
     delta = statistics.fmean(diffs)
     if n < 2:
-        return {"n": n, "delta": delta, "t": math.nan, "df": 0, "p_value": math.nan, "ci95": [math.nan, math.nan]}
+        return {
+            "n": n,
+            "delta": delta,
+            "t": math.nan,
+            "df": 0,
+            "p_value": math.nan,
+            "ci95": [math.nan, math.nan],
+        }
     sd = statistics.stdev(diffs)
     if sd == 0:
         t = 0.0 if delta == 0 else math.copysign(math.inf, delta)
     else:
         t = delta / (sd / math.sqrt(n))
     half = student_t_quantile(0.95, n - 1) * sd / math.sqrt(n)
-    return {"n": n, "delta": delta, "t": t, "df": n - 1,
-            "p_value": 1.0 if delta == 0 and sd == 0 else student_t_two_sided_p(t, n - 1),
-            "ci95": [delta - half, delta + half]}
+    return {
+        "n": n,
+        "delta": delta,
+        "t": t,
+        "df": n - 1,
+        "p_value": 1.0 if delta == 0 and sd == 0 else student_t_two_sided_p(t, n - 1),
+        "ci95": [delta - half, delta + half],
+    }
 
 
 def sign_flip_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """Exact paired permutation (sign-flip) test of B against A over N pairs: under H0 (no difference) each
     d_i = b_i - a_i is as likely to have the other sign, so the 2^N sign patterns are equally likely; the
     two-sided p is the share of patterns with |mean(s_i d_i)| >= |mean d_i| (Fisher 1935). No normality is
-    assumed, and the smallest p it can give is 2 / 2^N (0.25 for N = 3, 0.0625 for N = 5, below 0.05 from N = 6).
-    Enumerates every pattern, so N <= 20."""
+    assumed, and the smallest p it can give is 2 / 2^N (0.25 for N = 3, 0.0625 for N = 5, below 0.05 from N =
+    6). Enumerates every pattern, so N <= 20."""
     diffs = paired_differences(a, b)
     n = len(diffs)
     if n > 20:
         raise ValueError(f"the exact sign-flip test enumerates 2^N sign patterns; N = {n} is more than 20")
     observed = abs(sum(diffs))
     tolerance = 1e-9 * max([1.0, *map(abs, diffs)])  # equal sums must count as equal despite rounding
-    extreme = sum(abs(sum(s * d for s, d in zip(signs, diffs, strict=True))) >= observed - tolerance
-                  for signs in itertools.product((1, -1), repeat=n))
-    return {"n": n, "delta": statistics.fmean(diffs) if diffs else math.nan, "p_value": extreme / 2**n,
-            "min_p_value": min(1.0, 2 / 2**n)}
+    extreme = sum(
+        abs(sum(s * d for s, d in zip(signs, diffs, strict=True))) >= observed - tolerance
+        for signs in itertools.product((1, -1), repeat=n)
+    )
+    return {
+        "n": n,
+        "delta": statistics.fmean(diffs) if diffs else math.nan,
+        "p_value": extreme / 2**n,
+        "min_p_value": min(1.0, 2 / 2**n),
+    }
 
 
 def paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:

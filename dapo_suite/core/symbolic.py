@@ -1,23 +1,25 @@
-"""Symbolic answer equivalence (math-verify's LaTeX parser and comparison) with verdicts that do not depend on load.
+"""Symbolic answer equivalence (math-verify's LaTeX parser and comparison) with verdicts that do not depend on
+load.
 
-Two processes: the caller's `SymbolicChecker`, and one long-lived worker, `python -m dapo_suite.core.symbolic`.
+Two processes: the caller's `SymbolicChecker`, and one long-lived worker,
+`python -m dapo_suite.core.symbolic`.
 
 - The worker imports sympy and math-verify, then runs `WARM_UP` (one pair of each kind: fractions, tuples,
-  intervals, sets, equations, relations, matrices) before it says `ready`: sympy imports and builds caches lazily,
-  so a cold first comparison of a tuple or an equation would spend most of its budget warming up.
+  intervals, sets, equations, relations, matrices) before it says `ready`: sympy imports and builds caches
+  lazily, so a cold first comparison of a tuple or an equation would spend most of its budget warming up.
 - It never compares anything itself: each request is computed in a child forked from it, so every comparison
   starts from the same warm state, a pathological one is killed (SIGKILL: a C-level big-integer power ignores
   signals) without costing the warm process, and the next request is served at once.
 - **Work first, time last.** Before comparing, the child parses both answers without evaluating them and
   bounds the work they imply (`exceeds_work_bound`: the digits of any exact number they denote, the degree of
-  any power of a symbol, their size): past a bound the verdict is `too_complex`, the same on any machine at any
-  load. Only what passes is compared, under a CPU budget (`cpu_limit_s`, twice the slowest comparison measured,
-  which a busy machine does not change: it slows the clock, not the CPU bill) and, as a last resort, a wall-clock
-  cap (`wall_limit_s`, far above what a comparison takes even at a load of 8 on 2 cores). Running out of either
-  is `timeout`. Neither is ever a silent "wrong": the reward counts them (`reward/too_complex`,
+  any power of a symbol, their size): past a bound the verdict is `too_complex`, the same on any machine at
+  any load. Only what passes is compared, under a CPU budget (`cpu_limit_s`, twice the slowest comparison
+  measured, which a busy machine does not change: it slows the clock, not the CPU bill) and, as a last resort,
+  a wall-clock cap (`wall_limit_s`, far above what a comparison takes even at a load of 8 on 2 cores). Running
+  out of either is `timeout`. Neither is ever a silent "wrong": the reward counts them (`reward/too_complex`,
   `reward/timeouts`). A timeout is not retried, since it would take the same CPU again. If the worker process
-  itself fails (dies, or stops answering), the call is retried once on a fresh worker, which warms up before it
-  serves.
+  itself fails (dies, or stops answering), the call is retried once on a fresh worker, which warms up before
+  it serves.
 
 math-verify's own timeout uses SIGALRM, which works only on the main thread; here the limit holds from any
 thread. Only the LaTeX grammar parses model text: math-verify's plain-expression path goes through sympy's
@@ -46,33 +48,65 @@ MAX_NESTING = 24  # brackets and braces inside each other, checked before parsin
 COMPARISONS = ("equal", "different", "timeout", "too_complex")  # what `SymbolicChecker.compare` returns
 CPU_POLL_S = 0.02  # how often the worker reads a comparison's CPU time (/proc has 10 ms resolution)
 STARTUP_TIMEOUT_S = 180.0  # importing sympy and math-verify and warming up, on a loaded 2-core machine
-MEMORY_LIMIT_BYTES = 2 * 1024**3  # per comparison: a runaway expression is stopped before it can swap the machine
+MEMORY_LIMIT_BYTES = (
+    2 * 1024**3
+)  # per comparison: a runaway expression is stopped before it can swap the machine
 ORPHAN_CPU_LIMIT_S = 5  # per comparison: ends a child whose worker vanished before killing it
-REPLY_MARGIN_S = 1.0  # the worker answers `timeout` itself; past the wall limit + margin it is stuck and replaced
+REPLY_MARGIN_S = (
+    1.0  # the worker answers `timeout` itself; past the wall limit + margin it is stuck and replaced
+)
 
-WARM_UP = [  # one of each construct MATH answers use (none is a MATH-500 answer: the timing measurement stays fair)
-    ("\\frac{1}{2}", "0.5"), ("3\\sqrt{2}", "\\sqrt{18}"), ("\\frac{3\\sqrt{3}}{4}", "\\frac34\\sqrt3"), ("1\\frac{3}{4}", "\\frac{7}{4}"),
-    ("(3, \\frac{\\pi}{4})", "\\left( 3, \\frac{\\pi}{4} \\right)"), ("\\left( \\frac{5}{2}, -7 \\right)", "(2.5, -7)"),
-    ("(2, -3, 5, 17)", "(2,-3,5,17)"), ("(-\\sqrt{2}, \\sqrt{2})", "\\left(-\\sqrt2, \\sqrt2\\right)"),
-    ("\\left[ \\frac{\\pi}{4}, \\frac{3 \\pi^2}{2} \\right]", "[\\frac{\\pi}{4}, \\frac{3\\pi^2}{2}]"), ("[-2, 7)", "[-2,7)"),
-    ("(-\\infty, 1] \\cup (2, \\infty)", "(-\\infty,1]\\cup(2,\\infty)"), ("x \\in [-3, 5]", "[-3, 5]"),
-    ("3, 5, 7", "\\{7, 5, 3\\}"), ("-3,2", "2, -3"), ("\\{1\\pm\\sqrt{2},-3\\}", "\\{-3, 1+\\sqrt2, 1-\\sqrt2\\}"),
-    ("2x + 4y - 3 = 0", "y = -\\frac12 x + \\frac34"), ("y = 3x - 2", "3x - y - 2 = 0"), ("x \\le 1", "-x \\ge -1"),
-    ("k = 3", "3"), ("a_3 = 2, a_{37} = 19", "a_{37} = 19, a_3 = 2"),
+# one of each construct MATH answers use (none is a MATH-500 answer: the timing measurement stays fair)
+WARM_UP = [
+    ("\\frac{1}{2}", "0.5"),
+    ("3\\sqrt{2}", "\\sqrt{18}"),
+    ("\\frac{3\\sqrt{3}}{4}", "\\frac34\\sqrt3"),
+    ("1\\frac{3}{4}", "\\frac{7}{4}"),
+    ("(3, \\frac{\\pi}{4})", "\\left( 3, \\frac{\\pi}{4} \\right)"),
+    ("\\left( \\frac{5}{2}, -7 \\right)", "(2.5, -7)"),
+    ("(2, -3, 5, 17)", "(2,-3,5,17)"),
+    ("(-\\sqrt{2}, \\sqrt{2})", "\\left(-\\sqrt2, \\sqrt2\\right)"),
+    ("\\left[ \\frac{\\pi}{4}, \\frac{3 \\pi^2}{2} \\right]", "[\\frac{\\pi}{4}, \\frac{3\\pi^2}{2}]"),
+    ("[-2, 7)", "[-2,7)"),
+    ("(-\\infty, 1] \\cup (2, \\infty)", "(-\\infty,1]\\cup(2,\\infty)"),
+    ("x \\in [-3, 5]", "[-3, 5]"),
+    ("3, 5, 7", "\\{7, 5, 3\\}"),
+    ("-3,2", "2, -3"),
+    ("\\{1\\pm\\sqrt{2},-3\\}", "\\{-3, 1+\\sqrt2, 1-\\sqrt2\\}"),
+    ("2x + 4y - 3 = 0", "y = -\\frac12 x + \\frac34"),
+    ("y = 3x - 2", "3x - y - 2 = 0"),
+    ("x \\le 1", "-x \\ge -1"),
+    ("k = 3", "3"),
+    ("a_3 = 2, a_{37} = 19", "a_{37} = 19, a_3 = 2"),
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"),
     ("\\begin{pmatrix} -1/2 \\\\ 3/4 \\end{pmatrix}", "\\begin{pmatrix} -0.5 \\\\ 0.75 \\end{pmatrix}"),
-    ("x^2 + 2x + 1", "(x+1)^2"), ("5r^2-3r-12", "-12-3r+5r^2"), ("\\frac{7+5a}{12}", "\\frac{5a+7}{12}"),
-    ("\\tan^2 y + 1", "\\sec^2 y"), ("2 \\sin b \\cos a", "2\\cos a \\sin b"), ("\\frac{1}{2004!}", "\\frac{1}{2006!}"),
-    ("1 \\pm \\sqrt{19}", "1 \\pm \\sqrt{19}"), ("4 - 3i", "-3i+4"), ("\\text{(C)}", "C"), ("\\text{north}", "north"),
-    ("31_7", "31_{7}"), ("45^\\circ", "45"), (".0025", "0.0025"), ("e^{i\\pi}", "-1"), ("\\log_2 8", "3"),
+    ("x^2 + 2x + 1", "(x+1)^2"),
+    ("5r^2-3r-12", "-12-3r+5r^2"),
+    ("\\frac{7+5a}{12}", "\\frac{5a+7}{12}"),
+    ("\\tan^2 y + 1", "\\sec^2 y"),
+    ("2 \\sin b \\cos a", "2\\cos a \\sin b"),
+    ("\\frac{1}{2004!}", "\\frac{1}{2006!}"),
+    ("1 \\pm \\sqrt{19}", "1 \\pm \\sqrt{19}"),
+    ("4 - 3i", "-3i+4"),
+    ("\\text{(C)}", "C"),
+    ("\\text{north}", "north"),
+    ("31_7", "31_{7}"),
+    ("45^\\circ", "45"),
+    (".0025", "0.0025"),
+    ("e^{i\\pi}", "-1"),
+    ("\\log_2 8", "3"),
 ]
 
 
 class SymbolicChecker:
     """The caller's side: one warm worker process, requests serialised by a lock (one checker per process)."""
 
-    def __init__(self, cpu_limit_s: float = SYMBOLIC_CPU_LIMIT_S, wall_limit_s: float = SYMBOLIC_WALL_LIMIT_S,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        cpu_limit_s: float = SYMBOLIC_CPU_LIMIT_S,
+        wall_limit_s: float = SYMBOLIC_WALL_LIMIT_S,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
         self.cpu_limit_s = cpu_limit_s
         self.wall_limit_s = wall_limit_s
         self.startup_timeout_s = startup_timeout_s
@@ -81,14 +115,15 @@ class SymbolicChecker:
         self._ready = False
 
     def start(self) -> None:
-        """Start the worker now (it warms up in the background); the first comparison waits for it to be ready."""
+        """Start the worker now (it warms up in the background); the first comparison waits for it to be
+        ready."""
         with self._lock:
             self._spawn()
 
     def compare(self, gold: str, pred: str) -> str:
         """One of `COMPARISONS`: `equal` when math-verify proves `pred` equal to `gold`, `different` when not,
-        `too_complex` when either answer is past the work bound, `timeout` when the comparison ran out of its CPU
-        or wall-clock budget (or the worker failed twice)."""
+        `too_complex` when either answer is past the work bound, `timeout` when the comparison ran out of its
+        CPU or wall-clock budget (or the worker failed twice)."""
         with self._lock:
             for _ in range(2):  # a second attempt only after the worker itself failed: on a fresh, warm one
                 reply = self._ask(gold, pred)
@@ -103,8 +138,12 @@ class SymbolicChecker:
     def _spawn(self) -> None:
         if self._worker is None:
             self._worker = subprocess.Popen(
-                [sys.executable, "-m", "dapo_suite.core.symbolic"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True, encoding="ascii",
+                [sys.executable, "-m", "dapo_suite.core.symbolic"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                encoding="ascii",
             )
             self._ready = False
 
@@ -149,10 +188,10 @@ def _as_math(answer: str) -> str:
 def _two_stage_parsing() -> None:
     """Parse LaTeX with ANTLR's two-stage strategy: SLL prediction first, full LL only when SLL fails.
 
-    latex2sympy's parser runs in LL mode, whose full-context predictions are not cached: a tuple such as `(-2,1)`
-    is predicted from scratch on every parse. On the distinct non-integer answers of MATH train and MATH-500, SLL
-    gives the same expression wherever it succeeds (where it fails, the LL path runs), for far less time
-    (docs/eval.md). A latex2sympy without these internals keeps its own (slower, same) parsing.
+    latex2sympy's parser runs in LL mode, whose full-context predictions are not cached: a tuple such as
+    `(-2,1)` is predicted from scratch on every parse. On the distinct non-integer answers of MATH train and
+    MATH-500, SLL gives the same expression wherever it succeeds (where it fails, the LL path runs), for far
+    less time (docs/eval.md). A latex2sympy without these internals keeps its own (slower, same) parsing.
     """
     from antlr4.atn.PredictionMode import PredictionMode
     from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
@@ -185,8 +224,13 @@ def _make_comparator():
     latex_only = [LatexExtractionConfig(boxed_match_priority=0)]
 
     def distinct_rationals(gold: object, pred: object) -> bool:
-        """math-verify compares numerically, so 1/2004! equals 1/2006!: two exact rationals that differ do not."""
-        if not (isinstance(gold, Basic) and isinstance(pred, Basic)) or gold.free_symbols or pred.free_symbols:
+        """math-verify compares numerically, so 1/2004! equals 1/2006!: two exact rationals that differ do
+        not."""
+        if (
+            not (isinstance(gold, Basic) and isinstance(pred, Basic))
+            or gold.free_symbols
+            or pred.free_symbols
+        ):
             return False
         gold, pred = gold.doit(), pred.doit()
         return isinstance(gold, Rational) and isinstance(pred, Rational) and gold != pred
@@ -210,8 +254,12 @@ def _make_comparator():
         gold_expr, pred_expr = gold_parsed[0], pred_parsed[0]
         # math-verify reads an equation answer against a plain gold by its right side, so `2x = 5` would match
         # the gold 5; only an assignment (`x = 5`, `f(2) = 5`) names its value that way.
-        if (isinstance(pred_expr, Basic) and is_equation(pred_expr) and not is_assignment_relation(pred_expr)
-                and not (isinstance(gold_expr, Basic) and is_equation(gold_expr))):
+        if (
+            isinstance(pred_expr, Basic)
+            and is_equation(pred_expr)
+            and not is_assignment_relation(pred_expr)
+            and not (isinstance(gold_expr, Basic) and is_equation(gold_expr))
+        ):
             return False
         # math-verify matches a braced set against an ordered pair or an open interval written in the same
         # order ({1,3} = (1,3)); a set is neither.
@@ -219,7 +267,8 @@ def _make_comparator():
             return False
         if proportional_equations(gold_expr, pred_expr):
             return True
-        # allow_set_relation_comp: a relation answer (-2 <= x <= 7) equals the set gold it describes ([-2, 7]).
+        # allow_set_relation_comp: a relation answer (-2 <= x <= 7) equals the set gold it describes ([-2,
+        # 7]).
         if not verify(gold_parsed, pred_parsed, timeout_seconds=None, allow_set_relation_comp=True):
             return False
         return not distinct_rationals(gold_expr, pred_expr)
@@ -228,13 +277,14 @@ def _make_comparator():
 
 
 def exact_digits(expr: object, budget: list[int]) -> float:
-    """An upper bound on the decimal digits of the exact number an unevaluated sympy tree denotes (the larger of
-    its numerator and denominator), inf past `MAX_EXACT_DIGITS` or `MAX_SYMBOLIC_DEGREE`; a symbol or a constant
-    counts as one digit. `budget` holds the nodes left to visit (`MAX_EXPRESSION_NODES`): inf when it runs out.
+    """An upper bound on the decimal digits of the exact number an unevaluated sympy tree denotes (the larger
+    of its numerator and denominator), inf past `MAX_EXACT_DIGITS` or `MAX_SYMBOLIC_DEGREE`; a symbol or a
+    constant counts as one digit. `budget` holds the nodes left to visit (`MAX_EXPRESSION_NODES`): inf when it
+    runs out.
 
     Each rule bounds what evaluation would build: |a * b| <= |a| |b| (digits add), a^e has at most
-    digits(a) x |e| digits, n! and binomial(n, k) at most n log10(n + 1), a sum or product of N terms N times its
-    term's.
+    digits(a) x |e| digits, n! and binomial(n, k) at most n log10(n + 1), a sum or product of N terms N times
+    its term's.
     """
     import math
 
@@ -298,16 +348,23 @@ def _series_digits(term_digits: float, expr: object, budget: list[int]) -> float
 
 
 # Functions whose value outgrows their arguments' digits, by class name (sympy's classes, imported lazily).
-_GROWTH = {"factorial": _factorial_digits, "factorial2": _factorial_digits, "binomial": _factorial_digits,
-           "gamma": _factorial_digits, "Sum": _series_digits, "Product": _series_digits}
+_GROWTH = {
+    "factorial": _factorial_digits,
+    "factorial2": _factorial_digits,
+    "binomial": _factorial_digits,
+    "gamma": _factorial_digits,
+    "Sum": _series_digits,
+    "Product": _series_digits,
+}
 
 
 def exceeds_work_bound(answer: str) -> bool:
     """Whether comparing `answer` could take more work than the bound allows: it nests brackets more than
     `MAX_NESTING` deep, or it parses, unevaluated, to a tree of
     more than `MAX_EXPRESSION_NODES` nodes, or one whose exact value would have more than `MAX_EXACT_DIGITS`
-    digits, or a power of a symbol past `MAX_SYMBOLIC_DEGREE`. A deterministic verdict: the same on any machine,
-    at any load. An answer that does not parse is not bounded here (math-verify then finds it different)."""
+    digits, or a power of a symbol past `MAX_SYMBOLIC_DEGREE`. A deterministic verdict: the same on any
+    machine, at any load. An answer that does not parse is not bounded here (math-verify then finds it
+    different)."""
     import math
 
     from latex2sympy2_extended import latex2sympy
@@ -340,9 +397,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _compare_in_fork(equivalent, gold: str, pred: str, cpu_limit_s: float, wall_limit_s: float) -> str:
-    """One of `COMPARISONS` from a forked child: `too_complex` past the work bound, else the comparison's verdict,
-    or `timeout` when it uses up its CPU or wall-clock budget (it is then killed) or dies without answering
-    (memory limit)."""
+    """One of `COMPARISONS` from a forked child: `too_complex` past the work bound, else the comparison's
+    verdict, or `timeout` when it uses up its CPU or wall-clock budget (it is then killed) or dies without
+    answering (memory limit)."""
     import resource
     import time
 
@@ -366,7 +423,9 @@ def _compare_in_fork(equivalent, gold: str, pred: str, cpu_limit_s: float, wall_
     answer = b""
     try:
         while not answer:
-            readable, _, _ = select.select([read_end], [], [], min(CPU_POLL_S, max(0.0, deadline - time.monotonic())))
+            readable, _, _ = select.select(
+                [read_end], [], [], min(CPU_POLL_S, max(0.0, deadline - time.monotonic()))
+            )
             if readable:
                 answer = os.read(read_end, 1) or b"-"  # end of file: the child died without answering
             elif time.monotonic() >= deadline or _cpu_seconds(pid) >= cpu_limit_s:
@@ -388,12 +447,15 @@ def main() -> None:
     equivalent = _make_comparator()
     for gold, pred in WARM_UP:
         equivalent(gold, pred)
-    gc.freeze()  # forked children then share these pages instead of copying them as the collector touches them
+    # forked children then share these pages instead of copying them as the collector touches them
+    gc.freeze()
     print("ready", flush=True)
     for line in sys.stdin:
         try:
             gold, pred, cpu_limit_s, wall_limit_s = json.loads(line)
-            reply = _compare_in_fork(equivalent, str(gold), str(pred), float(cpu_limit_s), float(wall_limit_s))
+            reply = _compare_in_fork(
+                equivalent, str(gold), str(pred), float(cpu_limit_s), float(wall_limit_s)
+            )
         except (ValueError, TypeError):
             reply = "different"
         print(reply, flush=True)

@@ -1,15 +1,16 @@
 """The threads the sampler runs on: the cores this process may use, less those other programs keep busy.
 
-OpenMP threads wait for each other at the end of every parallel region, and a decode step has hundreds. When one of
-two threads shares its core with another program, every region waits for that thread's next time slice, so a
-neighbour slows sampling far more than the share of the machine it takes, and one thread on a free core is faster
-than two (docs/results/vs-vllm/README.md, "Beside another program"). So the sampler watches the cores
-(`FreeCores.adapt`, twice a second): the CPU time the machine spent on its cores less this process's own is the
-other programs' load, and each core they keep at least a third busy is left to them, down to one thread.
+OpenMP threads wait for each other at the end of every parallel region, and a decode step has hundreds. When
+one of two threads shares its core with another program, every region waits for that thread's next time slice,
+so a neighbour slows sampling far more than the share of the machine it takes, and one thread on a free core
+is faster than two (docs/results/vs-vllm/README.md, "Beside another program"). So the sampler watches the
+cores (`FreeCores.adapt`, twice a second): the CPU time the machine spent on its cores less this process's own
+is the other programs' load, and each core they keep at least a third busy is left to them, down to one
+thread.
 
-A run that sets its thread count (`DAPO_SUITE_THREADS` or `OMP_NUM_THREADS`) keeps it: what a run that must repeat
-bit for bit does. The sampler's tokens do not depend on the thread count (each output sums on one thread); the
-trainer's update, which this leaves alone, does.
+A run that sets its thread count (`DAPO_SUITE_THREADS` or `OMP_NUM_THREADS`) keeps it: what a run that must
+repeat bit for bit does. The sampler's tokens do not depend on the thread count (each output sums on one
+thread); the trainer's update, which this leaves alone, does.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 THREADS_VARIABLE = "DAPO_SUITE_THREADS"
-CHECK_SECONDS = 0.5  # how often the load is read: reading /proc/stat is cheap next to the decode steps in between
-TAKEN_SHARE = 1 / 3  # another program using this much of a core takes that core: a thread there would wait on it
-KEEP_SECONDS = 5.0  # a sampling block this soon after the last one starts at the thread count that one ended with
+CHECK_SECONDS = (
+    0.5  # how often the load is read: reading /proc/stat is cheap next to the decode steps in between
+)
+TAKEN_SHARE = (
+    1 / 3
+)  # another program using this much of a core takes that core: a thread there would wait on it
+KEEP_SECONDS = (
+    5.0  # a sampling block this soon after the last one starts at the thread count that one ended with
+)
 
 
 def usable_cores() -> set[int]:
-    """The cores this process may run on (its affinity, as `taskset` sets it; every core where the OS has none)."""
+    """The cores this process may run on (its affinity, as `taskset` sets it; every core where the OS has
+    none)."""
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
@@ -45,7 +53,8 @@ def fixed_threads() -> int | None:
 
 
 def busy_seconds(cores: set[int], stat: Path = Path("/proc/stat")) -> float | None:
-    """CPU seconds the machine has spent busy (not idle or waiting on I/O) on `cores` since boot; None off Linux."""
+    """CPU seconds the machine has spent busy (not idle or waiting on I/O) on `cores` since boot; None off
+    Linux."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:
@@ -60,19 +69,24 @@ def busy_seconds(cores: set[int], stat: Path = Path("/proc/stat")) -> float | No
 
 
 def threads_for(cores: int, others: float) -> int:
-    """Threads to run on `cores` usable cores beside `others` cores' worth of other programs' load: each core they
-    keep at least TAKEN_SHARE busy is theirs, and one thread is the least."""
+    """Threads to run on `cores` usable cores beside `others` cores' worth of other programs' load: each core
+    they keep at least TAKEN_SHARE busy is theirs, and one thread is the least."""
     taken = math.floor(others + 1 - TAKEN_SHARE) if others >= TAKEN_SHARE else 0
     return max(1, cores - taken)
 
 
 class FreeCores:
-    """Adapts torch's thread count to the cores other programs leave free, for the length of a `sampling` block."""
+    """Adapts torch's thread count to the cores other programs leave free, for the length of a `sampling`
+    block."""
 
     def __init__(self) -> None:
         self.cores = usable_cores()
-        self.last: tuple[float, float, float] | None = None  # (wall, machine busy, own CPU) at the last reading
-        self.rising = False  # the last reading asked for more threads: the next must too (the load may come in bursts)
+        self.last: tuple[float, float, float] | None = (
+            None  # (wall, machine busy, own CPU) at the last reading
+        )
+        self.rising = (
+            False  # the last reading asked for more threads: the next must too (the load may come in bursts)
+        )
         self.threads: int | None = None  # the count the last block ended with
 
     def read(self) -> tuple[float, float, float] | None:
@@ -104,8 +118,8 @@ class FreeCores:
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[FreeCores | None]:
-        """A block of sampling that calls `adapt` between its steps; torch's thread count is restored after it.
-        Yields None (adapt nothing) when the user fixed the thread count."""
+        """A block of sampling that calls `adapt` between its steps; torch's thread count is restored after
+        it. Yields None (adapt nothing) when the user fixed the thread count."""
         if fixed_threads() is not None:
             yield None
             return

@@ -1,17 +1,19 @@
-"""Attention over two disjoint key sets, merged from each set's output and log-sum-exp: how the lean stepper on
-torch's ops (`decoding.LeanStepper`) attends when the G samples of a prompt share its keys and values, the group's
-queries against the prompt together and each row against its own tokens (the fused kernels' `attend` reads both in
-one softmax instead)."""
+"""Attention over two disjoint key sets, merged from each set's output and log-sum-exp: how the lean stepper
+on torch's ops (`decoding.LeanStepper`) attends when the G samples of a prompt share its keys and values, the
+group's queries against the prompt together and each row against its own tokens (the fused kernels' `attend`
+reads both in one softmax instead)."""
 
 from __future__ import annotations
 
 import torch
 
 
-def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                    lse_b: torch.Tensor) -> torch.Tensor:
-    """Softmax attention over the union of two disjoint key sets, from each set's output and log-sum-exp of its
-    scores (the split-KV merge of FlashDecoding, Dao et al. 2023; Juravsky et al., Hydragen, arXiv 2402.05099):
+def merge_attention(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention over the union of two disjoint key sets, from each set's output and log-sum-exp of
+    its scores (the split-KV merge of FlashDecoding, Dao et al. 2023; Juravsky et al., Hydragen, arXiv
+    2402.05099):
         lse = log(e^lse_a + e^lse_b),   out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
     out_*: (..., D); lse_*: (...) in float32."""
     lse = torch.logaddexp(lse_a, lse_b)
@@ -24,21 +26,24 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
 _attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
-def attention_with_lse_by_ops(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T * scale + bias) v and the log-sum-exp of those scores, in float32 by torch's ops, on any device
-    (`sdpa_with_lse` off a CPU). A row whose keys are all masked gets zeros and a log-sum-exp of -inf, so
-    `merge_attention` gives it no weight."""
+def attention_with_lse_by_ops(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + bias) v and the log-sum-exp of those scores, in float32 by torch's ops, on any
+    device (`sdpa_with_lse` off a CPU). A row whose keys are all masked gets zeros and a log-sum-exp of -inf,
+    so `merge_attention` gives it no weight."""
     scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * scale + bias.float()
     lse = torch.logsumexp(scores, dim=-1)
     weights = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(nan=0.0)  # -inf - -inf: a fully masked row
     return torch.matmul(weights, values.float()).to(q.dtype), lse
 
 
-def sdpa_with_lse(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, log-sum-exp) of scaled-dot-product attention: PyTorch's CPU flash-attention kernel on a CPU (what
-    F.scaled_dot_product_attention runs there), `attention_with_lse_by_ops` elsewhere (that kernel is CPU-only)."""
+def sdpa_with_lse(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp) of scaled-dot-product attention: PyTorch's CPU flash-attention kernel on a CPU
+    (what F.scaled_dot_product_attention runs there), `attention_with_lse_by_ops` elsewhere (that kernel is
+    CPU-only)."""
     if q.device.type == "cpu":
         return _attention_with_lse(q, keys, values, attn_mask=bias, scale=scale)[:2]
     return attention_with_lse_by_ops(q, keys, values, bias, scale)

@@ -1,15 +1,16 @@
 """Continuous batching: independent generation requests (the endpoint's) decoded together, one token each per
 step, each streamed as it is sampled.
 
-A request joins the running batch instead of waiting for it to end: its prompt runs through the model alone and
-its keys and values are placed beside the running rows' (`LeanStepper.add_rows`), so one decode step serves every
-request in flight. A finished or cancelled row leaves the batch at once (`select`). Each row samples with its own
-temperature, top_p and random stream (a request's seed), so what one request gets does not depend on which others
-share its batch, up to float rounding: a batched matrix product may round differently from a single row's.
+A request joins the running batch instead of waiting for it to end: its prompt runs through the model alone
+and its keys and values are placed beside the running rows' (`LeanStepper.add_rows`), so one decode step
+serves every request in flight. A finished or cancelled row leaves the batch at once (`select`). Each row
+samples with its own temperature, top_p and random stream (a request's seed), so what one request gets does
+not depend on which others share its batch, up to float rounding: a batched matrix product may round
+differently from a single row's.
 
-Costs on a CPU (what the admission rules are for): a decode step reads the weights once for all rows, so 16 rows
-cost little more than one; joining rows copies the running rows' cache once, so joins are gathered (at most one
-every `join_every` steps while a batch runs) and the cache is capped (`kv_cache_bytes`).
+Costs on a CPU (what the admission rules are for): a decode step reads the weights once for all rows, so 16
+rows cost little more than one; joining rows copies the running rows' cache once, so joins are gathered (at
+most one every `join_every` steps while a batch runs) and the cache is capped (`kv_cache_bytes`).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ Event = tuple[str, object]
 @dataclass(eq=False)
 class GenerationJob:
     """One request: its prompt's token ids and sampling settings; `emit` receives its events from the decoding
-    thread (the caller hands them to its own thread or event loop). Set `cancelled` to stop it at the next step.
-    With `top_logprobs` (0 or more alternatives), each sampled token's log-prob is appended to `logprobs` before
-    its event is emitted."""
+    thread (the caller hands them to its own thread or event loop). Set `cancelled` to stop it at the next
+    step. With `top_logprobs` (0 or more alternatives), each sampled token's log-prob is appended to
+    `logprobs` before its event is emitted."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -47,7 +48,9 @@ class GenerationJob:
     seed: int | None = None
     emit: Callable[[Event], None] = field(default=lambda event: None, repr=False)
     top_logprobs: int | None = None
-    ignore_eos: bool = False  # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
+    ignore_eos: bool = (
+        False  # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
+    )
     cancelled: bool = False
     logprobs: list[TokenLogProb] = field(default_factory=list, repr=False)
     produced: int = 0
@@ -67,10 +70,19 @@ def kv_bytes_per_token(model, dtype: torch.dtype) -> int:
 
 
 class BatchDecoder:
-    """Decodes submitted jobs on a thread of its own, as one batch. `submit` is thread-safe and returns at once."""
+    """Decodes submitted jobs on a thread of its own, as one batch. `submit` is thread-safe and returns at
+    once."""
 
-    def __init__(self, model, eos_ids: set[int], pad_id: int, dtype: torch.dtype | None = None, max_rows: int = 64,
-                 kv_cache_bytes: int = 4 << 30, join_every: int = 1) -> None:
+    def __init__(
+        self,
+        model,
+        eos_ids: set[int],
+        pad_id: int,
+        dtype: torch.dtype | None = None,
+        max_rows: int = 64,
+        kv_cache_bytes: int = 4 << 30,
+        join_every: int = 1,
+    ) -> None:
         self.model, self.eos_ids, self.pad_id = model, eos_ids, pad_id
         self.dtype = dtype or model.dtype
         self.max_rows, self.join_every = max_rows, join_every
@@ -91,9 +103,9 @@ class BatchDecoder:
             self._wake.notify()
 
     def warm_up(self, prompt_ids: list[int], timeout_s: float = 900.0) -> None:
-        """Decode two tokens and wait: the first decode builds the sampler's kernels (`fused_step`, a C++ compile
-        of about a minute on a fresh machine) and warms torch's, which should happen before a server says it is
-        ready, not in its first client's request."""
+        """Decode two tokens and wait: the first decode builds the sampler's kernels (`fused_step`, a C++
+        compile of about a minute on a fresh machine) and warms torch's, which should happen before a server
+        says it is ready, not in its first client's request."""
         done = threading.Event()
         failure: list[object] = []
 
@@ -109,8 +121,8 @@ class BatchDecoder:
 
     def _take(self, running: int, width: int, block: bool) -> list[GenerationJob]:
         """Pending jobs (first come, first served) that fit beside `running` rows whose cache is `width` slots
-        wide (filled and to come): at most `max_rows` rows, at most `kv_cache_bytes` of cache. A job that fits no
-        batch on its own is still taken when nothing runs (it may then use more than the cap)."""
+        wide (filled and to come): at most `max_rows` rows, at most `kv_cache_bytes` of cache. A job that fits
+        no batch on its own is still taken when nothing runs (it may then use more than the cap)."""
         with self._wake:
             while block and not self._pending:
                 self._wake.wait()
@@ -122,7 +134,9 @@ class BatchDecoder:
                     job.emit(("end", "cancelled"))
                     continue
                 wider = max(width, len(job.prompt_ids) + job.max_tokens)
-                if (running + len(taken) + 1) * wider * self.token_bytes > self.kv_cache_bytes and (running or taken):
+                if (running + len(taken) + 1) * wider * self.token_bytes > self.kv_cache_bytes and (
+                    running or taken
+                ):
                     break
                 taken.append(self._pending.popleft())
                 width = wider
@@ -133,8 +147,8 @@ class BatchDecoder:
         ids = torch.full((len(jobs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros(len(jobs), width, dtype=torch.long)
         for row, job in enumerate(jobs):
-            ids[row, width - len(job.prompt_ids):] = torch.tensor(job.prompt_ids)
-            mask[row, width - len(job.prompt_ids):] = 1
+            ids[row, width - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
+            mask[row, width - len(job.prompt_ids) :] = 1
         return ids, mask
 
     def _sample(self, logits: torch.Tensor, jobs: list[GenerationJob]) -> torch.Tensor:
@@ -151,20 +165,26 @@ class BatchDecoder:
         scored = [row for row, job in enumerate(jobs) if job.top_logprobs is not None]
         if scored:  # only the rows that asked: the others keep the fused kernel's path alone
             index = torch.tensor(scored)
-            found = scored_tokens(logits[index], sampled[index], [jobs[row].temperature for row in scored],
-                                  [jobs[row].top_logprobs for row in scored])
+            found = scored_tokens(
+                logits[index],
+                sampled[index],
+                [jobs[row].temperature for row in scored],
+                [jobs[row].top_logprobs for row in scored],
+            )
             for row, token_log_prob in zip(scored, found, strict=True):
                 jobs[row].logprobs.append(token_log_prob)
         return sampled
 
     def score_prompt(self, prompt_ids: list[int], temperature: float, top: int) -> list[TokenLogProb]:
         """The log-prob of each prompt token after the first (and its `top` alternatives) under the model's
-        forward in its own precision, at `temperature` as `scored_tokens` reads it: OpenAI's `echo`. Thread-safe:
-        it reads the model's weights and nothing the decoding thread writes."""
+        forward in its own precision, at `temperature` as `scored_tokens` reads it: OpenAI's `echo`.
+        Thread-safe: it reads the model's weights and nothing the decoding thread writes."""
         ids = torch.tensor([prompt_ids])
         with torch.inference_mode():
             logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1]
-        return scored_tokens(logits, ids[0, 1:], [temperature] * (len(prompt_ids) - 1), [top] * (len(prompt_ids) - 1))
+        return scored_tokens(
+            logits, ids[0, 1:], [temperature] * (len(prompt_ids) - 1), [top] * (len(prompt_ids) - 1)
+        )
 
     def _run(self) -> None:
         while True:
@@ -181,8 +201,15 @@ class BatchDecoder:
     def _decode(self, jobs: list[GenerationJob], cores: FreeCores | None = None) -> None:
         """Decode `jobs` (a list this method extends and shrinks in place) until every row has ended."""
         ids, mask = self._left_padded(jobs)
-        stepper = make_stepper(self.model, ids, mask, max(job.max_tokens for job in jobs), self.dtype,
-                               prefix_cache=self.prefix_cache, weights=self.weights)
+        stepper = make_stepper(
+            self.model,
+            ids,
+            mask,
+            max(job.max_tokens for job in jobs),
+            self.dtype,
+            prefix_cache=self.prefix_cache,
+            weights=self.weights,
+        )
         positions, step_input = mask.sum(-1) - 1, ids[:, -1]
         width = ids.shape[1] + max(job.max_tokens for job in jobs)
         since_join = 0
@@ -194,8 +221,15 @@ class BatchDecoder:
             for row, (job, token) in enumerate(zip(jobs, sampled.tolist(), strict=True)):
                 job.produced += 1
                 job.emit(("token", token))
-                finish = ("stop" if token in self.eos_ids and not job.ignore_eos else "length" if job.produced >= job.max_tokens
-                          else "cancelled" if job.cancelled else None)
+                finish = (
+                    "stop"
+                    if token in self.eos_ids and not job.ignore_eos
+                    else "length"
+                    if job.produced >= job.max_tokens
+                    else "cancelled"
+                    if job.cancelled
+                    else None
+                )
                 if finish is None:
                     keep.append(row)
                 else:
@@ -213,7 +247,9 @@ class BatchDecoder:
                 joining = self._take(len(jobs), width, block=False)
                 if joining:
                     ids, mask = self._left_padded(joining)
-                    stepper.add_rows(self.model, ids, mask, max(job.max_tokens for job in joining), self.max_rows)
+                    stepper.add_rows(
+                        self.model, ids, mask, max(job.max_tokens for job in joining), self.max_rows
+                    )
                     jobs.extend(joining)
                     positions = torch.cat([positions, mask.sum(-1) - 1])
                     step_input = torch.cat([step_input, ids[:, -1]])

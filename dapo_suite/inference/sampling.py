@@ -18,10 +18,10 @@ from dapo_suite.inference.weights import StepperWeights
 
 @dataclass
 class SampledBatch:
-    """What `sample_tokens` returns: (N, T) tokens (pad after each row's end), their log-probs and the entropy of
-    the distribution each was drawn from, and per row the number of generated tokens (end-of-sequence token
-    included), whether it ended with one, and whether the caller's stop rule ended it (`paused`: a tool call to
-    run before the row goes on)."""
+    """What `sample_tokens` returns: (N, T) tokens (pad after each row's end), their log-probs and the entropy
+    of the distribution each was drawn from, and per row the number of generated tokens (end-of-sequence token
+    included), whether it ended with one, and whether the caller's stop rule ended it (`paused`: a tool call
+    to run before the row goes on)."""
 
     tokens: torch.Tensor
     log_probs: torch.Tensor
@@ -32,8 +32,8 @@ class SampledBatch:
 
 
 class StopRule(Protocol):
-    """Ends a row before its end-of-sequence token: `trigger_ids` are the tokens after which `matches` is asked
-    (rarely, so a decode step stays cheap), with the row's generated tokens so far."""
+    """Ends a row before its end-of-sequence token: `trigger_ids` are the tokens after which `matches` is
+    asked (rarely, so a decode step stays cheap), with the row's generated tokens so far."""
 
     trigger_ids: torch.Tensor
 
@@ -47,12 +47,12 @@ NUCLEUS_CANDIDATES = 256  # top-p looks for the nucleus among this many most lik
 
 
 def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One index per row with probability proportional to `weights` (N, K), by inverse CDF of the row's uniform
-    (N,) in [0, 1).
+    """One index per row with probability proportional to `weights` (N, K), by inverse CDF of the row's
+    uniform (N,) in [0, 1).
 
-    torch.multinomial draws an exponential per vocabulary entry; a cumulative sum and a binary search draw from the
-    same distribution for far less (docs/benchmarks.md). One uniform per row, drawn by the caller, is also what
-    lets each row of a batch follow its own seed (`row_uniforms`)."""
+    torch.multinomial draws an exponential per vocabulary entry; a cumulative sum and a binary search draw
+    from the same distribution for far less (docs/benchmarks.md). One uniform per row, drawn by the caller, is
+    also what lets each row of a batch follow its own seed (`row_uniforms`)."""
     cdf = weights.cumsum(dim=-1)
     target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
     # right=True: the first entry whose cdf exceeds the target, so zero-weight entries are never drawn
@@ -60,19 +60,24 @@ def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def row_uniforms(generators: list[torch.Generator]) -> torch.Tensor:
-    """One uniform per row, row i from `generators[i]`: a batch whose rows are seeded separately (the endpoint's
-    requests) draws each row's tokens from its own stream, whatever else shares the batch."""
+    """One uniform per row, row i from `generators[i]`: a batch whose rows are seeded separately (the
+    endpoint's requests) draws each row's tokens from its own stream, whatever else shares the batch."""
     return torch.cat([torch.rand(1, generator=generator) for generator in generators])
 
 
-def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generator | None = None,
-                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
-    """Nucleus sampling (Holtzman et al. 2019, arXiv 1904.09751): draw from the smallest set of most likely tokens
-    whose probability mass reaches top_p. (N, V) -> (N,). One uniform per row: `uniforms` (N,), else drawn from
-    `generator`.
+def sample_top_p(
+    log_probs: torch.Tensor,
+    top_p: float,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al. 2019, arXiv 1904.09751): draw from the smallest set of most likely
+    tokens whose probability mass reaches top_p. (N, V) -> (N,). One uniform per row: `uniforms` (N,), else
+    drawn from `generator`.
 
-    The nucleus is looked for among the NUCLEUS_CANDIDATES most likely tokens (a partial top-k instead of sorting
-    the whole vocabulary, which costs far more); only rows whose nucleus is wider than that are sorted in full."""
+    The nucleus is looked for among the NUCLEUS_CANDIDATES most likely tokens (a partial top-k instead of
+    sorting the whole vocabulary, which costs far more); only rows whose nucleus is wider than that are sorted
+    in full."""
     if uniforms is None:
         uniforms = torch.rand(log_probs.shape[0], generator=generator, device=log_probs.device)
     probs = log_probs.exp()
@@ -89,28 +94,41 @@ def sample_top_p(log_probs: torch.Tensor, top_p: float, generator: torch.Generat
     return _nucleus_draw(top, order, top_p, uniforms)
 
 
-def _nucleus_draw(sorted_probs: torch.Tensor, order: torch.Tensor, top_p: float,
-                  uniforms: torch.Tensor) -> torch.Tensor:
+def _nucleus_draw(
+    sorted_probs: torch.Tensor, order: torch.Tensor, top_p: float, uniforms: torch.Tensor
+) -> torch.Tensor:
     """Draw from descending probabilities cut to their nucleus; `order` maps positions back to token ids."""
-    outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # mass before this token already reaches top_p
+    outside = (
+        sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+    )  # mass before this token already reaches top_p
     return order.gather(-1, _draw(sorted_probs.masked_fill(outside, 0.0), uniforms).unsqueeze(-1)).squeeze(-1)
 
 
-def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-                uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's next token (temperature, then top-p; greedy at temperature 0), its log-prob under
-    softmax(logits / T) (T = 1 when greedy), and that distribution's entropy H = -sum p log p (what was sampled
-    from, before top-p: `rollout/entropy`). logits (N, V) -> tokens (N,), log-probs (N,), entropies (N,). One
-    uniform per row: `uniforms` (N,), else drawn from `generator`.
+    softmax(logits / T) (T = 1 when greedy), and that distribution's entropy H = -sum p log p (what was
+    sampled from, before top-p: `rollout/entropy`). logits (N, V) -> tokens (N,), log-probs (N,), entropies
+    (N,). One uniform per row: `uniforms` (N,), else drawn from `generator`.
 
-    On a CPU this is one call of the fused kernel (`fused_step`), much faster than the torch ops below (log-softmax,
-    top-k, draw; docs/benchmarks.md), which remain where the kernel is not built and on other devices."""
+    On a CPU this is one call of the fused kernel (`fused_step`), much faster than the torch ops below
+    (log-softmax, top-k, draw; docs/benchmarks.md), which remain where the kernel is not built and on other
+    devices."""
     if uniforms is None and temperature > 0:
         uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
     fused = kernels() if logits.device.type == "cpu" else None
     if fused is not None:
-        return fused.sample_next(logits.contiguous(), temperature, top_p,
-                                 uniforms if temperature > 0 else torch.zeros(logits.shape[0]))
+        return fused.sample_next(
+            logits.contiguous(),
+            temperature,
+            top_p,
+            uniforms if temperature > 0 else torch.zeros(logits.shape[0]),
+        )
     if temperature > 0:
         step_log_probs = torch.log_softmax(logits / temperature, dim=-1)
         sampled = sample_top_p(step_log_probs, top_p, uniforms=uniforms)
@@ -121,48 +139,72 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generato
     return sampled, step_log_probs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1), entropies
 
 
-def scored_tokens(logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float],
-                  top: list[int]) -> list[TokenLogProb]:
+def scored_tokens(
+    logits: torch.Tensor, tokens: torch.Tensor, temperatures: list[float], top: list[int]
+) -> list[TokenLogProb]:
     """Each row's token log-prob under softmax(logits / T) (T = 1 where greedy: the distribution `next_tokens`
-    samples from, before top_p) with its `top[i]` most likely alternatives. logits (N, V), tokens (N,). Computed
-    in float32 for these rows only, so rows that ask for no log-probs cost nothing."""
+    samples from, before top_p) with its `top[i]` most likely alternatives. logits (N, V), tokens (N,).
+    Computed in float32 for these rows only, so rows that ask for no log-probs cost nothing."""
     scale = torch.tensor([temperature or 1.0 for temperature in temperatures]).unsqueeze(-1)
     log_probs = torch.log_softmax(logits.float() / scale, dim=-1)
     chosen = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
     widest = max(top, default=0)
     values, ids = log_probs.topk(widest, dim=-1) if widest else (log_probs[:, :0], tokens[:, None][:, :0])
     values, ids = values.tolist(), ids.tolist()
-    return [(chosen[row], list(zip(ids[row][:count], values[row][:count], strict=True)))
-            for row, count in enumerate(top)]
+    return [
+        (chosen[row], list(zip(ids[row][:count], values[row][:count], strict=True)))
+        for row, count in enumerate(top)
+    ]
 
 
 @torch.no_grad()
-def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                  temperature: float, top_p: float, eos_ids: set[int], pad_id: int, samples_per_prompt: int = 1,
-                  generator: torch.Generator | None = None, dtype: torch.dtype | None = None,
-                  decoder: str = "auto", weights: StepperWeights | None = None,
-                  stop_rule: StopRule | None = None, prefix_cache: PrefixCache | None = None) -> SampledBatch:
+def sample_tokens(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: set[int],
+    pad_id: int,
+    samples_per_prompt: int = 1,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+    decoder: str = "auto",
+    weights: StepperWeights | None = None,
+    stop_rule: StopRule | None = None,
+    prefix_cache: PrefixCache | None = None,
+) -> SampledBatch:
     """KV-cached sampling from left-padded prompts that drops finished rows from the batch as it goes.
 
     `model.generate` keeps decoding a row after its end-of-sequence token until the longest row ends; on a CPU
     that is most of the work when answers are short and a few responses ramble to the limit. Here, once a
     quarter of the rows in the batch have finished, they are cut out of the KV cache. With
     `samples_per_prompt` = G, each prompt is run once, the G samples of a group share its KV cache (the lean
-    stepper reads it once per step for the whole group), and output row i belongs to prompt i // G. Log-probs are of the temperature-scaled distribution
-    before top-p, which is what the trainer recomputes as log pi.
+    stepper reads it once per step for the whole group), and output row i belongs to prompt i // G. Log-probs
+    are of the temperature-scaled distribution before top-p, which is what the trainer recomputes as log pi.
 
-    The stepper from `decoding.make_stepper` runs the prompts (the bf16 lean stepper its own packed pass, else the
-    model's forward in runs of similar length) and the decode steps (`decoder="hf"` forces transformers' step).
-    `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16 matmuls);
-    the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot of the model's
-    weights in `dtype`, for a caller that samples many times between two updates (`weights.StepperWeights`).
-    `stop_rule` ends rows early (a finished code block: `tool_loop`); those rows come back `paused`.
-    `prefix_cache`: the beginning the prompts share computed once (`prefill.PrefixCache`; valid for one snapshot of
-    the weights).
+    The stepper from `decoding.make_stepper` runs the prompts (the bf16 lean stepper its own packed pass, else
+    the model's forward in runs of similar length) and the decode steps (`decoder="hf"` forces transformers'
+    step). `dtype` samples in another precision than the model's (e.g. bfloat16 where the CPU has native bf16
+    matmuls); the log-probs are then the sampler's, not the trainer's. `weights`: the lean stepper's snapshot
+    of the model's weights in `dtype`, for a caller that samples many times between two updates
+    (`weights.StepperWeights`). `stop_rule` ends rows early (a finished code block: `tool_loop`); those rows
+    come back `paused`. `prefix_cache`: the beginning the prompts share computed once (`prefill.PrefixCache`;
+    valid for one snapshot of the weights).
     """
     with free_cores.sampling() as cores:  # threads on the cores other programs leave free (core/threads.py)
-        stepper = make_stepper(model, input_ids, attention_mask, max_new_tokens, dtype, decoder, samples_per_prompt,
-                               prefix_cache, weights)
+        stepper = make_stepper(
+            model,
+            input_ids,
+            attention_mask,
+            max_new_tokens,
+            dtype,
+            decoder,
+            samples_per_prompt,
+            prefix_cache,
+            weights,
+        )
         input_ids = input_ids.repeat_interleave(samples_per_prompt, 0)
         attention_mask = attention_mask.repeat_interleave(samples_per_prompt, 0)
         count, device = input_ids.shape[0], input_ids.device
@@ -180,8 +222,9 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         for step in range(max_new_tokens):
             if cores:
                 cores.adapt()
-            sampled, step_log_probs, step_entropies = next_tokens(stepper.step(step_input, positions), temperature,
-                                                                  top_p, generator)
+            sampled, step_log_probs, step_entropies = next_tokens(
+                stepper.step(step_input, positions), temperature, top_p, generator
+            )
             live_rows = rows[alive]
             tokens[live_rows, step] = sampled[alive]
             log_probs[live_rows, step] = step_log_probs[alive]
@@ -190,7 +233,9 @@ def sample_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             ended = alive & torch.isin(sampled, eos)
             stopped[rows[ended]] = True
             if stop_rule is not None:
-                for index in (alive & ~ended & torch.isin(sampled, stop_rule.trigger_ids)).nonzero().flatten().tolist():
+                for index in (
+                    (alive & ~ended & torch.isin(sampled, stop_rule.trigger_ids)).nonzero().flatten().tolist()
+                ):
                     row = int(rows[index])
                     if stop_rule.matches(row, tokens[row, : lengths[row]]):
                         paused[row] = ended[index] = True

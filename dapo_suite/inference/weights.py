@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from dapo_suite.inference.fused_step import kernels
 from dapo_suite.inference.models import merged_weight
 
-# The model types whose block the lean stepper implements: the pre-norm Llama block, with q/k/v biases where the
-# model has them (Qwen2) and Qwen3's per-head RMSNorm of q and k before RoPE (`qk_norm`); their RoPE frequencies
-# are the model's own rotary module's (any static rope_type: `decoding.lean_refusal` says which fall back).
+# The model types whose block the lean stepper implements: the pre-norm Llama block, with q/k/v biases where
+# the model has them (Qwen2) and Qwen3's per-head RMSNorm of q and k before RoPE (`qk_norm`); their RoPE
+# frequencies are the model's own rotary module's (any static rope_type: `decoding.lean_refusal` says which
+# fall back).
 LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 # The head sizes `attend` is compiled for (csrc/attention.cpp); other models decode with torch's ops.
@@ -24,26 +25,31 @@ FUSED_HEAD_DIMS = (64, 128)
 class Projection:
     """x W^T + b for a weight that stays fixed while the stepper lives.
 
-    Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only the
-    packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row counts
-    the decoder runs, it is faster than oneDNN's and aten's linear at 1-64 rows (a decode step) and on par at 2048
-    (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py, docs/benchmarks.md); with AMX, `linear`
-    runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from 65 rows (a prompt
-    pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout (`ONEDNN_MIN_ROWS`).
-    In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack (bf16: outputs % 16,
-    inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses `F.linear`."""
+    Given the fused kernels (`fused_step.kernels()`), the weight is packed once for their `linear` and only
+    the packed copy is kept. In bf16 (a CPU with avx512_bf16: blocks of 48 outputs in pair order), at the row
+    counts the decoder runs, it is faster than oneDNN's and aten's linear at 1-64 rows (a decode step) and on
+    par at 2048 (a prompt pass's chunk) on a CPU without AMX (benchmarks/projections.py, docs/benchmarks.md);
+    with AMX, `linear` runs 8-64 rows on the tile unit over the same packed weight (`TILE_MIN_ROWS`), and from
+    65 rows (a prompt pass) oneDNN's tile matmul, so there the weight is also kept in oneDNN's blocked layout
+    (`ONEDNN_MIN_ROWS`). In float32, blocks of the CPU's vector width times its tile. A weight it cannot pack
+    (bf16: outputs % 16, inputs % 2; float32: outputs % the vector width), and any other dtype or device, uses
+    `F.linear`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: ModuleType | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: ModuleType | None = None
+    ) -> None:
         packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
         self.kernels = kernels if packed.numel() else None
         self.weight = packed if packed.numel() else weight
-        # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear` runs
-        # oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every call). The
-        # layout is picked for 64 rows; it gives the same bits at any row count.
-        keep_onednn = self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
-        self.onednn = (torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn
-                       else weight.new_empty(0))
+        # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear`
+        # runs oneDNN on it (reordered once here: on the weight as given, oneDNN would reorder it on every
+        # call). The layout is picked for 64 rows; it gives the same bits at any row count.
+        keep_onednn = (
+            self.kernels is not None and weight.dtype == torch.bfloat16 and kernels.ONEDNN_MIN_ROWS > 0
+        )
+        self.onednn = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, 64) if keep_onednn else weight.new_empty(0)
+        )
         # `linear` takes "no bias" as an empty tensor, made once rather than allocated on every call
         self.bias = weight.new_empty(0) if bias is None and self.kernels is not None else bias
 
@@ -59,33 +65,45 @@ class Projection:
 
 
 class StepperWeights:
-    """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused, each
-    projection packed for the fused kernels' `linear` where they apply (`Projection`).
+    """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused,
+    each projection packed for the fused kernels' `linear` where they apply (`Projection`).
 
-    Building one reads and rewrites every weight, a sizeable share of a short `sample_tokens` call (docs/benchmarks.md).
-    A caller whose weights stay fixed across calls builds it once and passes it
-    on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the model's
-    weights after that is not seen until a new snapshot is made. Every tensor in it is a copy (`.to(dtype)` of a
-    tensor already in that dtype would be the model's own), so an update in place leaves a snapshot whole."""
+    Building one reads and rewrites every weight, a sizeable share of a short `sample_tokens` call
+    (docs/benchmarks.md). A caller whose weights stay fixed across calls builds it once and passes it
+    on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the
+    model's weights after that is not seen until a new snapshot is made. Every tensor in it is a copy
+    (`.to(dtype)` of a tensor already in that dtype would be the model's own), so an update in place leaves a
+    snapshot whole."""
 
     def __init__(self, model, dtype: torch.dtype | None = None) -> None:
         config, inner = model.config, model.model
         dtype = self.dtype = dtype or model.dtype
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16 dot
-        # products; elsewhere SDPA and aten's ops, what transformers runs
-        fused = (kernels() if dtype in (torch.float32, torch.bfloat16) and inner.embed_tokens.weight.device.type == "cpu"
-                 and head_dim in FUSED_HEAD_DIMS else None)
+        # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16
+        # dot products; elsewhere SDPA and aten's ops, what transformers runs
+        fused = (
+            kernels()
+            if dtype in (torch.float32, torch.bfloat16)
+            and inner.embed_tokens.weight.device.type == "cpu"
+            and head_dim in FUSED_HEAD_DIMS
+            else None
+        )
         self.kernels = fused if fused is not None and (dtype == torch.float32 or fused.NATIVE_BF16) else None
         own = functools.partial(torch.Tensor.to, copy=True)  # a copy even where the dtype is the model's
-        # LoRA layers (PEFT) are read with their adapters merged: the snapshot samples at the plain model's speed
+        # LoRA layers (PEFT) are read with their adapters merged: the snapshot samples at the plain model's
+        # speed
         weight = merged_weight
-        self.embed, self.final_norm = own(weight(inner.embed_tokens), dtype), own(inner.norm.weight, torch.float32)
+        self.embed, self.final_norm = (
+            own(weight(inner.embed_tokens), dtype),
+            own(inner.norm.weight, torch.float32),
+        )
         tied = model.lm_head.weight is inner.embed_tokens.weight
-        self.lm_head = Projection(self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels)
+        self.lm_head = Projection(
+            self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels
+        )
         self.layers = []
-        # per layer, Qwen3's q/k RMSNorm weights, one row per head the projection gives (H query heads, then H_kv
-        # key heads: (H + H_kv, D) float32), or None where the block has none
+        # per layer, Qwen3's q/k RMSNorm weights, one row per head the projection gives (H query heads, then
+        # H_kv key heads: (H + H_kv, D) float32), or None where the block has none
         self.qk_norms: list[torch.Tensor | None] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -93,18 +111,33 @@ class StepperWeights:
             if attn.q_proj.bias is not None:  # Qwen2's q, k and v biases (o_proj has none: `lean_refusal`)
                 qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).to(dtype)
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-            self.qk_norms.append(None if q_norm is None else torch.cat([
-                q_norm.weight.float().expand(config.num_attention_heads, -1),
-                k_norm.weight.float().expand(config.num_key_value_heads, -1)]).contiguous())
-            self.layers.append((
-                own(layer.input_layernorm.weight, torch.float32),
-                Projection(torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
-                           qkv_bias, self.kernels),
-                Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
-                own(layer.post_attention_layernorm.weight, torch.float32),
-                Projection(torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype), kernels=self.kernels),
-                Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
-            ))
+            self.qk_norms.append(
+                None
+                if q_norm is None
+                else torch.cat(
+                    [
+                        q_norm.weight.float().expand(config.num_attention_heads, -1),
+                        k_norm.weight.float().expand(config.num_key_value_heads, -1),
+                    ]
+                ).contiguous()
+            )
+            self.layers.append(
+                (
+                    own(layer.input_layernorm.weight, torch.float32),
+                    Projection(
+                        torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
+                        qkv_bias,
+                        self.kernels,
+                    ),
+                    Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
+                    own(layer.post_attention_layernorm.weight, torch.float32),
+                    Projection(
+                        torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype),
+                        kernels=self.kernels,
+                    ),
+                    Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
+                )
+            )
         if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
         self.layer_tensors: list[list[torch.Tensor]] = []
@@ -113,9 +146,22 @@ class StepperWeights:
             # input norm, or the final one), and its q/k norm (or empty)
             norms_after = [layer[0] for layer in self.layers[1:]] + [self.final_norm]
             self.layer_tensors = [
-                [norm_in, qkv.weight, qkv.bias, o.weight, norm_post, gate_up.weight, down.weight, norm_after,
-                 qkv.onednn, o.onednn, gate_up.onednn, down.onednn,
-                 qk_norm if qk_norm is not None else self.final_norm.new_empty(0)]
-                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after, qk_norm
-                in zip(self.layers, norms_after, self.qk_norms, strict=True)]
-
+                [
+                    norm_in,
+                    qkv.weight,
+                    qkv.bias,
+                    o.weight,
+                    norm_post,
+                    gate_up.weight,
+                    down.weight,
+                    norm_after,
+                    qkv.onednn,
+                    o.onednn,
+                    gate_up.onednn,
+                    down.onednn,
+                    qk_norm if qk_norm is not None else self.final_norm.new_empty(0),
+                ]
+                for (norm_in, qkv, o, norm_post, gate_up, down), norm_after, qk_norm in zip(
+                    self.layers, norms_after, self.qk_norms, strict=True
+                )
+            ]

@@ -1,1 +1,2 @@
-"""Doubles the tests and the benchmarks share: servers that inject faults or latency, never a stand-in for a model."""
+"""Doubles the tests and the benchmarks share: servers that inject faults or latency, never a stand-in for a
+model."""

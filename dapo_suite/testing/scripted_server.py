@@ -1,5 +1,5 @@
-"""A scripted OpenAI-compatible server for fault injection and latency benchmarks, never a stand-in for a model
-(the end-to-end tests run against `transformers serve`). GET /v1/models lists one model, `scripted`;
+"""A scripted OpenAI-compatible server for fault injection and latency benchmarks, never a stand-in for a
+model (the end-to-end tests run against `transformers serve`). GET /v1/models lists one model, `scripted`;
 POST /v1/chat/completions follows a script of behaviours, one per request in arrival order, then `default`:
 
   ok           200 with `reply` as the assistant message after `latency_s` (`reply` may be a function of the
@@ -10,11 +10,13 @@ POST /v1/chat/completions follows a script of behaviours, one per request in arr
   drop         closes the connection without a response
 
     with ScriptedServer(script=["429", "503"], latency_s=0.1) as server:
-        ... server.base_url, server.requests (bodies received), server.stats (requests, completed, max_in_flight)
+        ... server.base_url, server.requests (bodies received), server.stats (requests, completed,
+        max_in_flight)
 
-A test double shared by the data pipeline's and the evaluator's retry tests and by benchmarks/data_build.py and
-benchmarks/eval_throughput.py (`scripted_server_process`, its own process so it shares no GIL with the client), so
-it lives in the package (`dapo_suite.testing`), which both may import; nothing in the product imports it.
+A test double shared by the data pipeline's and the evaluator's retry tests and by benchmarks/data_build.py
+and benchmarks/eval_throughput.py (`scripted_server_process`, its own process so it shares no GIL with the
+client), so it lives in the package (`dapo_suite.testing`), which both may import; nothing in the product
+imports it.
 """
 
 from __future__ import annotations
@@ -37,16 +39,22 @@ class ScriptedServer:
     """An asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) on a thread of its own: waiting costs no
     thread per request, so the server spends far less CPU than the client it measures."""
 
-    def __init__(self, script: list[str] | None = None, default: str = "ok",
-                 reply: str | Callable[[dict[str, Any]], str] = "Answer: 42",
-                 latency_s: float = 0.0, hang_s: float = 5.0):
+    def __init__(
+        self,
+        script: list[str] | None = None,
+        default: str = "ok",
+        reply: str | Callable[[dict[str, Any]], str] = "Answer: 42",
+        latency_s: float = 0.0,
+        hang_s: float = 5.0,
+    ):
         self.script, self.default, self.reply = list(script or []), default, reply
         self.latency_s, self.hang_s = latency_s, hang_s
         self.requests: list[dict[str, Any]] = []
         self.stats = {"requests": 0, "completed": 0, "in_flight": 0, "max_in_flight": 0}
         self._loop = asyncio.new_event_loop()
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve_connection, "127.0.0.1", 0, backlog=4096))
+            asyncio.start_server(self._serve_connection, "127.0.0.1", 0, backlog=4096)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -71,13 +79,18 @@ class ScriptedServer:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 request_line, *header_lines = head.decode("latin-1").split("\r\n")
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)}
+                headers = {
+                    k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if h)
+                }
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
                 method, path = request_line.split(" ")[:2]
                 if method == "GET":
                     found = path.rstrip("/").endswith("/models")
-                    payload = {"object": "list", "data": [{"id": MODEL, "object": "model"}]} if found else {
-                        "error": {"message": "not found"}}
+                    payload = (
+                        {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+                        if found
+                        else {"error": {"message": "not found"}}
+                    )
                     await self._send(writer, 200 if found else 404, json.dumps(payload).encode())
                 elif not await self._answer(writer, json.loads(body or b"{}")):
                     break
@@ -107,11 +120,20 @@ class ScriptedServer:
                 await self._send(writer, 200, b"{this is not json")
             else:
                 completion = {
-                    "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+                    "id": "chatcmpl-scripted",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
                     "model": body.get("model", MODEL),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": self.reply(body) if callable(self.reply)
-                                             else self.reply}}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {
+                                "role": "assistant",
+                                "content": self.reply(body) if callable(self.reply) else self.reply,
+                            },
+                        }
+                    ],
                     "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14},
                 }
                 await self._send(writer, 200, json.dumps(completion).encode())
@@ -122,16 +144,32 @@ class ScriptedServer:
 
     @staticmethod
     async def _send(writer: asyncio.StreamWriter, status: int, payload: bytes) -> None:
-        writer.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        writer.write(
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
         await writer.drain()
 
 
 @contextmanager
 def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -> Iterator[str]:
-    """A ScriptedServer in a child process (no GIL shared with the client being measured); yields its base URL."""
-    child = subprocess.Popen([sys.executable, "-m", "dapo_suite.testing.scripted_server", "--latency", str(latency_s), "--reply", reply],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """A ScriptedServer in a child process (no GIL shared with the client being measured); yields its base
+    URL."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dapo_suite.testing.scripted_server",
+            "--latency",
+            str(latency_s),
+            "--reply",
+            reply,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = child.stdout.readline().strip()
         if not url:
@@ -143,7 +181,8 @@ def scripted_server_process(latency_s: float = 0.0, reply: str = "Answer: 42") -
 
 
 def main() -> None:
-    """`python -m dapo_suite.testing.scripted_server --latency 0.2`: print the base URL, serve until stdin closes."""
+    """`python -m dapo_suite.testing.scripted_server --latency 0.2`: print the base URL, serve until stdin
+    closes."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,7 +1,7 @@
-"""The actor: the policy's update side, as verl's `dp_actor` is: log-probs and entropy from the model's forward
-pass, the rollout-correction weights, and the mini-batch updates (DAPO's or a successor's loss, AdamW, the
-learning-rate schedule). `DAPOTrainer` owns the loop (rollout, reward, filter, advantages) and hands the kept groups
-here; the loss itself is `algorithm.policy_loss`, given the config's `LossHyperparameters` whole.
+"""The actor: the policy's update side, as verl's `dp_actor` is: log-probs and entropy from the model's
+forward pass, the rollout-correction weights, and the mini-batch updates (DAPO's or a successor's loss, AdamW,
+the learning-rate schedule). `DAPOTrainer` owns the loop (rollout, reward, filter, advantages) and hands the
+kept groups here; the loss itself is `algorithm.policy_loss`, given the config's `LossHyperparameters` whole.
 """
 
 from __future__ import annotations
@@ -39,23 +39,25 @@ def forward_tokens(rollouts: list[Rollout], shared: bool) -> int:
 
 
 class Actor:
-    """The trainable policy: `model` (whose parameters that require a gradient train), its AdamW optimiser and its
-    warm-up schedule, configured by `config`."""
+    """The trainable policy: `model` (whose parameters that require a gradient train), its AdamW optimiser and
+    its warm-up schedule, configured by `config`."""
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int, config: TrainConfig) -> None:
         self.model, self.pad_token_id, self.config = model, pad_token_id, config
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, betas=(0.9, 0.999),
-                                           weight_decay=config.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay, fused=True
+        )
         # Constant learning rate after a linear warm-up over optimiser *steps* (rollout steps x updates).
         warmup_updates = max(config.warmup_steps, 0) * config.updates_per_step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda update: min(1.0, (update + 1) / warmup_updates) if warmup_updates else 1.0)
+            self.optimizer, lambda update: min(1.0, (update + 1) / warmup_updates) if warmup_updates else 1.0
+        )
 
     @torch.no_grad()
     def old_log_probs(self, rollouts: list[Rollout]) -> None:
-        """log pi_old from this model's forward pass, micro-batch by micro-batch, on the model's own tokens (0 on
-        a tool's), into each rollout's `old_log_prob`."""
+        """log pi_old from this model's forward pass, micro-batch by micro-batch, on the model's own tokens (0
+        on a tool's), into each rollout's `old_log_prob`."""
         with eval_mode(self.model):
             for start in range(0, len(rollouts), self.config.micro_batch_size):
                 micro = rollouts[start : start + self.config.micro_batch_size]
@@ -68,11 +70,16 @@ class Actor:
         Returns (log_prob, entropy, response_mask), each (B, T)."""
         response_len = max(r.length for r in rollouts)
         autocast = self.config.autocast_dtype
-        with torch.autocast(self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"),
-                            enabled=autocast is not None):
+        with torch.autocast(
+            self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None
+        ):
             if self.shares_prompts:
-                logits = torch.cat([self._shared_prompt_logits(segment, response_len)
-                                    for segment in prompt_segments(rollouts)])
+                logits = torch.cat(
+                    [
+                        self._shared_prompt_logits(segment, response_len)
+                        for segment in prompt_segments(rollouts)
+                    ]
+                )
             else:
                 logits = self._padded_logits(rollouts, response_len)
         logits = logits.float()
@@ -87,15 +94,16 @@ class Actor:
 
     @property
     def shares_prompts(self) -> bool:
-        """Whether the forward pass runs a group's prompt once: not under gradient checkpointing, whose layers keep
-        no cache to share a prompt through."""
+        """Whether the forward pass runs a group's prompt once: not under gradient checkpointing, whose layers
+        keep no cache to share a prompt through."""
         return not self.model.is_gradient_checkpointing
 
     def _shared_prompt_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt: the
-        prompt runs once and its keys and values are repeated for every response, which is the same maths as
-        running each row whole (gradients from all responses sum into the one prompt pass) for 1/G of the prompt's
-        cost, which matters most where prompts are long against responses, as the demo's are (docs/train.md)."""
+        """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt:
+        the prompt runs once and its keys and values are repeated for every response, which is the same maths
+        as running each row whole (gradients from all responses sum into the one prompt pass) for 1/G of the
+        prompt's cost, which matters most where prompts are long against responses, as the demo's are
+        (docs/train.md)."""
         device = self.model.device
         prompt = rollouts[0].prompt_ids.to(device)
         prompt_out = self.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
@@ -105,31 +113,49 @@ class Actor:
         response_mask = padded([torch.ones(r.length, dtype=torch.long) for r in rollouts], device)
         attention = torch.cat([response_mask.new_ones(len(rollouts), prompt.numel()), response_mask], dim=1)
         position_ids = (prompt.numel() + torch.arange(responses.shape[1], device=device)).expand_as(responses)
-        response_logits = self.model(input_ids=responses, attention_mask=attention, position_ids=position_ids,
-                                     past_key_values=cache, use_cache=False).logits
+        response_logits = self.model(
+            input_ids=responses,
+            attention_mask=attention,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=False,
+        ).logits
         # The prompt's last position predicts response token 0; response position t predicts token t + 1.
         logits = torch.cat([prompt_out.logits.expand(len(rollouts), 1, -1), response_logits[:, :-1]], dim=1)
         return torch.nn.functional.pad(logits, (0, 0, 0, response_len - logits.shape[1]))
 
     def _padded_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V): every row whole, prompts left-padded."""
+        """Logits predicting each response token, (B, response_len, V): every row whole, prompts
+        left-padded."""
         pad = self.pad_token_id
         prompt_len = max(r.prompt_ids.numel() for r in rollouts)
         rows, masks = [], []
         for r in rollouts:
             left = prompt_len - r.prompt_ids.numel()
             right = response_len - r.length
-            rows.append(torch.cat([torch.full((left,), pad), r.prompt_ids, r.response_ids, torch.full((right,), pad)]))
-            masks.append(torch.cat([torch.zeros(left), torch.ones(r.prompt_ids.numel() + r.length), torch.zeros(right)]))
+            rows.append(
+                torch.cat([torch.full((left,), pad), r.prompt_ids, r.response_ids, torch.full((right,), pad)])
+            )
+            masks.append(
+                torch.cat(
+                    [torch.zeros(left), torch.ones(r.prompt_ids.numel() + r.length), torch.zeros(right)]
+                )
+            )
         input_ids = torch.stack(rows).to(self.model.device)
         attention = torch.stack(masks).long().to(self.model.device)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
         # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
-        return self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                          logits_to_keep=response_len + 1, use_cache=False).logits[:, :-1]
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=position_ids,
+            logits_to_keep=response_len + 1,
+            use_cache=False,
+        ).logits[:, :-1]
 
-    def correction(self, rollouts: list[Rollout]) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]],
-                                                            dict[str, float]]:
+    def correction(
+        self, rollouts: list[Rollout]
+    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
         """Per rollout (by id): rollout-correction weights and the mask of tokens that carry loss, (T,) each;
         computed over the whole training batch (as verl does) for the rollouts that carry the sampler's
         log-probs, ones for the others. Metrics `rollout_corr/*` when any rollout is corrected."""
@@ -142,11 +168,22 @@ class Actor:
         sampled = padded([r.rollout_log_prob for r in corrected], "cpu")
         mask = padded([r.mask for r in corrected], "cpu")
         weights, kept, metrics = rollout_correction(
-            old, sampled, mask, config.rollout_is, config.rollout_is_threshold, config.rollout_is_batch_normalize,
-            config.rollout_rs, config.rollout_rs_threshold)
+            old,
+            sampled,
+            mask,
+            config.rollout_is,
+            config.rollout_is_threshold,
+            config.rollout_is_batch_normalize,
+            config.rollout_rs,
+            config.rollout_rs_threshold,
+        )
         weights = mask if weights is None else weights
-        result.update({id(r): (weights[row, : r.length], kept[row, : r.length] * r.mask)
-                       for row, r in enumerate(corrected)})
+        result.update(
+            {
+                id(r): (weights[row, : r.length], kept[row, : r.length] * r.mask)
+                for row, r in enumerate(corrected)
+            }
+        )
         return result, metrics
 
     def update(self, groups: list[list[Rollout]]) -> dict[str, float]:
@@ -156,8 +193,10 @@ class Actor:
         token_count, grad_norms, trained_tokens, skipped = 0.0, [], 0, 0
         hyperparameters = config.loss
         # Overlong filtering: truncated responses carry no loss, so they are not even run forward.
-        trained = [[r for r in group if r.length and not (config.overlong_filter and r.truncated)]
-                   for group in groups]
+        trained = [
+            [r for r in group if r.length and not (config.overlong_filter and r.truncated)]
+            for group in groups
+        ]
         correction, correction_metrics = self.correction([r for group in trained for r in group])
         self.model.train()
         for _ in range(config.ppo_epochs):
@@ -176,9 +215,15 @@ class Actor:
                     mask = mask * padded([correction[id(r)][1] for r in micro], log_prob.device)
                     advantages = torch.tensor([r.advantage for r in micro], device=log_prob.device)
                     loss, metrics = policy_loss(
-                        log_prob, old, advantages, mask, hyperparameters, num_global_tokens=loss_tokens,
+                        log_prob,
+                        old,
+                        advantages,
+                        mask,
+                        hyperparameters,
+                        num_global_tokens=loss_tokens,
                         num_global_sequences=loss_sequences,
-                        rollout_is_weights=weights if correction_metrics else None)
+                        rollout_is_weights=weights if correction_metrics else None,
+                    )
                     loss.backward()
                     micro_tokens = float(mask.sum())
                     metrics["actor/entropy"] = float((entropy * mask).sum() / max(micro_tokens, 1))

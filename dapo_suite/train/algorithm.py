@@ -26,7 +26,12 @@ import torch
 from dapo_suite.train.loss_hyperparameters import LOSS_DEFAULTS, LossHyperparameters
 
 LOSS_AGGREGATIONS = (
-    "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 LOG_RATIO_LIMIT = 20.0
 
 
@@ -40,17 +45,21 @@ def _clip_fractions(ratio, advantages, mask, hp: LossHyperparameters) -> dict[st
     """Tokens whose ratio left the trust region in the direction the advantage pushes it (plots, ladder)."""
     upper = (ratio > 1 + hp.clip_high) & (advantages > 0)
     lower = (ratio < 1 - hp.clip_low) & (advantages < 0)
-    return {"actor/clipfrac_upper": masked_mean(upper.to(mask.dtype), mask).item(),
-            "actor/clipfrac_lower": masked_mean(lower.to(mask.dtype), mask).item()}
+    return {
+        "actor/clipfrac_upper": masked_mean(upper.to(mask.dtype), mask).item(),
+        "actor/clipfrac_lower": masked_mean(lower.to(mask.dtype), mask).item(),
+    }
 
 
 def vanilla_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameters):
     """DAPO's clipped surrogate with decoupled clip (DAPO eq. 8, arXiv 2503.14476; PPO arXiv 1707.06347):
 
-        r_it = exp(log pi_theta - log pi_old),  L_it = -min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it)
+        r_it = exp(log pi_theta - log pi_old),  L_it = -min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high)
+        A_it)
 
     With `clip_c`, dual-clip PPO (arXiv 1912.09729) bounds the loss of A < 0 tokens at -clip_c * A.
-    Token losses (B, T); metrics `actor/pg_clipfrac` (either side, as verl counts it) and `actor/dual_clipfrac`.
+    Token losses (B, T); metrics `actor/pg_clipfrac` (either side, as verl counts it) and
+    `actor/dual_clipfrac`.
     """
     ratio = torch.exp((log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -advantages * ratio
@@ -157,8 +166,8 @@ def clip_cov_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparamet
     """Clip-Cov (arXiv 2505.22617, eq. 11): PPO-clip, plus the gradient of a few high-covariance tokens cut,
 
         candidates = { t unclipped by PPO : omega_low < Cov_t < omega_high }
-        drop       = max(1, floor(r * N)) of them, drawn uniformly (torch.randperm on torch's global generator)
-        L_it = PPO-clip_it * (0 if t in drop else 1)
+        drop       = max(1, floor(r * N)) of them, drawn uniformly (torch.randperm on torch's global
+        generator) L_it = PPO-clip_it * (0 if t in drop else 1)
 
     N = response tokens of the batch; paper and verl: r 2e-4, omega 1 and 5. No dual clip, ratio unclamped (as
     verl). Token losses (B, T); `actor/pg_clipfrac`: share dropped.
@@ -213,14 +222,16 @@ def kl_cov_loss(log_prob, old_log_prob, advantages, mask, hp: LossHyperparameter
     }
 
 
-PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossHyperparameters],
-                        tuple[torch.Tensor, dict[str, float]]]
+PolicyLossFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossHyperparameters],
+    tuple[torch.Tensor, dict[str, float]],
+]
 
 
 @dataclass(frozen=True)
 class PolicyLossMode:
-    """A registered objective: its function (token losses (B, T), or sequence losses (B,) when `per_sequence`),
-    the aggregations it is defined for, and its paper."""
+    """A registered objective: its function (token losses (B, T), or sequence losses (B,) when
+    `per_sequence`), the aggregations it is defined for, and its paper."""
 
     fn: PolicyLossFn
     aggregations: tuple[str, ...] = LOSS_AGGREGATIONS
@@ -234,8 +245,9 @@ POLICY_LOSSES: dict[str, PolicyLossMode] = {
     "gspo": PolicyLossMode(gspo_loss, paper="2507.18071"),
     "cispo": PolicyLossMode(cispo_loss, paper="2506.13585"),
     "sapo": PolicyLossMode(sapo_loss, aggregations=("seq-mean-token-mean",), paper="2511.20347"),
-    "geo_mean": PolicyLossMode(geo_mean_loss, aggregations=("seq-mean-token-mean",), per_sequence=True,
-                               paper="2507.20673"),
+    "geo_mean": PolicyLossMode(
+        geo_mean_loss, aggregations=("seq-mean-token-mean",), per_sequence=True, paper="2507.20673"
+    ),
     "clip_cov": PolicyLossMode(clip_cov_loss, paper="2505.22617"),
     "kl_cov": PolicyLossMode(kl_cov_loss, paper="2505.22617"),
 }
@@ -262,25 +274,28 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of `hp.loss_mode` (a name of `POLICY_LOSSES`, verl's), reduced to a scalar to minimise.
 
-    Default: DAPO's clipped surrogate (`vanilla_loss`, eq. 8): Clip-Higher is `clip_high > clip_low` (paper 0.2 /
-    0.28); `clip_c` adds dual-clip. The other modes' equations are in their functions; every knob is described in
-    `LossHyperparameters`. `hp.loss_agg` chooses the reduction: `token-mean` (DAPO, sec. 3.3), `token-sum` (no
-    denominator), `seq-mean-token-mean` (GRPO's sample-level mean), `seq-mean-token-sum`,
-    `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`, default T); a mode defined for fewer
-    aggregations rejects the others. `num_global_tokens` / `num_global_sequences` replace this batch's own counts
-    as denominators when it is one micro-batch of a larger mini-batch. `rollout_is_weights` (B, T),
+    Default: DAPO's clipped surrogate (`vanilla_loss`, eq. 8): Clip-Higher is `clip_high > clip_low` (paper
+    0.2 / 0.28); `clip_c` adds dual-clip. The other modes' equations are in their functions; every knob is
+    described in `LossHyperparameters`. `hp.loss_agg` chooses the reduction: `token-mean` (DAPO, sec. 3.3),
+    `token-sum` (no denominator), `seq-mean-token-mean` (GRPO's sample-level mean), `seq-mean-token-sum`,
+    `seq-mean-token-sum-norm` (Dr. GRPO: sum over tokens / `seq_sum_norm`, default T); a mode defined for
+    fewer aggregations rejects the others. `num_global_tokens` / `num_global_sequences` replace this batch's
+    own counts as denominators when it is one micro-batch of a larger mini-batch. `rollout_is_weights` (B, T),
     rollout-correction weights (see `rollout_correction.py`), multiply each token's loss (per-sequence modes:
     their geometric mean per sequence).
 
     Shapes: `log_prob`, `old_log_prob`, `response_mask` (B, T); `advantages` (B, T) or (B,).
     Returns the scalar loss and metrics: the mode's clip fractions (`actor/pg_clipfrac` as verl counts it;
     `actor/clipfrac_upper` / `actor/clipfrac_lower`: tokens held back going up with A > 0 / down with A < 0),
-    `actor/ppo_kl` (mean of log pi_old - log pi_theta, verl's approx KL) and ratio statistics over response tokens.
+    `actor/ppo_kl` (mean of log pi_old - log pi_theta, verl's approx KL) and ratio statistics over response
+    tokens.
     """
     mode = policy_loss_mode(hp.loss_mode)
     if hp.loss_agg not in mode.aggregations:
-        raise ValueError(f"loss_mode {hp.loss_mode!r} aggregates only as {' / '.join(mode.aggregations)} (as verl "
-                         f"0.9.1 does), got loss_agg={hp.loss_agg!r}")
+        raise ValueError(
+            f"loss_mode {hp.loss_mode!r} aggregates only as {' / '.join(mode.aggregations)} (as verl "
+            f"0.9.1 does), got loss_agg={hp.loss_agg!r}"
+        )
     mask = response_mask.to(log_prob.dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_prob)
@@ -293,14 +308,18 @@ def policy_loss(
     else:
         if rollout_is_weights is not None:
             losses = losses * rollout_is_weights
-        loss = aggregate_loss(losses, mask, hp.loss_agg, num_global_tokens, num_global_sequences, seq_sum_norm)
+        loss = aggregate_loss(
+            losses, mask, hp.loss_agg, num_global_tokens, num_global_sequences, seq_sum_norm
+        )
 
     with torch.no_grad():
         log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         real = mask.bool()
         ratio_real = torch.exp(log_ratio[real]) if real.any() else log_prob.new_ones(1)
         metrics = {
-            "actor/clipfrac_upper": 0.0, "actor/clipfrac_lower": 0.0, **metrics,
+            "actor/clipfrac_upper": 0.0,
+            "actor/clipfrac_lower": 0.0,
+            **metrics,
             "actor/ppo_kl": masked_mean(-log_ratio, mask).item(),
             "actor/ratio_mean": ratio_real.mean().item(),
             "actor/ratio_min": ratio_real.min().item(),
@@ -361,8 +380,11 @@ def _group_moments(scores: torch.Tensor, group_ids: Sequence | torch.Tensor):
 
 
 def group_advantages(
-    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
-    norm: str = "group", eps: float = 1e-6,
+    scores: torch.Tensor,
+    group_ids: Sequence | torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    norm: str = "group",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """Group-relative advantage (DAPO eq. 9, GRPO): A_i = (R_i - mean(R_group)) / (std + eps), where std is
 
@@ -370,8 +392,8 @@ def group_advantages(
         "batch": the std of all rewards of the batch (Lite PPO, arXiv 2508.08221: group mean, batch std);
         "none":  no division, A_i = R_i - mean (Dr. GRPO, arXiv 2503.20783).
 
-    `scores` (B,) are the rewards R_i of G responses per prompt; responses sharing a `group_ids` entry form one
-    group (groups of one: mean 0, std 1). `lengths` is not used (the shared signature's). Returns (B,).
+    `scores` (B,) are the rewards R_i of G responses per prompt; responses sharing a `group_ids` entry form
+    one group (groups of one: mean 0, std 1). `lengths` is not used (the shared signature's). Returns (B,).
     """
     scores = scores.to(torch.float32)
     index, _, mean, std = _group_moments(scores, group_ids)
@@ -381,14 +403,18 @@ def group_advantages(
 
 
 def rloo_advantages(
-    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
-    norm: str = "none", eps: float = 1e-6,
+    scores: torch.Tensor,
+    group_ids: Sequence | torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    norm: str = "none",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """RLOO (arXiv 2402.14740, eq. 6): the baseline of response i is the mean of the other G-1 of its group,
 
         A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) * (R_i - mean(R_group))
 
-    A group of one keeps A_i = R_i (verl). No std division (`norm` "none" only); `lengths`, `eps` unused. (B,).
+    A group of one keeps A_i = R_i (verl). No std division (`norm` "none" only); `lengths`, `eps` unused.
+    (B,).
     """
     scores = scores.to(torch.float32)
     index, count, mean, _ = _group_moments(scores, group_ids)
@@ -397,8 +423,11 @@ def rloo_advantages(
 
 
 def reinforce_pp_baseline_advantages(
-    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
-    norm: str = "batch", eps: float = 1e-6,
+    scores: torch.Tensor,
+    group_ids: Sequence | torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    norm: str = "batch",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """REINFORCE++-baseline (arXiv 2501.03262, sec. 3): subtract the group mean, then whiten over the batch's
     tokens (each response counts once per response token, as verl's `masked_whiten`):
@@ -414,15 +443,20 @@ def reinforce_pp_baseline_advantages(
     weight = lengths.to(torch.float32)
     tokens = weight.sum()
     if tokens < 2:
-        raise ValueError(f"reinforce_plus_plus_baseline whitens over the batch's tokens and needs >= 2, got {tokens}")
+        raise ValueError(
+            f"reinforce_plus_plus_baseline whitens over the batch's tokens and needs >= 2, got {tokens}"
+        )
     mu = (centred * weight).sum() / (tokens + 1e-8)
     var = ((centred - mu) ** 2 * weight).sum() / (tokens + 1e-8) * tokens / (tokens - 1)
     return (centred - mu) * torch.rsqrt(var + 1e-8)
 
 
 def passk_advantages(
-    scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None,
-    norm: str = "group", eps: float = 1e-6,
+    scores: torch.Tensor,
+    group_ids: Sequence | torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    norm: str = "group",
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """Pass@k training (arXiv 2503.19595, leave-one-out max): only each group's best response learns,
 
@@ -460,7 +494,9 @@ class AdvantageEstimator:
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": AdvantageEstimator(group_advantages, ("group", "batch", "none"), "2402.03300"),
     "rloo": AdvantageEstimator(rloo_advantages, ("none",), "2402.14740"),
-    "reinforce_plus_plus_baseline": AdvantageEstimator(reinforce_pp_baseline_advantages, ("batch",), "2501.03262"),
+    "reinforce_plus_plus_baseline": AdvantageEstimator(
+        reinforce_pp_baseline_advantages, ("batch",), "2501.03262"
+    ),
     "grpo_passk": AdvantageEstimator(passk_advantages, ("group", "none"), "2503.19595"),
 }
 
@@ -473,14 +509,20 @@ def advantage_estimator(name: str) -> AdvantageEstimator:
 
 
 def compute_advantages(
-    name: str, scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor,
-    norm: str | None = None, eps: float = 1e-6,
+    name: str,
+    scores: torch.Tensor,
+    group_ids: Sequence | torch.Tensor,
+    lengths: torch.Tensor,
+    norm: str | None = None,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """Outcome advantages (B,) of estimator `name` (see `ADVANTAGE_ESTIMATORS`); `norm` None = its own."""
     estimator = advantage_estimator(name)
     norm = norm or estimator.norms[0]
     if norm not in estimator.norms:
-        raise ValueError(f"adv_estimator {name!r} normalises only as {' / '.join(estimator.norms)}, got {norm!r}")
+        raise ValueError(
+            f"adv_estimator {name!r} normalises only as {' / '.join(estimator.norms)}, got {norm!r}"
+        )
     return estimator.fn(scores, group_ids, lengths, norm, eps)
 
 
@@ -516,7 +558,8 @@ def mixed_groups(acc: torch.Tensor, group_ids: Sequence | torch.Tensor) -> torch
 def mask_truncated(response_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Overlong filtering (sec. 3.4): responses cut at the length limit contribute no loss.
 
-    `response_mask` (B, T), `truncated` (B,) bool. Returns the mask with the rows of truncated responses zeroed.
+    `response_mask` (B, T), `truncated` (B,) bool. Returns the mask with the rows of truncated responses
+    zeroed.
     """
     return response_mask * (~truncated.bool()).unsqueeze(-1).to(response_mask.dtype)
 

@@ -14,57 +14,146 @@ from dapo_suite.train.config import LADDER, SUCCESSORS
 from dapo_suite.train.loss_hyperparameters import loss_knobs_help
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="\b\nThe policy loss's knobs (--set NAME=VALUE), with their defaults:\n" + loss_knobs_help())
-@click.option("--preset", "presets", multiple=True, metavar="NAME",
-              help="Preset(s), applied in order: a scale (tiny-cpu: the embedded default on the arithmetic task; "
-                   "gsm8k-cpu: the embedded model on GSM8K), a rung of the ablation ladder "
-                   f"({', '.join(LADDER)}) or a successor method ({', '.join(SUCCESSORS)}). A .yaml path works too.")
-@click.option("--model", help="HF model directory, hub id, or short name of a family docs/train.md lists "
-                              "(Qwen2.5-32B -> Qwen/Qwen2.5-32B; default: the embedded SmolLM2-135M-Instruct). With "
-                              "a model other than the embedded one, the paper's 32B-run values are the base.")
-@click.option("--train-file", type=click.Path(dir_okay=False), help="Training data: verl/DAPO parquet or jsonl "
-                                                                    "(default: the built-in arithmetic task).")
+@click.group(
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nThe policy loss's knobs (--set NAME=VALUE), with their defaults:\n" + loss_knobs_help(),
+)
+@click.option(
+    "--preset",
+    "presets",
+    multiple=True,
+    metavar="NAME",
+    help="Preset(s), applied in order: a scale (tiny-cpu: the embedded default on the arithmetic task; "
+    "gsm8k-cpu: the embedded model on GSM8K), a rung of the ablation ladder "
+    f"({', '.join(LADDER)}) or a successor method ({', '.join(SUCCESSORS)}). A .yaml path works too.",
+)
+@click.option(
+    "--model",
+    help="HF model directory, hub id, or short name of a family docs/train.md lists "
+    "(Qwen2.5-32B -> Qwen/Qwen2.5-32B; default: the embedded SmolLM2-135M-Instruct). With "
+    "a model other than the embedded one, the paper's 32B-run values are the base.",
+)
+@click.option(
+    "--train-file",
+    type=click.Path(dir_okay=False),
+    help="Training data: verl/DAPO parquet or jsonl (default: the built-in arithmetic task).",
+)
 @click.option("--val-file", type=click.Path(dir_okay=False), help="Held-out data in the same formats.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory (default runs/dapo).")
 @click.option("--max-steps", type=int, help="Training steps (each: rollout, filter, mini-batch updates).")
-@click.option("--seed", type=click.IntRange(min=0), help="Seed of the run: held-out split, prompts, samples [0]. The "
-                                                         "same seed, machine and thread count repeat a run bit for bit.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    help="Seed of the run: held-out split, prompts, samples [0]. The "
+    "same seed, machine and thread count repeat a run bit for bit.",
+)
 @click.option("--backend", type=click.Choice(["embedded", "verl"]), help="embedded (this process) or verl.")
-@click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint, with the run's own "
-                                              "settings (OUT/config.yaml; --preset, --set and flags given now apply "
-                                              "on top).")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16. With --backend verl, "
-                   "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).")
-@click.option("--print-config", is_flag=True, help="Print the resolved config (and, on stderr, the memory "
-                                                    "estimate) and exit.")
-@click.option("--no-memory-check", "memory_check", flag_value=False, default=True,
-              help="Train even when the memory estimate exceeds this machine's memory (the embedded trainer "
-                   "refuses such a run before loading the model, and says what would fit).")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue from the run directory's last checkpoint, with the run's own "
+    "settings (OUT/config.yaml; --preset, --set and flags given now apply "
+    "on top).",
+)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any config field, e.g. --set clip_high=0.28 --set group_size=16. With --backend verl, "
+    "--set verl.<hydra.key>=VALUE passes a raw Hydra override to verl (applied last).",
+)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved config (and, on stderr, the memory estimate) and exit.",
+)
+@click.option(
+    "--no-memory-check",
+    "memory_check",
+    flag_value=False,
+    default=True,
+    help="Train even when the memory estimate exceeds this machine's memory (the embedded trainer "
+    "refuses such a run before loading the model, and says what would fit).",
+)
 @click.option("--nnodes", type=int, default=1, show_default=True, help="[verl] Nodes in the Ray cluster.")
-@click.option("--gpus-per-node", type=int, help="[verl] GPUs per node (default 8; with --device cpu, 1: the number "
-                                                "of FSDP workers, each a process on the CPU; 2 with --set async=...).")
-@click.option("--tp", type=int, help="[verl] vLLM tensor-parallel size (default: min(4, GPUs per node); recipe 4).")
-@click.option("--sp", type=int, help="[verl] Ulysses sequence-parallel size (default: min(8, GPUs); recipe 8).")
-@click.option("--offload/--no-offload", default=None,
-              help="[verl] FSDP parameter and optimizer offload (default: on from 8 GPUs, as the recipe).")
-@click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
-              help="[verl] vLLM's share of each GPU's memory.")
-@click.option("--rollout-gpus", type=int, help="[verl, --set async=...] GPUs that generate; the rest train (default: "
-                                             "half; whole nodes on a multi-node cluster).")
-@click.option("--ray-address", help="[verl] Submit to this Ray cluster with `ray job submit` (e.g. http://head:8265); "
-                                    "default: start a local Ray.")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="Where training runs. Embedded trainer: its torch device. verl: cpu runs verl's trainer on this "
-                   "machine's CPU (FSDP2 over gloo, vLLM-CPU rollout; `make verl-cpu-env` first); auto is cpu when no "
-                   "GPU is found here and neither --ray-address, --nnodes nor --gpus-per-node says otherwise.")
-@click.option("--dry-run", is_flag=True, help="[verl] Validate against verl's Hydra config, write verl_config.yaml "
-                                              "and verl_command.sh to the run directory, print the command, stop.")
+@click.option(
+    "--gpus-per-node",
+    type=int,
+    help="[verl] GPUs per node (default 8; with --device cpu, 1: the number "
+    "of FSDP workers, each a process on the CPU; 2 with --set async=...).",
+)
+@click.option(
+    "--tp", type=int, help="[verl] vLLM tensor-parallel size (default: min(4, GPUs per node); recipe 4)."
+)
+@click.option(
+    "--sp", type=int, help="[verl] Ulysses sequence-parallel size (default: min(8, GPUs); recipe 8)."
+)
+@click.option(
+    "--offload/--no-offload",
+    default=None,
+    help="[verl] FSDP parameter and optimizer offload (default: on from 8 GPUs, as the recipe).",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=0.8,
+    show_default=True,
+    help="[verl] vLLM's share of each GPU's memory.",
+)
+@click.option(
+    "--rollout-gpus",
+    type=int,
+    help="[verl, --set async=...] GPUs that generate; the rest train (default: "
+    "half; whole nodes on a multi-node cluster).",
+)
+@click.option(
+    "--ray-address",
+    help="[verl] Submit to this Ray cluster with `ray job submit` (e.g. http://head:8265); "
+    "default: start a local Ray.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="Where training runs. Embedded trainer: its torch device. verl: cpu runs verl's trainer on this "
+    "machine's CPU (FSDP2 over gloo, vLLM-CPU rollout; `make verl-cpu-env` first); auto is cpu when no "
+    "GPU is found here and neither --ray-address, --nnodes nor --gpus-per-node says otherwise.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="[verl] Validate against verl's Hydra config, write verl_config.yaml "
+    "and verl_command.sh to the run directory, print the command, stop.",
+)
 @click.pass_context
-def train(ctx: click.Context, presets, model, train_file, val_file, out, max_steps, seed, backend, resume, assignments,
-          print_config, memory_check, nnodes, gpus_per_node, tp, sp, offload, gpu_memory_utilization, rollout_gpus, ray_address,
-          device, dry_run) -> None:
+def train(
+    ctx: click.Context,
+    presets,
+    model,
+    train_file,
+    val_file,
+    out,
+    max_steps,
+    seed,
+    backend,
+    resume,
+    assignments,
+    print_config,
+    memory_check,
+    nnodes,
+    gpus_per_node,
+    tp,
+    sp,
+    offload,
+    gpu_memory_utilization,
+    rollout_gpus,
+    ray_address,
+    device,
+    dry_run,
+) -> None:
     """Train a reasoner with DAPO (clip-higher, dynamic sampling, token-level loss, overlong shaping, no KL).
 
     \b
@@ -81,8 +170,8 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
       dapo-suite train --backend verl --preset dapo --model Qwen/Qwen2.5-32B --nnodes 16 --gpus-per-node 8 \\
           --train-file dapo-math-17k.parquet --out runs/dapo-32b --dry-run   # the paper's run on verl
       dapo-suite train export runs/dapo-32b              # verl FSDP checkpoint -> Hugging Face directory
-      dapo-suite train --set lora_rank=16 --set lora_alpha=32 --out runs/lora   # LoRA adapters on a frozen base
-      dapo-suite train export runs/lora                  # the adapters merged -> Hugging Face directory
+      dapo-suite train --set lora_rank=16 --set lora_alpha=32 --out runs/lora   # LoRA adapters on a frozen
+      base dapo-suite train export runs/lora                  # the adapters merged -> Hugging Face directory
 
     Presets: tiny-cpu, gsm8k-cpu (scale); grpo, +overlong-filter, +clip-higher, +soft-overlong, +token-loss,
     dapo (ablation ladder); gspo, cispo, sapo, gmpo, clip-cov, kl-cov (successors).
@@ -97,8 +186,16 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         presets = (str(saved), *presets)  # the run continues as it was set up, not from the defaults
     passthrough = [a.split(".", 1)[1] for a in assignments if a.startswith("verl.")]
     try:
-        overrides = dict(model=_hub_name(model), train_file=train_file, val_file=val_file, out=out,
-                         max_steps=max_steps, seed=seed, backend=backend, device=None if device == "auto" else device)
+        overrides = dict(
+            model=_hub_name(model),
+            train_file=train_file,
+            val_file=val_file,
+            out=out,
+            max_steps=max_steps,
+            seed=seed,
+            backend=backend,
+            device=None if device == "auto" else device,
+        )
         settings = dict(parse_override(a) for a in assignments if not a.startswith("verl."))
         config = resolve_config(presets, overrides, settings)
     except ValueError as error:
@@ -118,10 +215,23 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
         gpus = gpus_per_node or ((1 if config.async_mode == "off" else 2) if verl_device == "cpu" else 8)
         if dry_run and verl_device != "cpu":
             _echo_verl_memory(config, nnodes, gpus)
-        _train_verl(config, passthrough, dry_run, resume, dict(nnodes=nnodes, gpus_per_node=gpus, rollout_tp=tp,
-                                                       ulysses_sp=sp, offload=offload, ray_address=ray_address,
-                                                       gpu_memory_utilization=gpu_memory_utilization,
-                                                       rollout_gpus=rollout_gpus, device=verl_device))
+        _train_verl(
+            config,
+            passthrough,
+            dry_run,
+            resume,
+            dict(
+                nnodes=nnodes,
+                gpus_per_node=gpus,
+                rollout_tp=tp,
+                ulysses_sp=sp,
+                offload=offload,
+                ray_address=ray_address,
+                gpu_memory_utilization=gpu_memory_utilization,
+                rollout_gpus=rollout_gpus,
+                device=verl_device,
+            ),
+        )
         return
     if dry_run or passthrough:
         raise click.UsageError("--dry-run and --set verl.* apply to --backend verl only")
@@ -134,11 +244,16 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
 
     run_dir = Path(config.out)
     if not resume and (run_dir / "metrics.jsonl").is_file():
-        raise click.UsageError(f"{run_dir} already holds a run: add --resume to continue it, or pick another --out")
+        raise click.UsageError(
+            f"{run_dir} already holds a run: add --resume to continue it, or pick another --out"
+        )
     with output_lock(run_dir):
         try:
             trainer = DAPOTrainer(config, resume=resume)
-        except (FileNotFoundError, RuntimeError) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
+        except (
+            FileNotFoundError,
+            RuntimeError,
+        ) as error:  # a missing model, vLLM without a GPU, another model's checkpoint
             raise click.ClickException(str(error)) from error
         summary = trainer.fit()
     from dapo_suite.train.plots import plot_run
@@ -146,16 +261,22 @@ def train(ctx: click.Context, presets, model, train_file, val_file, out, max_ste
     png = plot_run(run_dir)
     if "before" in summary and "after" in summary:
         before, after = summary["before"], summary["after"]
-        click.echo(f"held-out accuracy (avg@{config.val_n}, {before['problems']} problems): "
-                   f"{before['acc']:.3f} -> {after['acc']:.3f} ({(after['acc'] - before['acc']) * 100:+.1f} points)")
+        click.echo(
+            f"held-out accuracy (avg@{config.val_n}, {before['problems']} problems): "
+            f"{before['acc']:.3f} -> {after['acc']:.3f} ({(after['acc'] - before['acc']) * 100:+.1f} points)"
+        )
     if "verdict" in summary:
         click.echo(summary["verdict"]["text"])
-    click.echo(f"run directory: {run_dir}\ntraining dynamics: {png}\ncheckpoint: {run_dir / 'checkpoint-last'}")
+    click.echo(
+        f"run directory: {run_dir}\ntraining dynamics: {png}\ncheckpoint: {run_dir / 'checkpoint-last'}"
+    )
 
 
 @train.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", type=click.Path(dir_okay=False), help="PNG path (default RUN_DIR/training_dynamics.png).")
+@click.option(
+    "--out", type=click.Path(dir_okay=False), help="PNG path (default RUN_DIR/training_dynamics.png)."
+)
 def plot(run_dir: str, out: str | None) -> None:
     """Draw the paper's training-dynamics panels (accuracy, entropy, length, clip fractions) to a PNG."""
     from dapo_suite.train.plots import plot_run
@@ -167,8 +288,8 @@ def plot(run_dir: str, out: str | None) -> None:
 
 
 def _hub_name(model: str | None) -> str | None:
-    """--model as every stage takes it: a short name (Qwen2.5-32B) becomes its hub id, said once here; a folder,
-    a path or a hub id stays as given."""
+    """--model as every stage takes it: a short name (Qwen2.5-32B) becomes its hub id, said once here; a
+    folder, a path or a hub id stays as given."""
     from dapo_suite.inference.hub import hub_id, looks_like_path
 
     if model in (None, EMBEDDED_MODEL) or looks_like_path(model) or Path(model).expanduser().exists():
@@ -188,8 +309,8 @@ def _model_shape(model: str) -> dict | None:
 
 
 def _memory(config):
-    """The memory check of the embedded trainer for `config` (`train.memory.check`), or None (said why) when the
-    model's config.json is neither on this machine nor in the registry of dapo_suite/inference/hub.py."""
+    """The memory check of the embedded trainer for `config` (`train.memory.check`), or None (said why) when
+    the model's config.json is neither on this machine nor in the registry of dapo_suite/inference/hub.py."""
     from dapo_suite.inference.hub import looks_like_path
     from dapo_suite.train.memory import check, device_type, sizable
 
@@ -197,8 +318,11 @@ def _memory(config):
     if shape is not None and sizable(shape):
         return check(config, shape, device_type(config.device))
     if not looks_like_path(config.model):  # a missing folder gets the loader's own message
-        click.echo(f"memory: not estimated: no config.json of {config.model} on this machine, or not a Llama, Qwen2 "
-                   "or Qwen3 shape", err=True)
+        click.echo(
+            f"memory: not estimated: no config.json of {config.model} on this machine, or not a Llama, Qwen2 "
+            "or Qwen3 shape",
+            err=True,
+        )
     return None
 
 
@@ -214,21 +338,27 @@ def _memory_report(memory, config, ctx: click.Context) -> str:
             lines.append("It may not fit beside what else runs now; other programs hold the rest.")
         return "\n".join(lines)
     if memory.fitting:
-        changes = [arg for key, value in memory.fitting.items()
-                   for arg in ("--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}")]
+        changes = [
+            arg
+            for key, value in memory.fitting.items()
+            for arg in ("--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+        ]
         lines.append(f"It cannot fit here. What fits: {shlex.join(argv + changes)}")
     elif memory.verl:
         data = [] if str(config.train_file).endswith(".parquet") else ["--train-file", "DATA.parquet"]
         command = shlex.join([*argv, "--backend", "verl", *memory.verl.flags, *data])
-        lines.append(f"It cannot fit here, with LoRA or smaller micro-batches either. verl runs it on "
-                     f"{memory.verl.describe()}: {command}")
+        lines.append(
+            f"It cannot fit here, with LoRA or smaller micro-batches either. verl runs it on "
+            f"{memory.verl.describe()}: {command}"
+        )
     else:
         lines.append("It cannot fit here, nor on verl's largest layout: lower the lengths or the batch.")
     return "\n".join(lines)
 
 
 def _echo_verl_memory(config, nnodes: int, gpus_per_node: int | None) -> None:
-    """The GPUs verl needs for the model's training state (`train.memory.verl_plan`) against those asked for."""
+    """The GPUs verl needs for the model's training state (`train.memory.verl_plan`) against those asked
+    for."""
     from dapo_suite.train.memory import sizable, verl_plan
     from dapo_suite.train.verl.gpus import GPUS_PER_NODE
 
@@ -240,22 +370,30 @@ def _echo_verl_memory(config, nnodes: int, gpus_per_node: int | None) -> None:
     plan = verl_plan(config, shape, per_node)
     asked = nnodes * per_node
     if plan is None:
-        click.echo(f"warning: memory: this model's training state does not fit {GPUS_PER_NODE} x 64 GPUs", err=True)
+        click.echo(
+            f"warning: memory: this model's training state does not fit {GPUS_PER_NODE} x 64 GPUs", err=True
+        )
     elif plan.hardware.gpus > asked:
         click.echo(f"warning: memory: verl needs {plan.describe()}; this run asks for {asked}", err=True)
     else:
         click.echo(f"memory: verl needs {plan.describe()}; this run asks for {asked}", err=True)
 
 
-def _verl_device(device: str, nnodes: int, gpus_per_node: int | None, ray_address: str | None,
-                 gpu_layout: tuple) -> str:
-    """--device for verl; auto is cpu only for a local single-node run with no GPU visible here and no GPU layout
-    asked for (--tp, --sp, --offload)."""
-    gpu_flags = [name for name, value in zip(("--tp", "--sp", "--offload"), gpu_layout, strict=True)
-                 if value is not None]
+def _verl_device(
+    device: str, nnodes: int, gpus_per_node: int | None, ray_address: str | None, gpu_layout: tuple
+) -> str:
+    """--device for verl; auto is cpu only for a local single-node run with no GPU visible here and no GPU
+    layout asked for (--tp, --sp, --offload)."""
+    gpu_flags = [
+        name
+        for name, value in zip(("--tp", "--sp", "--offload"), gpu_layout, strict=True)
+        if value is not None
+    ]
     if device == "cpu" and gpu_flags:
-        raise click.UsageError(f"{', '.join(gpu_flags)} lay out GPUs; a --device cpu run has one process per logical "
-                               "GPU and no tensor or sequence parallelism: drop them")
+        raise click.UsageError(
+            f"{', '.join(gpu_flags)} lay out GPUs; a --device cpu run has one process per logical "
+            "GPU and no tensor or sequence parallelism: drop them"
+        )
     if device != "auto":
         return device
     if ray_address or nnodes > 1 or gpus_per_node is not None or gpu_flags:
@@ -271,8 +409,10 @@ def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, har
 
     hw = verl_backend.Hardware(**hardware)
     if not dry_run and not resume and (Path(config.out) / "checkpoints").is_dir():
-        raise click.UsageError(f"{config.out} already holds a verl run: add --resume to continue it from its last "
-                               "checkpoint, or pick another --out")
+        raise click.UsageError(
+            f"{config.out} already holds a verl run: add --resume to continue it from its last "
+            "checkpoint, or pick another --out"
+        )
     try:
         if dry_run:
             plan = verl_backend.dry_run(config, hw, passthrough)
@@ -291,7 +431,9 @@ def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, har
         click.echo(f"warning: {note}", err=True)
     click.echo(plan["script"], nl=False)
     run_dir = plan["run_dir"]
-    click.echo(f"resolved verl config: {run_dir / 'verl_config.yaml'}\ncommand: {run_dir / 'verl_command.sh'}")
+    click.echo(
+        f"resolved verl config: {run_dir / 'verl_config.yaml'}\ncommand: {run_dir / 'verl_command.sh'}"
+    )
 
 
 @train.command()
@@ -300,10 +442,10 @@ def _train_verl(config, passthrough: list[str], dry_run: bool, resume: bool, har
 def export(run_dir: str, out: str | None) -> None:
     """Write the newest checkpoint of RUN_DIR as a Hugging Face model directory.
 
-    An embedded run: its last checkpoint, a LoRA run's adapters merged into the base model. A verl run: the newest
-    FSDP actor checkpoint through verl's model merger (`python -m verl.model_merger merge --backend fsdp`). The
-    result loads with transformers and is what `dapo-suite eval --model DIR` and `dapo-suite serve --model DIR`
-    take.
+    An embedded run: its last checkpoint, a LoRA run's adapters merged into the base model. A verl run: the
+    newest FSDP actor checkpoint through verl's model merger
+    (`python -m verl.model_merger merge --backend fsdp`). The result loads with transformers and is what
+    `dapo-suite eval --model DIR` and `dapo-suite serve --model DIR` take.
     """
     import subprocess
 
@@ -330,56 +472,102 @@ def export(run_dir: str, out: str | None) -> None:
 
 # `train ladder` and `train effects`: several runs at once (dapo_suite.train.workers)
 workers_option = click.option(
-    "--workers", type=click.IntRange(1, 64), default=1, show_default=True, metavar="N",
-    help="Runs trained at once, each by a process of its own taking the next run no other holds. On a CPU each gets "
-         "an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 cores). On one GPU they "
-         "share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); 25 workers of the effects study "
-         "ran on one H200 at 6-9 s a step each.")
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Runs trained at once, each by a process of its own taking the next run no other holds. On a CPU "
+    "each gets "
+    "an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 cores). On one GPU they "
+    "share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); 25 workers of the effects study "
+    "ran on one H200 at 6-9 s a step each.",
+)
 
 
 @train.command()
-@click.option("--out", default="runs/ladder", show_default=True, type=click.Path(file_okay=False),
-              help="Ladder directory: OUT/<rung>/seed-<s>/ per run, plus ladder_plan.json, ladder.md, ladder.json, "
-                   "ladder.csv and ladder_dynamics.png.")
-@click.option("--presets", "presets_list", metavar="A,B,...",
-              help=f"Comma-separated presets, one rung each, compared in this order (default: the paper's ladder, "
-                   f"{','.join(LADDER)}). Any preset works, e.g. --presets dapo,gspo,cispo; a .yaml path too.")
-@click.option("--seeds", type=click.IntRange(1, 20), metavar="N",
-              help="Runs per rung, with seeds 0..N-1 shared by every rung (default 3).")
+@click.option(
+    "--out",
+    default="runs/ladder",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Ladder directory: OUT/<rung>/seed-<s>/ per run, plus ladder_plan.json, ladder.md, ladder.json, "
+    "ladder.csv and ladder_dynamics.png.",
+)
+@click.option(
+    "--presets",
+    "presets_list",
+    metavar="A,B,...",
+    help=f"Comma-separated presets, one rung each, compared in this order (default: the paper's ladder, "
+    f"{','.join(LADDER)}). Any preset works, e.g. --presets dapo,gspo,cispo; a .yaml path too.",
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(1, 20),
+    metavar="N",
+    help="Runs per rung, with seeds 0..N-1 shared by every rung (default 3).",
+)
 @click.option("--max-steps", type=int, help="Training steps per run (default: the tiny-cpu preset's).")
 @click.option("--model", help="Starting model for every run (default: the embedded SmolLM2-135M-Instruct).")
-@click.option("--scale", metavar="PRESET",
-              help="Scale preset under every rung, e.g. tiny-cpu (default: tiny-cpu for the embedded model only; "
-                   "give it with --model pointing at a checkpoint trained from the embedded model).")
-@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="Override a config field for every run, e.g. --set group_size=8 (not a field the presets set, "
-                   "not the seed).")
-@click.option("--report-only", is_flag=True,
-              help="Train nothing: rebuild the table, tests and plots from OUT's ladder_plan.json and the runs' "
-                   "metrics.jsonl (--presets and --seeds, if given, pick a subset).")
-@click.option("--keep-checkpoints", is_flag=True,
-              help="Keep each finished run's checkpoints (by default deleted once the run finishes: the table "
-                   "needs the metrics alone, and each run of the embedded model holds ~3 GB of them).")
+@click.option(
+    "--scale",
+    metavar="PRESET",
+    help="Scale preset under every rung, e.g. tiny-cpu (default: tiny-cpu for the embedded model only; "
+    "give it with --model pointing at a checkpoint trained from the embedded model).",
+)
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config field for every run, e.g. --set group_size=8 (not a field the presets set, "
+    "not the seed).",
+)
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Train nothing: rebuild the table, tests and plots from OUT's ladder_plan.json and the runs' "
+    "metrics.jsonl (--presets and --seeds, if given, pick a subset).",
+)
+@click.option(
+    "--keep-checkpoints",
+    is_flag=True,
+    help="Keep each finished run's checkpoints (by default deleted once the run finishes: the table "
+    "needs the metrics alone, and each run of the embedded model holds ~3 GB of them).",
+)
 @workers_option
-def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int | None, model: str | None,
-           scale: str | None, assignments, report_only: bool, keep_checkpoints: bool, workers: int) -> None:
-    """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by default.
+def ladder(
+    out: str,
+    presets_list: str | None,
+    seeds: int | None,
+    max_steps: int | None,
+    model: str | None,
+    scale: str | None,
+    assignments,
+    report_only: bool,
+    keep_checkpoints: bool,
+    workers: int,
+) -> None:
+    """Compare presets on the same task, budget and seeds: the paper's ablation ladder (its Table 1) by
+    default.
 
     \b
     A rung is one preset: grpo, then one DAPO technique added per rung (+overlong-filter, +clip-higher,
     +soft-overlong, +token-loss), then dapo (+ dynamic sampling); or any list given with --presets. Every rung
     trains once per seed (0..N-1), each (rung, seed) in its own run directory, with the same model, data,
-    held-out split and step budget; the held-out accuracy before training is measured once per seed and shared.
+    held-out split and step budget; the held-out accuracy before training is measured once per seed and
+    shared.
 
     \b
-    The table (ladder.md, ladder.csv; everything in ladder.json): per rung, the mean and sample std across seeds
-    of the held-out accuracy after training and of the last 3 steps' entropy, response length, share of
-    zero-advantage groups before filtering, upper clip fraction and train accuracy. The tests: each rung against
-    the one before it, against the first rung and against grpo (when it is a rung), paired by seed (d = B - A
-    per seed): a paired t-test on the differences (N-1 degrees of freedom, 95 % interval) and an exact sign-flip
-    permutation test over all 2^N sign patterns, whose smallest possible p is 2/2^N (0.25 with 3 seeds: use 6 or
-    more seeds to reach 5 %).
-    The plots (ladder_dynamics.png): each figure per step, mean across seeds with a min-max band, one colour per rung.
+    The table (ladder.md, ladder.csv; everything in ladder.json): per rung, the mean and sample std across
+    seeds of the held-out accuracy after training and of the last 3 steps' entropy, response length, share of
+    zero-advantage groups before filtering, upper clip fraction and train accuracy. The tests: each rung
+    against the one before it, against the first rung and against grpo (when it is a rung), paired by seed (d
+    = B - A per seed): a paired t-test on the differences (N-1 degrees of freedom, 95 % interval) and an exact
+    sign-flip permutation test over all 2^N sign patterns, whose smallest possible p is 2/2^N (0.25 with 3
+    seeds: use 6 or more seeds to reach 5 %).
+    The plots (ladder_dynamics.png): each figure per step, mean across seeds with a min-max band, one colour
+    per rung.
 
     \b
     Examples:
@@ -387,9 +575,10 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
       dapo-suite train ladder --presets dapo,gspo,cispo --seeds 2 --max-steps 8 --out runs/successors
       dapo-suite train ladder --out runs/ladder --report-only     # the table again, from the metrics on disk
       dapo-suite report runs/ladder                               # report.md/.html with the table and plots
-    A rerun (after a kill, or with more seeds) skips finished runs and resumes an interrupted one from its checkpoint.
-    Workers: --workers N trains N runs at once (logs in OUT/workers/); the same command started on several machines
-    sharing OUT's file system splits the runs the same way: each takes the next run no other worker holds.
+    A rerun (after a kill, or with more seeds) skips finished runs and resumes an interrupted one from its
+    checkpoint. Workers: --workers N trains N runs at once (logs in OUT/workers/); the same command started on
+    several machines sharing OUT's file system splits the runs the same way: each takes the next run no other
+    worker holds.
       dapo-suite train ladder --seeds 4 --workers 2 --out runs/ladder   # two runs at once, one core each
     """
     from dapo_suite.train.config import parse_override
@@ -404,24 +593,43 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
         if report_only:
             table = report_ladder(Path(out), presets, list(range(seeds)) if seeds else None)
         else:
-            overrides = {key: value for key, value in {"max_steps": max_steps, "model": model}.items()
-                         if value is not None}
-            overrides.update(parse_override(assignment) for assignment in assignments)  # null kept: it turns off
+            overrides = {
+                key: value
+                for key, value in {"max_steps": max_steps, "model": model}.items()
+                if value is not None
+            }
+            overrides.update(
+                parse_override(assignment) for assignment in assignments
+            )  # null kept: it turns off
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             if workers > 1:
-                command = ["train", "ladder", "--out", out, *(["--presets", presets_list] if presets_list else []),
-                           *(["--seeds", str(seeds)] if seeds else []), *(["--scale", scale] if scale else []),
-                           *(["--max-steps", str(max_steps)] if max_steps is not None else []),
-                           *(["--model", model] if model else []),
-                           *[flag for assignment in assignments for flag in ("--set", assignment)],
-                           *(["--keep-checkpoints"] if keep_checkpoints else [])]
-                configs = plan_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)),
-                                      overrides, scale)
+                command = [
+                    "train",
+                    "ladder",
+                    "--out",
+                    out,
+                    *(["--presets", presets_list] if presets_list else []),
+                    *(["--seeds", str(seeds)] if seeds else []),
+                    *(["--scale", scale] if scale else []),
+                    *(["--max-steps", str(max_steps)] if max_steps is not None else []),
+                    *(["--model", model] if model else []),
+                    *[flag for assignment in assignments for flag in ("--set", assignment)],
+                    *(["--keep-checkpoints"] if keep_checkpoints else []),
+                ]
+                configs = plan_ladder(
+                    Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)), overrides, scale
+                )
                 run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = report_ladder(Path(out))
             else:
-                table = run_ladder(Path(out), presets or list(LADDER), list(range(seeds or DEFAULT_SEEDS)),
-                                   overrides, scale, keep_checkpoints)
+                table = run_ladder(
+                    Path(out),
+                    presets or list(LADDER),
+                    list(range(seeds or DEFAULT_SEEDS)),
+                    overrides,
+                    scale,
+                    keep_checkpoints,
+                )
     except ValueError as error:
         raise click.UsageError(str(error)) from error
     except RuntimeError as error:  # vLLM without a GPU, another model's checkpoint
@@ -431,34 +639,65 @@ def ladder(out: str, presets_list: str | None, seeds: int | None, max_steps: int
 
 
 @train.command()
-@click.option("--out", default="runs/effects", show_default=True, type=click.Path(file_okay=False),
-              help="Study directory: a ladder (OUT/<arm>/seed-<s>/ per run, ladder.md) plus effects.md, "
-                   "effects.json and effects.png.")
-@click.option("--seeds", type=click.IntRange(1, 20), default=5, show_default=True, metavar="N",
-              help="Runs per arm, seeds 0..N-1, paired by seed.")
-@click.option("--arms", "arms_list", metavar="A,B,...",
-              help="Train only these arms (default: all; e.g. --arms dapo --seeds 1 for one arm-seed); the table "
-                   "reads whatever has finished.")
-@click.option("--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs.")
-@click.option("--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default).")
-@click.option("--study", default="dapo-effects", show_default=True,
-              type=click.Choice(["dapo-effects", "tool", "clip-higher-16"]),
-              help="dapo-effects: DAPO against DAPO less each technique; tool: DAPO with the Python tool against "
-                   "DAPO on text alone (tools-cpu scale; docs/results/tools/); clip-higher-16: Clip-Higher at 16 "
-                   "updates a batch, the entropy of all sampled tokens (docs/results/clip-higher-16/).")
+@click.option(
+    "--out",
+    default="runs/effects",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Study directory: a ladder (OUT/<arm>/seed-<s>/ per run, ladder.md) plus effects.md, "
+    "effects.json and effects.png.",
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(1, 20),
+    default=5,
+    show_default=True,
+    metavar="N",
+    help="Runs per arm, seeds 0..N-1, paired by seed.",
+)
+@click.option(
+    "--arms",
+    "arms_list",
+    metavar="A,B,...",
+    help="Train only these arms (default: all; e.g. --arms dapo --seeds 1 for one arm-seed); the table "
+    "reads whatever has finished.",
+)
+@click.option(
+    "--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs."
+)
+@click.option(
+    "--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default)."
+)
+@click.option(
+    "--study",
+    default="dapo-effects",
+    show_default=True,
+    type=click.Choice(["dapo-effects", "tool", "clip-higher-16"]),
+    help="dapo-effects: DAPO against DAPO less each technique; tool: DAPO with the Python tool against "
+    "DAPO on text alone (tools-cpu scale; docs/results/tools/); clip-higher-16: Clip-Higher at 16 "
+    "updates a batch, the entropy of all sampled tokens (docs/results/clip-higher-16/).",
+)
 @workers_option
-def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep_checkpoints: bool, study: str,
-            workers: int) -> None:
-    """What each DAPO technique fixes: full DAPO against DAPO without it, on a setting where the problem appears.
+def effects(
+    out: str,
+    seeds: int,
+    arms_list: str | None,
+    report_only: bool,
+    keep_checkpoints: bool,
+    study: str,
+    workers: int,
+) -> None:
+    """What each DAPO technique fixes: full DAPO against DAPO without it, on a setting where the problem
+    appears.
 
     \b
-    Arms (presets): dapo, dapo-no-clip-higher, dapo-no-dynamic-sampling, dapo-sample-loss, dapo-no-overlong, each at
-    the effects-cpu scale (generated word problems, a 64-token response limit, 60 steps of 8 updates, held-out
-    avg@8 and pass@8 every 20 steps). Each technique has one pre-registered figure and direction (the paper's):
-    Clip-Higher keeps entropy up, dynamic sampling reaches held-out accuracy in fewer steps, the token-level loss
-    keeps length from growing, overlong handling steadies training. Verdict per technique: shown when the paired
-    t-test over seeds gives p < 0.05 in the paper's direction, else not shown. docs/results/effects/README.md holds
-    the pre-registration and the committed results.
+    Arms (presets): dapo, dapo-no-clip-higher, dapo-no-dynamic-sampling, dapo-sample-loss, dapo-no-overlong,
+    each at the effects-cpu scale (generated word problems, a 64-token response limit, 60 steps of 8 updates,
+    held-out avg@8 and pass@8 every 20 steps). Each technique has one pre-registered figure and direction (the
+    paper's): Clip-Higher keeps entropy up, dynamic sampling reaches held-out accuracy in fewer steps, the
+    token-level loss keeps length from growing, overlong handling steadies training. Verdict per technique:
+    shown when the paired t-test over seeds gives p < 0.05 in the paper's direction, else not shown.
+    docs/results/effects/README.md holds the pre-registration and the committed results.
 
     \b
     Examples:
@@ -467,7 +706,8 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
       dapo-suite train effects --out runs/effects --report-only          # the table from the runs on disk
       dapo-suite train effects --seeds 5 --workers 2 --out runs/effects  # two arm-seeds at once, a core each
       dapo-suite train effects --study tool --seeds 5 --workers 2 --out runs/tools   # the tool study
-    A rerun skips finished runs and resumes an interrupted one; workers on one OUT split the runs (train ladder).
+    A rerun skips finished runs and resumes an interrupted one; workers on one OUT split the runs (train
+    ladder).
     """
     from dapo_suite.train.effects import STUDIES, run_effects, write_effects_outputs
     from dapo_suite.train.ladder import plan_ladder
@@ -483,8 +723,19 @@ def effects(out: str, seeds: int, arms_list: str | None, report_only: bool, keep
         else:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
             if workers > 1:
-                command = ["train", "effects", "--out", out, "--seeds", str(seeds), "--arms", ",".join(arms),
-                           "--study", study, *(["--keep-checkpoints"] if keep_checkpoints else [])]
+                command = [
+                    "train",
+                    "effects",
+                    "--out",
+                    out,
+                    "--seeds",
+                    str(seeds),
+                    "--arms",
+                    ",".join(arms),
+                    "--study",
+                    study,
+                    *(["--keep-checkpoints"] if keep_checkpoints else []),
+                ]
                 configs = plan_ladder(Path(out), arms, list(range(seeds)), chosen.overrides, chosen.scale)
                 run_workers(Path(out), command, workers, [Path(config.out) for config in configs.values()])
                 table = write_effects_outputs(Path(out))

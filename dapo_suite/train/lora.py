@@ -1,7 +1,7 @@
 """LoRA in the embedded trainer (`lora_rank` > 0): low-rank adapters on a frozen base, through PEFT.
 
-W x becomes W x + (lora_alpha / r) B A x on every targeted linear layer (A: r x in, B: out x r, B starts at zero so
-step 0 is the base model). Only A and B carry gradients and AdamW state; the trainer keeps calling the
+W x becomes W x + (lora_alpha / r) B A x on every targeted linear layer (A: r x in, B: out x r, B starts at
+zero so step 0 is the base model). Only A and B carry gradients and AdamW state; the trainer keeps calling the
 transformers module (PEFT injects its layers into it) and the sampler's snapshot merges the adapters
 (`dapo_suite.inference.models.merged_weight`). A checkpoint holds the adapter folder (PEFT's
 `adapter_config.json` + `adapter_model.safetensors`), which eval and serve load over its base model.
@@ -21,8 +21,14 @@ def add_adapters(model, config: TrainConfig):
     come from torch's global generator, so a run's seed fixes them."""
     from peft import LoraConfig, get_peft_model
 
-    settings = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_target_list,
-                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    settings = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=config.lora_target_list,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, settings)
     except ValueError as error:  # PEFT's message for targets the model does not have
@@ -37,11 +43,14 @@ def adapter_state(adapters) -> dict:
 
 
 def load_adapter_state(adapters, weights: dict) -> None:
-    """Copy an adapter file's tensors into the adapters; every adapter tensor must be in it and nothing else."""
+    """Copy an adapter file's tensors into the adapters; every adapter tensor must be in it and nothing
+    else."""
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(adapters, weights)
     missing = [key for key in result.missing_keys if "lora_" in key]
     if result.unexpected_keys or missing:
-        raise RuntimeError(f"the adapter file does not match the adapters: missing {missing[:3]}, unexpected "
-                           f"{result.unexpected_keys[:3]}")
+        raise RuntimeError(
+            f"the adapter file does not match the adapters: missing {missing[:3]}, unexpected "
+            f"{result.unexpected_keys[:3]}"
+        )

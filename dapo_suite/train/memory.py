@@ -1,13 +1,13 @@
-"""The memory a training run needs, estimated from the model's config before the model loads, and the run that fits
-when it does not.
+"""The memory a training run needs, estimated from the model's config before the model loads, and the run that
+fits when it does not.
 
-`estimate` adds up what the embedded trainer holds at its peak: the weights in the dtype they load in; for what
-trains (every parameter, or LoRA's adapters in float32) a gradient and AdamW's two moments; the sampler's snapshot
-of the weights; and the larger of one micro-batch's activations kept for the backward pass (with its logits over
-the vocabulary) and one rollout batch's KV cache. Parameters come from config.json's shape (`parameter_count`), so
-a model is sized before a byte of it is downloaded (`hub.model_shape`). `check` sets it against this machine's
-memory and, when it cannot fit, finds what does: a smaller micro-batch or gradient checkpointing, LoRA, or verl on
-the GPUs its arithmetic needs (`verl.gpus.gpus_needed`).
+`estimate` adds up what the embedded trainer holds at its peak: the weights in the dtype they load in; for
+what trains (every parameter, or LoRA's adapters in float32) a gradient and AdamW's two moments; the sampler's
+snapshot of the weights; and the larger of one micro-batch's activations kept for the backward pass (with its
+logits over the vocabulary) and one rollout batch's KV cache. Parameters come from config.json's shape
+(`parameter_count`), so a model is sized before a byte of it is downloaded (`hub.model_shape`). `check` sets
+it against this machine's memory and, when it cannot fit, finds what does: a smaller micro-batch or gradient
+checkpointing, LoRA, or verl on the GPUs its arithmetic needs (`verl.gpus.gpus_needed`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dapo_suite.train.verl.gpus import GPUS_PER_NODE, GpuPlan, gpus_needed
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAPTER_BYTES = 4  # LoRA's adapters, their gradients and AdamW state stay float32
 RUNTIME_BYTES = 2**30  # the interpreter, torch and transformers
-# Floats kept per token and block for the backward pass: about 6 vectors of the hidden size (norms, attention's
-# inputs and output, residuals) and 4 of the MLP's width (gate, up, their product, its activation)
+# Floats kept per token and block for the backward pass: about 6 vectors of the hidden size (norms,
+# attention's inputs and output, residuals) and 4 of the MLP's width (gate, up, their product, its activation)
 SAVED_HIDDEN, SAVED_MLP = 6, 4
 LOGIT_COPIES = 3  # float32 logits over the vocabulary, their log-softmax and its gradient
 QKV_BIAS = {"qwen2"}  # model types whose q, k and v projections carry a bias whatever attention_bias says
@@ -38,28 +38,36 @@ def _head_dim(shape: dict) -> int:
 
 
 def _mlp_width(shape: dict, active: bool = False) -> int:
-    """The MLP's width per expert (a dense model: its one MLP); `active`: summed over the experts a token uses."""
+    """The MLP's width per expert (a dense model: its one MLP); `active`: summed over the experts a token
+    uses."""
     if not shape.get("num_experts"):
         return shape["intermediate_size"]
     return shape["moe_intermediate_size"] * (shape["num_experts_per_tok"] if active else 1)
 
 
 def linear_shapes(shape: dict) -> dict[str, tuple[int, int, int]]:
-    """The linear layers of one decoder block, as PEFT names them: name -> (inputs, outputs, copies per block)."""
+    """The linear layers of one decoder block, as PEFT names them: name -> (inputs, outputs, copies per
+    block)."""
     hidden, heads, kv_heads = shape["hidden_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
     head_dim, width, experts = _head_dim(shape), _mlp_width(shape), shape.get("num_experts") or 1
-    layers = {"q_proj": (hidden, heads * head_dim, 1), "k_proj": (hidden, kv_heads * head_dim, 1),
-              "v_proj": (hidden, kv_heads * head_dim, 1), "o_proj": (heads * head_dim, hidden, 1),
-              "gate_proj": (hidden, width, experts), "up_proj": (hidden, width, experts),
-              "down_proj": (width, hidden, experts)}
+    layers = {
+        "q_proj": (hidden, heads * head_dim, 1),
+        "k_proj": (hidden, kv_heads * head_dim, 1),
+        "v_proj": (hidden, kv_heads * head_dim, 1),
+        "o_proj": (heads * head_dim, hidden, 1),
+        "gate_proj": (hidden, width, experts),
+        "up_proj": (hidden, width, experts),
+        "down_proj": (width, hidden, experts),
+    }
     if experts > 1:
         layers["gate"] = (hidden, experts, 1)  # the router
     return layers
 
 
 def parameter_count(shape: dict) -> int:
-    """Parameters of a Llama / Qwen2 / Qwen3 (dense or mixture-of-experts) decoder from its config.json fields: the
-    embeddings (the output head too unless tied), each block's linear layers, biases and norms, the final norm."""
+    """Parameters of a Llama / Qwen2 / Qwen3 (dense or mixture-of-experts) decoder from its config.json
+    fields: the embeddings (the output head too unless tied), each block's linear layers, biases and norms,
+    the final norm."""
     hidden, vocab, blocks = shape["hidden_size"], shape["vocab_size"], shape["num_hidden_layers"]
     linears = linear_shapes(shape)
     block = sum(inputs * outputs * copies for inputs, outputs, copies in linears.values()) + 2 * hidden
@@ -69,8 +77,11 @@ def parameter_count(shape: dict) -> int:
     if biased:
         block += hidden  # o_proj's
     if shape.get("mlp_bias"):
-        block += sum(outputs * copies for name, (_, outputs, copies) in linears.items()
-                     if name in ("gate_proj", "up_proj", "down_proj"))
+        block += sum(
+            outputs * copies
+            for name, (_, outputs, copies) in linears.items()
+            if name in ("gate_proj", "up_proj", "down_proj")
+        )
     if model_type in QK_NORM:
         block += 2 * _head_dim(shape)
     head = 0 if shape.get("tie_word_embeddings", False) else vocab * hidden
@@ -78,12 +89,16 @@ def parameter_count(shape: dict) -> int:
 
 
 def adapter_parameter_count(shape: dict, rank: int, targets: str | list[str]) -> int:
-    """LoRA's parameters: rank x (inputs + outputs) for each targeted linear layer of every block ("all-linear":
-    all of them, as PEFT, the output head excepted)."""
-    chosen = linear_shapes(shape) if targets == "all-linear" else {
-        name: dims for name, dims in linear_shapes(shape).items() if name in targets}
-    return shape["num_hidden_layers"] * sum(rank * (inputs + outputs) * copies
-                                            for inputs, outputs, copies in chosen.values())
+    """LoRA's parameters: rank x (inputs + outputs) for each targeted linear layer of every block
+    ("all-linear": all of them, as PEFT, the output head excepted)."""
+    chosen = (
+        linear_shapes(shape)
+        if targets == "all-linear"
+        else {name: dims for name, dims in linear_shapes(shape).items() if name in targets}
+    )
+    return shape["num_hidden_layers"] * sum(
+        rank * (inputs + outputs) * copies for inputs, outputs, copies in chosen.values()
+    )
 
 
 def _gib(value: float) -> str:
@@ -112,24 +127,39 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        """The peak of a training run: the sampler's snapshot stays beside the update, its KV cache comes and goes."""
-        return (self.weights + self.gradients + self.optimizer + self.snapshot + RUNTIME_BYTES
-                + max(self.activations, self.kv_cache))
+        """The peak of a training run: the sampler's snapshot stays beside the update, its KV cache comes and
+        goes."""
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.snapshot
+            + RUNTIME_BYTES
+            + max(self.activations, self.kv_cache)
+        )
 
     def summary(self) -> str:
         mode = f"LoRA ({self.trained / 1e6:,.1f} M adapter parameters)" if self.lora else "full fine-tuning"
-        return (f"{mode} of {self.parameters / 1e9:,.2f} B parameters needs about {_gib(self.peak)} GiB: weights "
-                f"{_gib(self.weights)}, gradients {_gib(self.gradients)}, AdamW state {_gib(self.optimizer)}, the "
-                f"sampler's copy of the weights {_gib(self.snapshot)}, runtime {_gib(RUNTIME_BYTES)}, and the larger "
-                f"of a micro-batch's activations ({self.tokens:,} tokens: {_gib(self.activations)}) and a rollout batch's KV cache ({_gib(self.kv_cache)})")
+        return (
+            f"{mode} of {self.parameters / 1e9:,.2f} B parameters needs about {_gib(self.peak)} GiB: weights "
+            f"{_gib(self.weights)}, gradients {_gib(self.gradients)}, AdamW state {_gib(self.optimizer)}, "
+            "the "
+            f"sampler's copy of the weights {_gib(self.snapshot)}, runtime {_gib(RUNTIME_BYTES)}, and the "
+            "larger "
+            f"of a micro-batch's activations ({self.tokens:,} tokens: {_gib(self.activations)}) and a "
+            f"rollout batch's KV cache ({_gib(self.kv_cache)})"
+        )
 
 
 def _prompt_passes(config: TrainConfig) -> int:
     """The most prompts one micro-batch runs: the trainer runs a group's prompt once for its responses in a
-    micro-batch (not under gradient checkpointing), and a mini-batch is whole groups of group_size responses."""
+    micro-batch (not under gradient checkpointing), and a mini-batch is whole groups of group_size
+    responses."""
     group, micro = config.group_size, config.micro_batch_size
     total = config.mini_batch_size * group
-    return max((min(start + micro, total) - 1) // group - start // group + 1 for start in range(0, total, micro))
+    return max(
+        (min(start + micro, total) - 1) // group - start // group + 1 for start in range(0, total, micro)
+    )
 
 
 def estimate(config: TrainConfig, shape: dict, device: str = "cpu") -> MemoryEstimate:
@@ -147,20 +177,41 @@ def estimate(config: TrainConfig, shape: dict, device: str = "cpu") -> MemoryEst
     tokens = prompts * config.max_prompt_length + config.micro_batch_size * config.max_response_length
     per_block = (SAVED_HIDDEN * hidden + SAVED_MLP * _mlp_width(shape, active=True)) * 4
     # checkpointing keeps each block's input and recomputes one block at a time
-    kept = tokens * (blocks * hidden * 4 + per_block) if config.gradient_checkpointing else tokens * blocks * per_block
-    logits = config.micro_batch_size * (config.max_response_length + 1) * shape["vocab_size"] * 4 * LOGIT_COPIES
+    kept = (
+        tokens * (blocks * hidden * 4 + per_block)
+        if config.gradient_checkpointing
+        else tokens * blocks * per_block
+    )
+    logits = (
+        config.micro_batch_size * (config.max_response_length + 1) * shape["vocab_size"] * 4 * LOGIT_COPIES
+    )
     rows = min(ROLLOUT_BATCH_ROWS, config.gen_batch_size * config.group_size)
     cached = config.max_prompt_length + max(config.max_response_length, config.eval_max_tokens)
-    kv_cache = rows * cached * blocks * 2 * shape["num_key_value_heads"] * _head_dim(shape) * DTYPE_BYTES[sampling]
-    return MemoryEstimate(parameters=parameters, trained=trained, lora=lora,
-                          weights=parameters * DTYPE_BYTES[dtype] + adapters * ADAPTER_BYTES,
-                          gradients=trained * trained_bytes, optimizer=2 * trained * trained_bytes,
-                          activations=kept + logits, snapshot=parameters * DTYPE_BYTES[sampling], kv_cache=kv_cache,
-                          tokens=tokens)
+    kv_cache = (
+        rows * cached * blocks * 2 * shape["num_key_value_heads"] * _head_dim(shape) * DTYPE_BYTES[sampling]
+    )
+    return MemoryEstimate(
+        parameters=parameters,
+        trained=trained,
+        lora=lora,
+        weights=parameters * DTYPE_BYTES[dtype] + adapters * ADAPTER_BYTES,
+        gradients=trained * trained_bytes,
+        optimizer=2 * trained * trained_bytes,
+        activations=kept + logits,
+        snapshot=parameters * DTYPE_BYTES[sampling],
+        kv_cache=kv_cache,
+        tokens=tokens,
+    )
 
 
-SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size")
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
 
 
 MOE_FIELDS = ("moe_intermediate_size", "num_experts_per_tok")
@@ -201,8 +252,12 @@ def verl_plan(config: TrainConfig, shape: dict, gpus_per_node: int = GPUS_PER_NO
     parameters = parameter_count(shape)
     if not config.lora_rank:
         return gpus_needed(config, 0, parameters, gpus_per_node)
-    return gpus_needed(config, parameters, adapter_parameter_count(shape, config.lora_rank, config.lora_target_list),
-                       gpus_per_node)
+    return gpus_needed(
+        config,
+        parameters,
+        adapter_parameter_count(shape, config.lora_rank, config.lora_target_list),
+        gpus_per_node,
+    )
 
 
 def _trials(config: TrainConfig) -> list[dict[str, Any]]:
@@ -235,14 +290,17 @@ class MemoryCheck:
         return self.estimate.peak <= self.total
 
     def summary(self) -> str:
-        return (f"memory: {self.estimate.summary()}; this machine has {_gib(self.available)} GiB available of "
-                f"{_gib(self.total)} GiB")
+        return (
+            f"memory: {self.estimate.summary()}; this machine has {_gib(self.available)} GiB available of "
+            f"{_gib(self.total)} GiB"
+        )
 
 
-def check(config: TrainConfig, shape: dict, device: str = "cpu", memory: tuple[int, int] | None = None
-          ) -> MemoryCheck:
-    """`estimate` against `memory` (available, total; default: `device_memory(device)`); when it exceeds the total,
-    the first of `_trials` that fits in what is available, else the GPUs verl would need."""
+def check(
+    config: TrainConfig, shape: dict, device: str = "cpu", memory: tuple[int, int] | None = None
+) -> MemoryCheck:
+    """`estimate` against `memory` (available, total; default: `device_memory(device)`); when it exceeds the
+    total, the first of `_trials` that fits in what is available, else the GPUs verl would need."""
     available, total = memory or device_memory(device)
     found = estimate(config, shape, device)
     if found.peak <= total:

@@ -10,10 +10,24 @@ PANELS = [
     ("accuracy", [("reward/acc", "train samples"), ("val/acc", "held-out avg@n")]),
     ("entropy of the policy", [("actor/entropy", "mean token entropy")]),
     ("response length (tokens)", [("response_len/mean", "mean"), ("response_len/max", "max")]),
-    ("clip fractions", [("actor/clipfrac_upper", "upper (r > 1+eps_high, A > 0)"),
-                        ("actor/clipfrac_lower", "lower (r < 1-eps_low, A < 0)")]),
-    ("dynamic sampling", [("sampling/groups_kept", "groups kept"), ("sampling/gen_batches", "generation batches")]),
-    ("reward", [("reward/mean", "mean reward (incl. overlong penalty)"), ("reward/format_rate", "an answer is extracted")]),
+    (
+        "clip fractions",
+        [
+            ("actor/clipfrac_upper", "upper (r > 1+eps_high, A > 0)"),
+            ("actor/clipfrac_lower", "lower (r < 1-eps_low, A < 0)"),
+        ],
+    ),
+    (
+        "dynamic sampling",
+        [("sampling/groups_kept", "groups kept"), ("sampling/gen_batches", "generation batches")],
+    ),
+    (
+        "reward",
+        [
+            ("reward/mean", "mean reward (incl. overlong penalty)"),
+            ("reward/format_rate", "an answer is extracted"),
+        ],
+    ),
 ]
 
 

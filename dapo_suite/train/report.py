@@ -6,7 +6,8 @@ chain.json) and on a plain training run directory alike:
 - evaluations: eval/*/results.json (pairs named NAME-before / NAME-after are put side by side)
 - data: data/stats.json, or the stats.json next to the training file
 - provenance: chain.json (each stage's command and wall time) and the package versions
-- a `train ladder` directory (ladder_plan.json): its table, tests and plot, rebuilt from the runs' metrics.jsonl
+- a `train ladder` directory (ladder_plan.json): its table, tests and plot, rebuilt from the runs'
+  metrics.jsonl
 """
 
 from __future__ import annotations
@@ -79,15 +80,19 @@ def heldout_rows(train_dir: Path) -> list[str]:
 
 def eval_rows(run_dir: Path) -> list[str]:
     """One row per benchmark: before/after pairs side by side, single evaluations in the 'after' column."""
-    results = {path.parent.name: json.loads(path.read_text()) for path in sorted(run_dir.glob("eval/*/results.json"))}
+    results = {
+        path.parent.name: json.loads(path.read_text()) for path in sorted(run_dir.glob("eval/*/results.json"))
+    }
     names = sorted({re.sub(r"-(before|after)$", "", name) for name in results})
     rows = []
     for name in names:
         before, after = results.get(f"{name}-before"), results.get(f"{name}-after", results.get(name))
         reference = after or before
         config = reference["config"]
-        label = (f"{config.get('benchmark') or config.get('file')}, avg@{reference['n']} "
-                 f"({reference['num_problems']} problems, max {config.get('max_tokens')} tokens)")
+        label = (
+            f"{config.get('benchmark') or config.get('file')}, avg@{reference['n']} "
+            f"({reference['num_problems']} problems, max {config.get('max_tokens')} tokens)"
+        )
 
         def cell(result):
             return "" if result is None else _with_interval(result["avg@k"], result["avg@k_ci95"])
@@ -103,11 +108,22 @@ def data_section(run_dir: Path, train_config: dict) -> list[str]:
         stats_path = Path(train_config["train_file"]).parent / "stats.json"
     if not stats_path.is_file():
         source = train_config.get("train_file") or f"built-in task `{train_config.get('task', 'arithmetic')}`"
-        return ["## Data", "", f"Training problems: {source} (no `dapo-suite data build` statistics found).", ""]
+        return [
+            "## Data",
+            "",
+            f"Training problems: {source} (no `dapo-suite data build` statistics found).",
+            "",
+        ]
     stats = json.loads(stats_path.read_text())
-    lines = ["## Data", "", f"Built by `dapo-suite data build` into `{stats_path.parent}`: "
-             f"**{stats['exported_rows']} rows** exported ({stats['unverified_rows']} unverified).", "",
-             "| stage | rows in | rows out | dropped |", "|---|---|---|---|"]
+    lines = [
+        "## Data",
+        "",
+        f"Built by `dapo-suite data build` into `{stats_path.parent}`: "
+        f"**{stats['exported_rows']} rows** exported ({stats['unverified_rows']} unverified).",
+        "",
+        "| stage | rows in | rows out | dropped |",
+        "|---|---|---|---|",
+    ]
     for name, stage in stats["stages"].items():
         dropped = ", ".join(f"{k} {v}" for k, v in (stage["dropped"] or {}).items()) or "-"
         lines.append(f"| {name} | {stage['in']} | {stage['out']} | {dropped} |")
@@ -125,24 +141,36 @@ def training_section(train_dir: Path, run_dir: Path) -> list[str]:
     # a training step logs its reward (held-out records do not); verl's log has no train-sample accuracy
     steps = [r for r in read_metrics(train_dir) if "reward/mean" in r]
     png = plot_run(train_dir)
-    lines = ["## Training", "",
-             f"Presets {', '.join(config.get('presets') or [])}; model `{config['model']}`; {len(steps)} of "
-             f"{config['max_steps']} steps; {config['train_batch_size']} prompts x {config['group_size']} responses "
-             f"per step; clip ({config['clip_low']}, {config['clip_high']}); loss `{config['loss_agg']}`; "
-             f"dynamic sampling {'on' if config['dynamic_sampling'] else 'off'}; overlong penalty "
-             f"{'on' if config['overlong_penalty'] else 'off'}, overlong filter "
-             f"{'on' if config['overlong_filter'] else 'off'}; lr {config['lr']}.", ""]
+    lines = [
+        "## Training",
+        "",
+        f"Presets {', '.join(config.get('presets') or [])}; model `{config['model']}`; {len(steps)} of "
+        f"{config['max_steps']} steps; {config['train_batch_size']} prompts x {config['group_size']} "
+        "responses "
+        f"per step; clip ({config['clip_low']}, {config['clip_high']}); loss `{config['loss_agg']}`; "
+        f"dynamic sampling {'on' if config['dynamic_sampling'] else 'off'}; overlong penalty "
+        f"{'on' if config['overlong_penalty'] else 'off'}, overlong filter "
+        f"{'on' if config['overlong_filter'] else 'off'}; lr {config['lr']}.",
+        "",
+    ]
     if steps:
         first, last = steps[0], steps[-1]
         seconds = sum(r.get("perf/step_seconds", 0.0) for r in steps)
-        lines += ["| | first step | last step |", "|---|---|---|",
-                  f"| train-sample accuracy (%) | {_pct(first.get('reward/acc'))} | {_pct(last.get('reward/acc'))} |",
-                  f"| entropy (nats/token) | {first.get('actor/entropy', float('nan')):.3f} | "
-                  f"{last.get('actor/entropy', float('nan')):.3f} |",
-                  f"| mean response length (tokens) | {first['response_len/mean']:.1f} | {last['response_len/mean']:.1f} |",
-                  f"| truncated responses (%) | {_pct(first['response_len/clip_ratio'])} | "
-                  f"{_pct(last['response_len/clip_ratio'])} |", "",
-                  f"Training time: {seconds / 60:.1f} min of steps.", ""]
+        lines += [
+            "| | first step | last step |",
+            "|---|---|---|",
+            f"| train-sample accuracy (%) | {_pct(first.get('reward/acc'))} | {_pct(last.get('reward/acc'))} "
+            "|",
+            f"| entropy (nats/token) | {first.get('actor/entropy', float('nan')):.3f} | "
+            f"{last.get('actor/entropy', float('nan')):.3f} |",
+            f"| mean response length (tokens) | {first['response_len/mean']:.1f} | "
+            f"{last['response_len/mean']:.1f} |",
+            f"| truncated responses (%) | {_pct(first['response_len/clip_ratio'])} | "
+            f"{_pct(last['response_len/clip_ratio'])} |",
+            "",
+            f"Training time: {seconds / 60:.1f} min of steps.",
+            "",
+        ]
     lines += [f"![training dynamics]({_relative(png, run_dir)})", ""]
     return lines
 
@@ -184,14 +212,23 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     has_evals = any(run_dir.glob("eval/*/results.json"))
     is_ladder = (run_dir / PLAN_FILE).is_file()
     if train_dir is None and not has_evals and not is_ladder:
-        raise FileNotFoundError(f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
-                                f"{PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
-                                "`train ladder`.")
+        raise FileNotFoundError(
+            f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
+            f"{PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
+            "`train ladder`."
+        )
     train_config = yaml.safe_load((train_dir / "config.yaml").read_text()) if train_dir else {}
-    lines = [f"# dapo-suite report: {run_dir.name}", "",
-             "Accuracy in % with 95 % intervals (normal approximation over problems); before = the model the run "
-             "started from, after = its last checkpoint.", "",
-             "## Evaluation", "", "| benchmark | before | after | change (points) |", "|---|---|---|---|"]
+    lines = [
+        f"# dapo-suite report: {run_dir.name}",
+        "",
+        "Accuracy in % with 95 % intervals (normal approximation over problems); before = the model the run "
+        "started from, after = its last checkpoint.",
+        "",
+        "## Evaluation",
+        "",
+        "| benchmark | before | after | change (points) |",
+        "|---|---|---|---|",
+    ]
     lines += (heldout_rows(train_dir) if train_dir else []) + eval_rows(run_dir) + [""]
     if is_ladder:  # rebuilt from the runs' metrics.jsonl, so the report never shows a stale table
         lines += ["## Ablation ladder", "", report_ladder(run_dir).read_text(), ""]
@@ -221,7 +258,13 @@ def _html(markdown_text: str, base: Path) -> str:
         return f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"'
 
     body = re.sub(r'src="([^"]+\.png)"', inline, body)
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}img{max-width:100%}"
-             "code{background:#f3f3f3;padding:1px 4px}")
-    return f"<!doctype html><meta charset='utf-8'><title>dapo-suite report</title><style>{style}</style>\n{body}\n"
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 "
+        "1em;line-height:1.45}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}img{max-width:100%}"
+        "code{background:#f3f3f3;padding:1px 4px}"
+    )
+    return (
+        "<!doctype html><meta charset='utf-8'><title>dapo-suite "
+        f"report</title><style>{style}</style>\n{body}\n"
+    )

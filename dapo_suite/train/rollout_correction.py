@@ -13,8 +13,8 @@ rho_t = pi_old(y_t) / pi_rollout(y_t) (trainer's recomputed log-prob minus the s
 
 The weights multiply each token's policy loss (`algorithm.policy_loss(rollout_is_weights=...)`); a rejected
 token leaves the loss mask. Pure functions, names and numerics as verl 0.9.1's `rollout_corr_helper`
-(`compute_rollout_correction_weights`, `compute_rollout_rejection_mask`); tests/train/test_successors.py checks both.
-Shapes: `log_ratio` and `response_mask` (B, T), log_ratio = log pi_old - log pi_rollout.
+(`compute_rollout_correction_weights`, `compute_rollout_rejection_mask`); tests/train/test_successors.py
+checks both. Shapes: `log_ratio` and `response_mask` (B, T), log_ratio = log pi_old - log pi_rollout.
 """
 
 from __future__ import annotations
@@ -50,18 +50,21 @@ POOLINGS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "seq_max": _sequence_max,
 }
 # Rejection criteria, verl's names: pooling_divergence (a max of k1 = -log rho is not a divergence).
-REJECTION_CRITERIA = tuple(f"{pool}_{k}" for pool in POOLINGS for k in DIVERGENCES if (pool, k) != ("seq_max", "k1"))
+REJECTION_CRITERIA = tuple(
+    f"{pool}_{k}" for pool in POOLINGS for k in DIVERGENCES if (pool, k) != ("seq_max", "k1")
+)
 
 
 def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
-    """"C" or C -> (C, None): TIS; "lower_upper" -> (upper, lower): MIS/IcePop. Bounds are ratios > 0."""
+    """ "C" or C -> (C, None): TIS; "lower_upper" -> (upper, lower): MIS/IcePop. Bounds are ratios > 0."""
     text = str(spec).strip()
     lower_text, _, upper_text = text.rpartition("_")
     try:
         upper, lower = float(upper_text), float(lower_text) if lower_text else None
     except ValueError:
-        raise ValueError(f"rollout_is_threshold {spec!r}: write an upper bound (2.0, TIS) or lower_upper "
-                         "(0.5_5.0, IcePop)") from None
+        raise ValueError(
+            f"rollout_is_threshold {spec!r}: write an upper bound (2.0, TIS) or lower_upper (0.5_5.0, IcePop)"
+        ) from None
     if upper <= 0 or (lower is not None and not 0 < lower <= upper):
         raise ValueError(f"rollout_is_threshold {spec!r}: need 0 < lower <= upper")
     return upper, lower
@@ -75,7 +78,10 @@ def parse_is_settings(level: str, threshold: str | float) -> tuple[float, float 
 
 
 def correction_weights(
-    log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str = "token", threshold: str | float = 2.0,
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str = "token",
+    threshold: str | float = 2.0,
     batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Importance weights rho = pi_old / pi_rollout for the policy loss, truncated (TIS) or masked (IcePop):
@@ -86,9 +92,9 @@ def correction_weights(
         IcePop ("lo_hi"):    w = rho if lo <= rho <= hi else 0
 
     With `batch_normalize`, w is divided by its mean (over tokens, or over sequences at sequence level) when
-    that mean exceeds 1e-8. Returns detached (B, T) weights (0 on padding) and metrics `rollout_corr/is_weight_mean`,
-    `_max` (over real tokens, before normalisation), `rollout_corr/is_clipped_frac` (tokens whose rho left
-    [lower, upper]: truncated by TIS, zeroed by IcePop).
+    that mean exceeds 1e-8. Returns detached (B, T) weights (0 on padding) and metrics
+    `rollout_corr/is_weight_mean`, `_max` (over real tokens, before normalisation),
+    `rollout_corr/is_clipped_frac` (tokens whose rho left [lower, upper]: truncated by TIS, zeroed by IcePop).
     """
     upper, lower = parse_is_settings(level, threshold)
     mask = response_mask.to(log_ratio.dtype)
@@ -128,7 +134,9 @@ def parse_rs_thresholds(criteria: list[str], spec: str | float | None) -> dict[s
         raise ValueError("rollout_rs_threshold is required with rollout_rs (e.g. 0.5_2.0 for seq_mean_k1)")
     parts = [part.strip() for part in str(spec).split(",") if part.strip()]
     if len(parts) not in (1, len(criteria)):
-        raise ValueError(f"rollout_rs_threshold {spec!r}: give one bound, or one per criterion ({len(criteria)})")
+        raise ValueError(
+            f"rollout_rs_threshold {spec!r}: give one bound, or one per criterion ({len(criteria)})"
+        )
     bounds = {}
     for criterion, part in zip(criteria, parts * len(criteria) if len(parts) == 1 else parts, strict=False):
         lower_text, _, upper_text = part.rpartition("_")
@@ -138,9 +146,13 @@ def parse_rs_thresholds(criteria: list[str], spec: str | float | None) -> dict[s
         except (ValueError, ZeroDivisionError):
             raise ValueError(f"rollout_rs_threshold {part!r} for {criterion} is not a number") from None
         if lower_text and not criterion.endswith("k1"):
-            raise ValueError(f"rollout_rs_threshold {part!r}: {criterion} takes one upper bound, not lower_upper")
+            raise ValueError(
+                f"rollout_rs_threshold {part!r}: {criterion} takes one upper bound, not lower_upper"
+            )
         if upper <= 0 or lower < 0 or (criterion.endswith("k1") and not 0 < lower <= upper):
-            raise ValueError(f"rollout_rs_threshold {part!r} for {criterion}: need positive bounds, lower <= upper")
+            raise ValueError(
+                f"rollout_rs_threshold {part!r} for {criterion}: need positive bounds, lower <= upper"
+            )
         bounds[criterion] = (lower, upper)
     return bounds
 
@@ -155,16 +167,20 @@ def parse_rs_settings(criteria: str, thresholds: str | float | None) -> dict[str
 
 
 def rejection_mask(
-    log_ratio: torch.Tensor, response_mask: torch.Tensor, criteria: str, thresholds: str | float | None,
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    criteria: str,
+    thresholds: str | float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The response mask with tokens (token_*) or whole sequences (seq_*) dropped where the divergence estimate
-    leaves its bound; every criterion of the comma-separated `criteria` must pass:
+    """The response mask with tokens (token_*) or whole sequences (seq_*) dropped where the divergence
+    estimate leaves its bound; every criterion of the comma-separated `criteria` must pass:
 
-        k1 = -log rho (kept if log lo <= k1 <= log hi),  k2 = (log rho)^2 / 2,  k3 = rho - 1 - log rho (kept if <= t)
+        k1 = -log rho (kept if log lo <= k1 <= log hi),  k2 = (log rho)^2 / 2,  k3 = rho - 1 - log rho (kept
+        if <= t)
 
     pooled per token, or per sequence as sum / mean / max over its tokens (log rho clamped to +-20).
-    Returns the (B, T) mask and metrics `rollout_corr/rejected_frac` (tokens) and `rollout_corr/rejected_seq_frac`
-    (responses with any token dropped).
+    Returns the (B, T) mask and metrics `rollout_corr/rejected_frac` (tokens) and
+    `rollout_corr/rejected_seq_frac` (responses with any token dropped).
     """
     bounds = parse_rs_settings(criteria, thresholds)
     mask = response_mask.to(log_ratio.dtype)
@@ -181,14 +197,20 @@ def rejection_mask(
         keep &= passes if pool == "token" else passes.unsqueeze(-1).expand_as(keep)
     kept = response_mask * keep.to(response_mask.dtype)
     dropped = mask.bool() & ~keep
-    return kept, {"rollout_corr/rejected_frac": masked_mean(dropped.to(mask.dtype), mask).item(),
-                  "rollout_corr/rejected_seq_frac": dropped.any(-1).to(mask.dtype).mean().item()}
+    return kept, {
+        "rollout_corr/rejected_frac": masked_mean(dropped.to(mask.dtype), mask).item(),
+        "rollout_corr/rejected_seq_frac": dropped.any(-1).to(mask.dtype).mean().item(),
+    }
 
 
 def rollout_correction(
-    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-    rollout_is: str | None = "token", rollout_is_threshold: str | float = 2.0,
-    rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str | None = "token",
+    rollout_is_threshold: str | float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """IS weights (None when `rollout_is` is None) and the rejection-filtered mask between the trainer's
@@ -197,17 +219,22 @@ def rollout_correction(
     `rollout_corr/k3_kl`, and `rollout_corr/masked_frac`: tokens that carry no loss (weight 0 or rejected)."""
     log_ratio = old_log_prob - rollout_log_prob
     mask = response_mask.to(log_ratio.dtype)
-    metrics = {"rollout_corr/kl": masked_mean(-log_ratio, mask).item(),
-               "rollout_corr/k3_kl": masked_mean(DIVERGENCES["k3"](log_ratio.clamp(max=SAFETY_BOUND)), mask).item()}
+    metrics = {
+        "rollout_corr/kl": masked_mean(-log_ratio, mask).item(),
+        "rollout_corr/k3_kl": masked_mean(DIVERGENCES["k3"](log_ratio.clamp(max=SAFETY_BOUND)), mask).item(),
+    }
     weights = None
     if rollout_is is not None:
-        weights, weight_metrics = correction_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold,
-                                                     rollout_is_batch_normalize)
+        weights, weight_metrics = correction_weights(
+            log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+        )
         metrics.update(weight_metrics)
     kept = response_mask
     if rollout_rs is not None:
         kept, rejection_metrics = rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rejection_metrics)
     carries_loss = kept.bool() if weights is None else kept.bool() & (weights > 0)
-    metrics["rollout_corr/masked_frac"] = masked_mean((mask.bool() & ~carries_loss).to(mask.dtype), mask).item()
+    metrics["rollout_corr/masked_frac"] = masked_mean(
+        (mask.bool() & ~carries_loss).to(mask.dtype), mask
+    ).item()
     return weights, kept, metrics

@@ -1,5 +1,5 @@
-"""The folders a ladder or a study trains into: OUT/ladder_plan.json (the presets, seeds and shared overrides) and
-one run folder per (rung, seed), OUT/<rung>/seed-<s>/.
+"""The folders a ladder or a study trains into: OUT/ladder_plan.json (the presets, seeds and shared overrides)
+and one run folder per (rung, seed), OUT/<rung>/seed-<s>/.
 
 Below the runner (`ladder.py`) and the report (`ladder_report.py`); `effects.py`, `workers.py` and `report.py`
 find runs through it too.
@@ -34,14 +34,21 @@ def write_plan(out: Path, plan: dict[str, Any]) -> None:
     if plan_path.is_file():
         earlier = json.loads(plan_path.read_text())
         if earlier.get("scale") != plan.get("scale"):
-            raise UserError(f"{out} holds a ladder trained with --scale {earlier.get('scale')}, this command "
-                            f"asks for {plan.get('scale')}: repeat the same --scale, or pick another --out")
+            raise UserError(
+                f"{out} holds a ladder trained with --scale {earlier.get('scale')}, this command "
+                f"asks for {plan.get('scale')}: repeat the same --scale, or pick another --out"
+            )
         if earlier["overrides"] != plan["overrides"]:
-            raise UserError(f"{out} holds a ladder trained with {earlier['overrides'] or 'no overrides'}, this "
-                            f"command asks for {plan['overrides'] or 'none'}: repeat the same "
-                            "--max-steps/--model/--set, or pick another --out")
-        plan = {**plan, "presets": list(dict.fromkeys([*earlier["presets"], *plan["presets"]])),
-                "seeds": sorted({*earlier["seeds"], *plan["seeds"]})}
+            raise UserError(
+                f"{out} holds a ladder trained with {earlier['overrides'] or 'no overrides'}, this "
+                f"command asks for {plan['overrides'] or 'none'}: repeat the same "
+                "--max-steps/--model/--set, or pick another --out"
+            )
+        plan = {
+            **plan,
+            "presets": list(dict.fromkeys([*earlier["presets"], *plan["presets"]])),
+            "seeds": sorted({*earlier["seeds"], *plan["seeds"]}),
+        }
     plan_path.write_text(json.dumps(plan, indent=2) + "\n")
 
 

@@ -17,8 +17,11 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         if truncate_after_step is not None and self.path.is_file():
             # After a resume, drop what the lost step(s) logged so every step appears once.
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= truncate_after_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= truncate_after_step
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.tensorboard = None
         try:

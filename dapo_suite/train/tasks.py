@@ -1,9 +1,9 @@
 """Training problems: the built-in arithmetic curriculum, or any file in the DAPO/verl format.
 
 A problem is `(id, problem text, integer answer as a string)`; the trainer wraps the text in the DAPO prompt.
-The built-in task exists so the embedded 135M model can learn on a CPU: its difficulty mix is chosen so that the
-model solves some problems but not all (few samples are right at the start, mostly because it rarely ends with an
-`Answer:` line), which is what gives dynamic sampling mixed groups to learn from.
+The built-in task exists so the embedded 135M model can learn on a CPU: its difficulty mix is chosen so that
+the model solves some problems but not all (few samples are right at the start, mostly because it rarely ends
+with an `Answer:` line), which is what gives dynamic sampling mixed groups to learn from.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ def arithmetic_problems() -> list[Problem]:
 
 
 def arithmetic_in_words() -> list[Problem]:
-    """The curriculum's operations with the operator in words ("What is 3 plus 4?", "minus", "multiplied by"; 292
-    problems): the same skills, none of the same problem texts. A run can learn the answer format here and be
-    measured on the curriculum's held-out split (the entropy comparison's warm start, docs/results/entropy/)."""
+    """The curriculum's operations with the operator in words ("What is 3 plus 4?", "minus", "multiplied by";
+    292 problems): the same skills, none of the same problem texts. A run can learn the answer format here and
+    be measured on the curriculum's held-out split (the entropy comparison's warm start,
+    docs/results/entropy/)."""
     words = {"+": "plus", "-": "minus", "times": "multiplied by"}
     problems = []
     for problem in arithmetic_problems():
@@ -50,12 +51,18 @@ WORD_PROBLEMS_PER_LEVEL = 400
 WORD_PROBLEM_MAX_NUMBER = 12
 
 
-def word_problems(operations: int, count: int = WORD_PROBLEMS_PER_LEVEL, max_number: int = WORD_PROBLEM_MAX_NUMBER,
-                  seed: int = 0, min_number: int = 1) -> list[Problem]:
-    """`count` distinct stories of `operations` gains and losses on a starting amount ("Tom has 7 apples. He gets
-    5 more. He gives away 3. How many apples does Tom have now?"), every number in min_number..max_number and every
-    running total non-negative. The knob is `operations`: each adds a step the model must carry, so the untrained
-    model's accuracy falls with it and writing the steps out (longer responses) starts to pay."""
+def word_problems(
+    operations: int,
+    count: int = WORD_PROBLEMS_PER_LEVEL,
+    max_number: int = WORD_PROBLEM_MAX_NUMBER,
+    seed: int = 0,
+    min_number: int = 1,
+) -> list[Problem]:
+    """`count` distinct stories of `operations` gains and losses on a starting amount ("Tom has 7 apples. He
+    gets 5 more. He gives away 3. How many apples does Tom have now?"), every number in min_number..max_number
+    and every running total non-negative. The knob is `operations`: each adds a step the model must carry, so
+    the untrained model's accuracy falls with it and writing the steps out (longer responses) starts to
+    pay."""
     label = f"word-problems-{operations}-{seed}" + (f"-{min_number}-{max_number}" if min_number > 1 else "")
     rng, problems, seen = random.Random(label), [], set()
     while len(problems) < count:
@@ -66,8 +73,9 @@ def word_problems(operations: int, count: int = WORD_PROBLEMS_PER_LEVEL, max_num
             gain = total < min_number or rng.random() < 0.5
             amount = rng.randint(min_number, max_number if gain else min(total, max_number))
             total += amount if gain else -amount
-            sentences.append(rng.choice(STORY_GAINS if gain else STORY_LOSSES).format(Pron=pronoun.capitalize(),
-                                                                                       n=amount))
+            sentences.append(
+                rng.choice(STORY_GAINS if gain else STORY_LOSSES).format(Pron=pronoun.capitalize(), n=amount)
+            )
         text = " ".join([*sentences, f"How many {thing} does {name} have now?"])
         if text not in seen:
             seen.add(text)
@@ -80,14 +88,21 @@ STORY_CONTAINERS = ("boxes", "bags", "rows", "shelves", "packs", "crates")
 
 
 def product_problems(count: int, low: int, high: int, seed: int = 0) -> list[Problem]:
-    """`count` distinct stories of equal groups ("Tom has 14 boxes. Each box holds 23 apples. How many apples does
-    Tom have?"), both factors in low..high: one multiplication the 135M model rarely does in its head."""
+    """`count` distinct stories of equal groups ("Tom has 14 boxes. Each box holds 23 apples. How many apples
+    does Tom have?"), both factors in low..high: one multiplication the 135M model rarely does in its head."""
     rng, problems, seen = random.Random(f"products-{low}-{high}-{seed}"), [], set()
     while len(problems) < count:
-        (name, _), thing, container = rng.choice(STORY_PEOPLE), rng.choice(STORY_THINGS), rng.choice(STORY_CONTAINERS)
+        (name, _), thing, container = (
+            rng.choice(STORY_PEOPLE),
+            rng.choice(STORY_THINGS),
+            rng.choice(STORY_CONTAINERS),
+        )
         groups, each = rng.randint(low, high), rng.randint(low, high)
-        text = (f"{name} has {groups} {container}. Each of them holds {each} {thing}. How many {thing} does {name} "
-                "have?")
+        text = (
+            f"{name} has {groups} {container}. Each of them holds {each} {thing}. How many {thing} does "
+            f"{name} "
+            "have?"
+        )
         if text not in seen:
             seen.add(text)
             problems.append(Problem(id=f"product:{len(problems)}", problem=text, answer=str(groups * each)))
@@ -96,24 +111,32 @@ def product_problems(count: int, low: int, high: int, seed: int = 0) -> list[Pro
 
 # The tool study's task (docs/results/tools/): small sums the text arm can learn, and three-digit sums and
 # two-digit products where computing pays; the mix was chosen by scripts/tools_probe.py on training problems.
-TOOL_TASK_PARTS = {"small": partial(word_problems, 1, 400), "large": partial(word_problems, 1, 400, 999, 0, 100),
-                   "product": partial(product_problems, 400, 11, 40)}
+TOOL_TASK_PARTS = {
+    "small": partial(word_problems, 1, 400),
+    "large": partial(word_problems, 1, 400, 999, 0, 100),
+    "product": partial(product_problems, 400, 11, 40),
+}
 
 
 def tool_task() -> list[Problem]:
     return [problem for part in TOOL_TASK_PARTS.values() for problem in part()]
 
 
-BUILTIN_TASKS = {"arithmetic": arithmetic_problems, "arithmetic-in-words": arithmetic_in_words,
-                 **{f"word-problems-{steps}": partial(word_problems, steps) for steps in (1, 2, 3, 4)},
-                 "word-problems-tool": tool_task}
+BUILTIN_TASKS = {
+    "arithmetic": arithmetic_problems,
+    "arithmetic-in-words": arithmetic_in_words,
+    **{f"word-problems-{steps}": partial(word_problems, steps) for steps in (1, 2, 3, 4)},
+    "word-problems-tool": tool_task,
+}
 
 
 def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """(train, held-out) for a built-in task: a seeded shuffle of all its problems, split; never overlapping."""
+    """(train, held-out) for a built-in task: a seeded shuffle of all its problems, split; never
+    overlapping."""
     if name not in BUILTIN_TASKS:
-        raise ValueError(f"unknown task {name!r}: the built-in tasks are {', '.join(BUILTIN_TASKS)} "
-                         f"(or pass --train-file)")
+        raise ValueError(
+            f"unknown task {name!r}: the built-in tasks are {', '.join(BUILTIN_TASKS)} (or pass --train-file)"
+        )
     problems = BUILTIN_TASKS[name]()
     if not 0 < heldout_size < len(problems):
         raise ValueError(f"heldout_size must be between 1 and {len(problems) - 1} for the {name} task")
@@ -121,8 +144,8 @@ def builtin_task(name: str, heldout_size: int, seed: int) -> tuple[list[Problem]
 
 
 def train_and_heldout(config: TrainConfig) -> tuple[list[Problem], list[Problem]]:
-    """What a run trains and is held out on: --train-file (held out: --val-file, else a seeded split of it) or the
-    built-in task (held out: its seeded split, or --val-file)."""
+    """What a run trains and is held out on: --train-file (held out: --val-file, else a seeded split of it) or
+    the built-in task (held out: its seeded split, or --val-file)."""
     if config.train_file:
         train = load_problems(config.train_file)
         heldout = load_problems(config.val_file) if config.val_file else []
@@ -135,7 +158,9 @@ def train_and_heldout(config: TrainConfig) -> tuple[list[Problem], list[Problem]
     return train, heldout
 
 
-def split_heldout(problems: list[Problem], heldout_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
+def split_heldout(
+    problems: list[Problem], heldout_size: int, seed: int
+) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out): a seeded shuffle, then the first `heldout_size` held out. Files are often sorted by
     source or difficulty, so a plain cut would not be a fair sample."""
     shuffled = problems.copy()
@@ -148,8 +173,10 @@ def load_problems(path: str | Path) -> list[Problem]:
     `problem`/`question` and `answer` columns. Errors name the file, row and missing field."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"training data {path} does not exist; pass a .parquet or .jsonl file, or build one "
-                        f"with `dapo-suite data build --input SOURCE --out {path.parent}`")
+        raise UserError(
+            f"training data {path} does not exist; pass a .parquet or .jsonl file, or build one "
+            f"with `dapo-suite data build --input SOURCE --out {path.parent}`"
+        )
     if path.suffix not in (".parquet", ".jsonl", ".json"):
         raise UserError(f"{path}: expected .parquet or .jsonl")
     rows = read_rows(path)
@@ -160,9 +187,15 @@ def load_problems(path: str | Path) -> list[Problem]:
             raise UserError(f"{path} {where} {number}: expected a JSON object, got {type(row).__name__}")
         problem, answer = _problem_text(row), _answer(row)
         if not problem or answer is None or not str(answer).strip():
-            raise UserError(f"{path} {where} {number}: needs a problem (prompt/problem/question) and an answer "
-                            f"(reward_model.ground_truth/answer); its fields are {sorted(row)}")
-        row_id = str((row.get("extra_info") or {}).get("index", number)) if isinstance(row.get("extra_info"), dict) else str(number)
+            raise UserError(
+                f"{path} {where} {number}: needs a problem (prompt/problem/question) and an answer "
+                f"(reward_model.ground_truth/answer); its fields are {sorted(row)}"
+            )
+        row_id = (
+            str((row.get("extra_info") or {}).get("index", number))
+            if isinstance(row.get("extra_info"), dict)
+            else str(number)
+        )
         problems.append(Problem(id=row_id, problem=problem, answer=str(answer)))
     return problems
 

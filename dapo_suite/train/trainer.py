@@ -6,8 +6,8 @@ One step (`DAPOTrainer.step`):
 1. rollout: sample G responses per prompt, generation batch after generation batch;
 2. reward: +1/-1 correctness (`reward.compute_score`) plus the soft overlong penalty (eq. 13);
 3. dynamic sampling: keep groups with 0 < accuracy < 1 until `train_batch_size` prompts are kept (eq. 11);
-4. advantages over the training batch: group-normalised rewards (eq. 9), or another estimator (`adv_estimator`),
-   the same for every token of a response;
+4. advantages over the training batch: group-normalised rewards (eq. 9), or another estimator
+   (`adv_estimator`), the same for every token of a response;
 5. update: mini-batches of `mini_batch_size` prompts, each one AdamW step over micro-batches whose token-mean
    divides by the mini-batch's token count; truncated responses masked when overlong filtering is on; the loss
    is DAPO's or a successor's (`loss_mode`), with rollout-correction weights when the sampler's log-probs are
@@ -58,7 +58,10 @@ from dapo_suite.train.tasks import train_and_heldout
 from dapo_suite.train.verdict import learning_verdict
 
 log = logging.getLogger("dapo_suite.train")
-REDUCED_PRECISIONS = ("bfloat16", "float16")  # sampled in these, log-probs differ from the trainer's by rounding
+REDUCED_PRECISIONS = (
+    "bfloat16",
+    "float16",
+)  # sampled in these, log-probs differ from the trainer's by rounding
 
 
 @dataclass
@@ -82,15 +85,16 @@ class PromptSampler:
 
 def keeps_group(group: list[Rollout], metric: str) -> bool:
     """Dynamic sampling's test for one group: mixed accuracy (`acc`, the paper) or a non-constant reward
-    (`reward`, `Rollout.reward`: verl's "reward" metric, which also keeps uniform-accuracy groups that the length
-    penalty splits)."""
+    (`reward`, `Rollout.reward`: verl's "reward" metric, which also keeps uniform-accuracy groups that the
+    length penalty splits)."""
     if metric == "acc":
         return bool(mixed_groups(torch.tensor([r.acc for r in group]), [0] * len(group))[0])
     return len({r.reward for r in group}) > 1
 
 
-def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: str
-                  ) -> tuple[list[list[Rollout]], dict[str, int]]:
+def filter_groups(
+    groups: list[list[Rollout]], dynamic_sampling: bool, metric: str
+) -> tuple[list[list[Rollout]], dict[str, int]]:
     """The groups a generation batch contributes, and how many were all-correct, all-wrong or mixed, and how
     many had zero advantage (a constant reward: no gradient), all counted before filtering."""
     counts = {"all_correct": 0, "all_wrong": 0, "mixed": 0, "zero_advantage": 0}
@@ -105,9 +109,10 @@ def filter_groups(groups: list[list[Rollout]], dynamic_sampling: bool, metric: s
 
 
 def sampled_entropy(rollouts: list[Rollout]) -> dict[str, float]:
-    """`rollout/entropy`: the mean entropy of the distributions every sampled response token (the model's own) was
-    drawn from, trained or not: what `actor/entropy`, over the trained tokens only, leaves out when overlong
-    filtering drops truncated responses or dynamic sampling drops groups. Empty when the engine gives none (vLLM)."""
+    """`rollout/entropy`: the mean entropy of the distributions every sampled response token (the model's own)
+    was drawn from, trained or not: what `actor/entropy`, over the trained tokens only, leaves out when
+    overlong filtering drops truncated responses or dynamic sampling drops groups. Empty when the engine gives
+    none (vLLM)."""
     parts = [(r.sampled_entropy * r.mask).sum() for r in rollouts if r.sampled_entropy is not None]
     tokens = sum(r.model_length for r in rollouts if r.sampled_entropy is not None)
     return {"rollout/entropy": float(sum(parts)) / tokens} if parts and tokens else {}
@@ -132,7 +137,11 @@ def tool_metrics(rollouts: list[Rollout]) -> dict[str, float]:
 def logprob_mismatch(rollouts: list[Rollout]) -> dict[str, float]:
     """|log pi_old (trainer) - log pi_rollout (sampler)| over the response tokens of rollouts that carry both:
     the rollout-training mismatch that rollout correction weighs. Empty when none carries both."""
-    both = [r for r in rollouts if r.rollout_log_prob is not None and r.old_log_prob is not None and r.model_length]
+    both = [
+        r
+        for r in rollouts
+        if r.rollout_log_prob is not None and r.old_log_prob is not None and r.model_length
+    ]
     if not both:
         return {}
     gap = torch.cat([(r.old_log_prob - r.rollout_log_prob).abs()[r.mask > 0] for r in both])
@@ -150,9 +159,11 @@ class DAPOTrainer:
         device_type = torch.device(device).type
         # "auto" precisions become what this machine runs (and config.yaml records that).
         self.config = config = replace(
-            config, dtype=weights_dtype(config.dtype, config.lora_rank > 0, device_type),
+            config,
+            dtype=weights_dtype(config.dtype, config.lora_rank > 0, device_type),
             sampling_dtype=resolve_precision(config.sampling_dtype, device_type),
-            autocast_dtype=resolve_precision(config.autocast_dtype, device_type))
+            autocast_dtype=resolve_precision(config.autocast_dtype, device_type),
+        )
         self.model, self.tokenizer = load_model_and_tokenizer(config.model, dtype=config.dtype, device=device)
         self.model.config.use_cache = True
         if config.gradient_checkpointing:  # in train mode only: sampling and evaluation run as before
@@ -177,8 +188,10 @@ class DAPOTrainer:
         return train_and_heldout(self.config)
 
     def prompt_text(self, problem: Problem) -> str:
-        return render_chat(self.tokenizer, chat_messages(problem.problem, shots=self.config.prompt_shots,
-                                                         tools=self.config.multi_turn))
+        return render_chat(
+            self.tokenizer,
+            chat_messages(problem.problem, shots=self.config.prompt_shots, tools=self.config.multi_turn),
+        )
 
     # ---- rollout, reward, dynamic sampling ---------------------------------------------------------------
 
@@ -188,15 +201,24 @@ class DAPOTrainer:
         `reward/too_complex`, so a run tells "wrong" from "could not check")."""
         config = self.config
         unchecked: Counter = Counter()
-        for rollout in rollouts:  # the model's own text: an answer line a tool printed is not the model's answer
+        for (
+            rollout
+        ) in rollouts:  # the model's own text: an answer line a tool printed is not the model's answer
             result = compute_score("dapo-suite", rollout.graded_text, problems[rollout.group].answer)
             rollout.score, rollout.acc = result["score"], result["acc"]
             unchecked.update(reason for reason in UNCHECKED if result[reason])
         # The penalty counts the model's own tokens: a tool's long output is not the model's verbosity.
         lengths = torch.tensor([r.model_length for r in rollouts])
-        penalty = (soft_overlong_penalty(lengths, config.max_response_length, config.overlong_buffer_len,
-                                         config.overlong_penalty_factor)
-                   if config.overlong_penalty else torch.zeros(len(rollouts)))
+        penalty = (
+            soft_overlong_penalty(
+                lengths,
+                config.max_response_length,
+                config.overlong_buffer_len,
+                config.overlong_penalty_factor,
+            )
+            if config.overlong_penalty
+            else torch.zeros(len(rollouts))
+        )
         rewards = torch.tensor([r.score for r in rollouts]) + penalty
         for rollout, reward in zip(rollouts, rewards.tolist(), strict=True):
             rollout.reward = reward
@@ -207,15 +229,18 @@ class DAPOTrainer:
         std, REINFORCE++'s whitening) are over the training batch, as in verl."""
         rollouts = [r for group in groups for r in group]
         advantages = compute_advantages(
-            self.config.adv_estimator, torch.tensor([r.reward for r in rollouts]),
+            self.config.adv_estimator,
+            torch.tensor([r.reward for r in rollouts]),
             [index for index, group in enumerate(groups) for _ in group],
             torch.tensor([r.model_length for r in rollouts]),
-            self.config.adv_norm)
+            self.config.adv_norm,
+        )
         for rollout, advantage in zip(rollouts, advantages.tolist(), strict=True):
             rollout.advantage = advantage
 
     def collect(self) -> tuple[list[list[Rollout]], dict[str, float]]:
-        """Generation batches until `train_batch_size` groups are kept; returns the groups and sampling metrics."""
+        """Generation batches until `train_batch_size` groups are kept; returns the groups and sampling
+        metrics."""
         config = self.config
         kept, reused = list(self.surplus), len(self.surplus)
         self.surplus = []
@@ -224,16 +249,28 @@ class DAPOTrainer:
         unchecked: Counter = Counter()
         while len(kept) < config.train_batch_size:
             if config.max_num_gen_batches and gen_batches >= config.max_num_gen_batches:
-                log.warning("step %d: %d generation batches gave %d/%d prompts with mixed outcomes; training on "
-                            "those (raise max_num_gen_batches or gen_batch_size, or lower train_batch_size)",
-                            self.step_index + 1, gen_batches, len(kept), config.train_batch_size)
+                log.warning(
+                    "step %d: %d generation batches gave %d/%d prompts with mixed outcomes; training on "
+                    "those (raise max_num_gen_batches or gen_batch_size, or lower train_batch_size)",
+                    self.step_index + 1,
+                    gen_batches,
+                    len(kept),
+                    config.train_batch_size,
+                )
                 break
-            problems = self.sampler.next(config.gen_batch_size if config.dynamic_sampling
-                                         else config.train_batch_size - len(kept))
+            problems = self.sampler.next(
+                config.gen_batch_size if config.dynamic_sampling else config.train_batch_size - len(kept)
+            )
             start = time.monotonic()
-            rollouts = sample_rollouts(self.engine, self.tokenizer, [self.prompt_text(p) for p in problems],
-                                       config.group_size, config.max_response_length, config.temperature,
-                                       config.top_p)
+            rollouts = sample_rollouts(
+                self.engine,
+                self.tokenizer,
+                [self.prompt_text(p) for p in problems],
+                config.group_size,
+                config.max_response_length,
+                config.temperature,
+                config.top_p,
+            )
             rollout_seconds += time.monotonic() - start
             gen_batches += 1
             generated_tokens += sum(r.length for r in rollouts)
@@ -247,8 +284,9 @@ class DAPOTrainer:
         kept = kept[: config.train_batch_size]
         if config.reuse_surplus_groups:
             self.surplus = surplus
-        # Only for the groups that will train, and before any update: surplus groups kept for a later step must
-        # carry the behaviour policy's log-probs, not the later policy's (groups reused from earlier have theirs).
+        # Only for the groups that will train, and before any update: surplus groups kept for a later step
+        # must carry the behaviour policy's log-probs, not the later policy's (groups reused from earlier have
+        # theirs).
         self.fill_old_log_probs([r for group in kept + self.surplus for r in group])
         if kept:
             self.assign_advantages(kept)
@@ -257,7 +295,8 @@ class DAPOTrainer:
         metrics = {
             "reward/mean": sum(r.reward for r in all_rollouts) / len(all_rollouts),
             "reward/acc": sum(r.acc for r in all_rollouts) / len(all_rollouts),
-            "reward/format_rate": sum(extract_answer(r.text) is not None for r in all_rollouts) / len(all_rollouts),
+            "reward/format_rate": sum(extract_answer(r.text) is not None for r in all_rollouts)
+            / len(all_rollouts),
             "reward/timeouts": unchecked["timeout"],
             "reward/too_complex": unchecked["too_complex"],
             "response_len/mean": lengths.mean().item(),
@@ -283,8 +322,8 @@ class DAPOTrainer:
 
     def corrects_rollouts(self) -> bool:
         """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's: another
-        sampling dtype, a reduced one (the sampler's bf16 kernels round otherwise than the trainer's, even over a
-        bf16 LoRA base), or vLLM's kernels."""
+        sampling dtype, a reduced one (the sampler's bf16 kernels round otherwise than the trainer's, even
+        over a bf16 LoRA base), or vLLM's kernels."""
         if self.config.rollout_correction != "auto":
             return self.config.rollout_correction == "on"
         sampling = self.config.sampling_dtype or self.config.dtype
@@ -292,8 +331,8 @@ class DAPOTrainer:
 
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:
-        """log pi_old from the trainer's own forward pass for rollouts whose engine did not return it (vLLM), and,
-        with rollout correction on, for every rollout, keeping the sampler's as `rollout_log_prob`."""
+        """log pi_old from the trainer's own forward pass for rollouts whose engine did not return it (vLLM),
+        and, with rollout correction on, for every rollout, keeping the sampler's as `rollout_log_prob`."""
         if self.corrects_rollouts():
             for rollout in rollouts:
                 if rollout.rollout_log_prob is None and rollout.old_log_prob is not None:
@@ -312,7 +351,9 @@ class DAPOTrainer:
         else:
             log.warning("step %d: no prompt had mixed outcomes; no update this step", self.step_index + 1)
         update_seconds = time.monotonic() - rollout_done
-        metrics["perf/update_tokens_per_s"] = metrics.get("perf/trained_tokens", 0) / max(update_seconds, 1e-9)
+        metrics["perf/update_tokens_per_s"] = metrics.get("perf/trained_tokens", 0) / max(
+            update_seconds, 1e-9
+        )
         metrics["perf/step_seconds"] = time.monotonic() - start
         self.step_index += 1
         return metrics
@@ -335,8 +376,12 @@ class DAPOTrainer:
         bar = tqdm(total=config.max_steps, initial=self.step_index, desc="DAPO steps", disable=not progress)
         while self.step_index < config.max_steps:
             metrics = self.step()
-            if (evaluates and config.eval_every and self.step_index % config.eval_every == 0
-                    and self.step_index < config.max_steps):
+            if (
+                evaluates
+                and config.eval_every
+                and self.step_index % config.eval_every == 0
+                and self.step_index < config.max_steps
+            ):
                 metrics.update({f"val/{k}": v for k, v in self.evaluate().items()})
             self.logger.log(self.step_index, metrics)
             if self.step_index % config.save_every == 0 or self.step_index == config.max_steps:
@@ -344,8 +389,11 @@ class DAPOTrainer:
             bar.update(1)
             # A step without mixed groups makes no update: it has no loss to show, so say so instead of nan.
             loss = metrics.get("actor/pg_loss", math.nan)
-            bar.set_postfix(acc=f"{metrics['reward/acc']:.2f}", kept=metrics["sampling/groups_kept"],
-                            loss="no update" if math.isnan(loss) else f"{loss:+.3f}")
+            bar.set_postfix(
+                acc=f"{metrics['reward/acc']:.2f}",
+                kept=metrics["sampling/groups_kept"],
+                loss="no update" if math.isnan(loss) else f"{loss:+.3f}",
+            )
         bar.close()
         # A finished run resumed with a larger --max-steps trained on: its old "after" is of an earlier step.
         if evaluates and ("after" not in summary or summary.get("steps") != self.step_index):
@@ -354,8 +402,9 @@ class DAPOTrainer:
         summary["steps"] = self.step_index
         self.logger.close()
         if evaluates:
-            verdict = learning_verdict(summary["before"], summary["after"], read_metrics(self.run_dir),
-                                       config.train_batch_size)
+            verdict = learning_verdict(
+                summary["before"], summary["after"], read_metrics(self.run_dir), config.train_batch_size
+            )
             summary["verdict"] = {"learned": verdict.learned, "text": verdict.text()}
         summary_path.write_text(json.dumps(summary, indent=2))
         return summary
@@ -371,8 +420,14 @@ class DAPOTrainer:
             "surplus": self.surplus,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
-        return save_checkpoint(self.run_dir, self.step_index, self.adapters or self.model, self.tokenizer, state,
-                               keep=self.config.keep_checkpoints)
+        return save_checkpoint(
+            self.run_dir,
+            self.step_index,
+            self.adapters or self.model,
+            self.tokenizer,
+            state,
+            keep=self.config.keep_checkpoints,
+        )
 
     def _resume(self) -> None:
         checkpoint = latest_checkpoint(self.run_dir)
@@ -385,31 +440,42 @@ class DAPOTrainer:
         verify_checkpoint(checkpoint)
         file = ADAPTER_WEIGHTS if self.adapters else "model.safetensors"
         if not (checkpoint / file).is_file():
-            raise UserError(f"--resume: {checkpoint} holds no {file}: it was written by a "
-                            f"{'full fine-tuning' if self.adapters else 'LoRA'} run; resume with that run's "
-                            "lora_rank, or pick another --out for a new run.")
+            raise UserError(
+                f"--resume: {checkpoint} holds no {file}: it was written by a "
+                f"{'full fine-tuning' if self.adapters else 'LoRA'} run; resume with that run's "
+                "lora_rank, or pick another --out for a new run."
+            )
         try:
             weights = load_file(checkpoint / file)
         except (SafetensorError, OSError) as error:
-            raise UserError(f"--resume: {checkpoint / file} cannot be read ({error}); move "
-                            f"{checkpoint.name} out of {checkpoint.parent} and rerun with --resume to continue from "
-                            "the checkpoint before it") from None
+            raise UserError(
+                f"--resume: {checkpoint / file} cannot be read ({error}); move "
+                f"{checkpoint.name} out of {checkpoint.parent} and rerun with --resume to continue from "
+                "the checkpoint before it"
+            ) from None
         require_finite(checkpoint, file, weights)
         own = adapter_state(self.adapters) if self.adapters else self.model.state_dict()
-        differ = [f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}" for name, tensor in weights.items()
-                  if name in own and tensor.shape != own[name].shape]
+        differ = [
+            f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}"
+            for name, tensor in weights.items()
+            if name in own and tensor.shape != own[name].shape
+        ]
         if differ:
-            raise UserError(f"--resume: {checkpoint} was written by another model ({len(differ)} tensors differ in "
-                            f"shape, e.g. {differ[0]}, checkpoint vs --model {self.config.model}); resume with that "
-                            "run's --model, or pick another --out for a new run.")
+            raise UserError(
+                f"--resume: {checkpoint} was written by another model ({len(differ)} tensors differ in "
+                f"shape, e.g. {differ[0]}, checkpoint vs --model {self.config.model}); resume with that "
+                "run's --model, or pick another --out for a new run."
+            )
         if self.adapters:
             load_adapter_state(self.adapters, weights)
         else:
             # Tied embeddings are stored once; strict=False lets the tied lm_head keep pointing at them.
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
             if unexpected or any("lm_head" not in key for key in missing):
-                raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, "
-                                   f"unexpected {unexpected}")
+                raise RuntimeError(
+                    f"checkpoint {checkpoint} does not match the model: missing {missing}, "
+                    f"unexpected {unexpected}"
+                )
         state = load_trainer_state(checkpoint)
         self.actor.optimizer.load_state_dict(state["optimizer"])
         self.actor.scheduler.load_state_dict(state["scheduler"])

@@ -1,6 +1,7 @@
-"""benchmarks/serve_throughput.py accounts for every request: against a server that answers in turn a full stream,
-an error status, a stream that closes before its end, and nothing at all, each failure is counted by its kind, the
-failed requests' tokens stay out of the tokens/s, and completed + cut + failed is every request sent."""
+"""benchmarks/serve_throughput.py accounts for every request: against a server that answers in turn a full
+stream, an error status, a stream that closes before its end, and nothing at all, each failure is counted by
+its kind, the failed requests' tokens stay out of the tokens/s, and completed + cut + failed is every request
+sent."""
 
 from __future__ import annotations
 
@@ -30,16 +31,25 @@ async def fake_server() -> tuple[asyncio.AbstractServer, int]:
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
         await reader.readexactly(length)
         turn = next(turns)
         stream = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         if turn == "error":
-            writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\nConnection: close\r\n\r\nboom")
+            writer.write(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\nConnection: close\r\n\r\nboom"
+            )
         elif turn == "full":
-            writer.write(stream + b"".join(piece(str(i)) for i in range(PIECES))
-                         + sse({"choices": [], "usage": {"completion_tokens": PIECES}}) + sse("[DONE]"))
+            writer.write(
+                stream
+                + b"".join(piece(str(i)) for i in range(PIECES))
+                + sse({"choices": [], "usage": {"completion_tokens": PIECES}})
+                + sse("[DONE]")
+            )
         elif turn == "cut":
             writer.write(stream + piece("a") + piece("b"))
         else:
@@ -59,20 +69,25 @@ def test_every_request_is_counted_and_failed_ones_add_no_tokens(monkeypatch: pyt
     async def run() -> dict:
         server, port = await fake_server()
         async with server:
-            return await measure(f"http://127.0.0.1:{port}/v1", clients=1, max_tokens=8, duration_s=2.0,
-                                 request_timeout_s=0.3)
+            return await measure(
+                f"http://127.0.0.1:{port}/v1", clients=1, max_tokens=8, duration_s=2.0, request_timeout_s=0.3
+            )
 
     window = asyncio.run(run())
     assert window["completed"] >= 2 and {"http", "disconnect", "timeout"} <= set(window["failures"])
     assert window["failed_requests"] == sum(window["failures"].values())
     assert window["requests"] == window["completed"] + window["cut_by_window_end"] + window["failed_requests"]
     assert window["failed_tokens_not_counted"] == 2 * window["failures"]["disconnect"]
-    assert window["tokens"] == PIECES * window["completed"]  # the window ends in a full answer or on a silent one
+    assert (
+        window["tokens"] == PIECES * window["completed"]
+    )  # the window ends in a full answer or on a silent one
     assert window["tokens_per_s"] == pytest.approx(window["tokens"] / window["window_s"])
 
 
 def test_cpu_lists() -> None:
     assert parse_cores("0") == {0} and parse_cores("0-1") == {0, 1} and parse_cores("0,2-3") == {0, 2, 3}
-    assert cores_text({0, 2, 3}) == "0,2-3" and cores_text({1}) == "1" and cores_text(None) == "all (unpinned)"
+    assert (
+        cores_text({0, 2, 3}) == "0,2-3" and cores_text({1}) == "1" and cores_text(None) == "all (unpinned)"
+    )
     with pytest.raises(ValueError):
         parse_cores("a")

@@ -13,15 +13,22 @@ from dapo_suite.core.prompts import chat_messages, render_chat
 
 
 def test_render_chat_matches_the_tokenizers_template_for_a_string_and_a_multi_turn_chat(
-        embedded_model_dir: Path) -> None:
+    embedded_model_dir: Path,
+) -> None:
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     turn = chat_messages("What is 2 + 3?")
     assert render_chat(tokenizer, turn[0]["content"]) == render_chat(tokenizer, turn)
-    chat = [{"role": "system", "content": "Be brief."}, *turn, {"role": "assistant", "content": "Answer: 5"},
-            {"role": "user", "content": "And 2 + 4?"}]
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        *turn,
+        {"role": "assistant", "content": "Answer: 5"},
+        {"role": "user", "content": "And 2 + 4?"},
+    ]
     text = render_chat(tokenizer, chat)
     assert text.endswith("<|im_start|>assistant\n")
-    expected = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = tokenizer.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == list(expected)
 
 

@@ -1,5 +1,5 @@
-"""Every run directory records the package version and git revision (`dapo_suite.core.provenance`), and a saved
-config stays readable as input."""
+"""Every run directory records the package version and git revision (`dapo_suite.core.provenance`), and a
+saved config stays readable as input."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The rule-based reward: DAPO's protocol, agreement with verl's math_dapo and public graders, symbolic grading,
-hostile input, verdicts under load."""
+"""The rule-based reward: DAPO's protocol, agreement with verl's math_dapo and public graders, symbolic
+grading, hostile input, verdicts under load."""
 
 from __future__ import annotations
 
@@ -26,23 +26,64 @@ def score(text, truth):
 
 @pytest.mark.parametrize(
     "answer",
-    ["Answer: 42", "Answer: $042$", "\\boxed{42}", "Answer: 42.0", "Answer: x = 42", "Answer: x \\approx 42",
-     "Answer: **42**", "Answer: 42 \\text{ cm}", "answer:42", "Answer:\n42", "Answer: $\\boxed{42}$.",
-     "Answer: The answer is $42$.", "Answer: 42 apples", "Answer: \\(42\\)", "Answer: 42^\\circ", "Answer: \\mbox{42}",
-     "**Answer:** 42", "### Final Answer: 42", "Final Answer: The final answer is $42$. I hope it is correct.",
-     "Answer: 42\\%", "Answer: 42 \\textnormal{ miles}", "Answer: a_{1} = 42"],
+    [
+        "Answer: 42",
+        "Answer: $042$",
+        "\\boxed{42}",
+        "Answer: 42.0",
+        "Answer: x = 42",
+        "Answer: x \\approx 42",
+        "Answer: **42**",
+        "Answer: 42 \\text{ cm}",
+        "answer:42",
+        "Answer:\n42",
+        "Answer: $\\boxed{42}$.",
+        "Answer: The answer is $42$.",
+        "Answer: 42 apples",
+        "Answer: \\(42\\)",
+        "Answer: 42^\\circ",
+        "Answer: \\mbox{42}",
+        "**Answer:** 42",
+        "### Final Answer: 42",
+        "Final Answer: The final answer is $42$. I hope it is correct.",
+        "Answer: 42\\%",
+        "Answer: 42 \\textnormal{ miles}",
+        "Answer: a_{1} = 42",
+    ],
 )
 def test_integer_forms_read_as_the_number(answer):
-    assert score("Some reasoning.\n" + answer, "42") == {"score": 1.0, "acc": True, "pred": extract_answer(answer),
-                                                         "timeout": False, "too_complex": False}
+    assert score("Some reasoning.\n" + answer, "42") == {
+        "score": 1.0,
+        "acc": True,
+        "pred": extract_answer(answer),
+        "timeout": False,
+        "too_complex": False,
+    }
 
 
 @pytest.mark.parametrize(
     "answer",
-    ["Answer: 42 or 43", "Answer: 2x", "Answer: 9^9^9^9", "Answer: 41", "Answer: 42.5", "Answer: \\frac{84}{2}",
-     "Answer: 42, 43", "Answer: $42$ or $43$", "Answer: 6 \\cdot 7", "Answer: 42 (or maybe 43)", "no answer here",
-     "Answer: 4, 2", "Answer: 4{,}2", "Answer: 4 2", "Answer: 42!", "Answer: 2x = 42", "Answer: x = 42, y = 5",
-     "Answer: 42x", "so our answer: 42 is checked below.\nWe double it."],
+    [
+        "Answer: 42 or 43",
+        "Answer: 2x",
+        "Answer: 9^9^9^9",
+        "Answer: 41",
+        "Answer: 42.5",
+        "Answer: \\frac{84}{2}",
+        "Answer: 42, 43",
+        "Answer: $42$ or $43$",
+        "Answer: 6 \\cdot 7",
+        "Answer: 42 (or maybe 43)",
+        "no answer here",
+        "Answer: 4, 2",
+        "Answer: 4{,}2",
+        "Answer: 4 2",
+        "Answer: 42!",
+        "Answer: 2x = 42",
+        "Answer: x = 42, y = 5",
+        "Answer: 42x",
+        "so our answer: 42 is checked below.\nWe double it.",
+    ],
 )
 def test_hedges_expressions_and_wrong_numbers_score_minus_one(answer):
     result = score("Reasoning.\n" + answer, "42")
@@ -62,27 +103,48 @@ def test_last_answer_line_wins_and_boxed_is_the_fallback():
     assert score("I think \\boxed{41} at first, then \\boxed{42}", "42")["acc"]
     assert score("Answer: 42\n\\boxed{41}", "42")["acc"]  # an Answer: line beats a box
     assert score("\\boxed{42", "42")["pred"] is None  # unclosed box: no answer
-    assert score("so our answer: 41 is checked.\nThus $\\boxed{42}$.", "42")["pred"] == "42"  # prose is no answer line
+    assert (
+        score("so our answer: 41 is checked.\nThus $\\boxed{42}$.", "42")["pred"] == "42"
+    )  # prose is no answer line
     # The embedded SmolLM2 ends "So, the answer is: Answer: 12": a lead-in before the Answer: is allowed.
     assert score("7 + 5 = 12\n\nSo, the answer is: Answer: 12", "12")["acc"]
     assert score("The answer is: Answer: 12", "12")["acc"] and not score("The answer is: 12", "12")["acc"]
 
 
 def test_a_box_whose_brace_never_closes_is_not_scanned_to_the_end():
-    assert reward.last_boxed("\\boxed{" + "{" * (reward.MAX_BOX_CHARS + 10) + "}" * (reward.MAX_BOX_CHARS + 10)) is None
+    assert (
+        reward.last_boxed("\\boxed{" + "{" * (reward.MAX_BOX_CHARS + 10) + "}" * (reward.MAX_BOX_CHARS + 10))
+        is None
+    )
 
 
 def test_answer_is_read_from_the_last_300_characters_only():
     # The protocol puts the answer on the last line; verl's math_dapo reads the same window.
-    assert score("Answer: 42\n" + "x" * 400, "42") == {"score": -1.0, "acc": False, "pred": None, "timeout": False, "too_complex": False}
+    assert score("Answer: 42\n" + "x" * 400, "42") == {
+        "score": -1.0,
+        "acc": False,
+        "pred": None,
+        "timeout": False,
+        "too_complex": False,
+    }
     assert compute_score("s", "Answer: 42\n" + "x" * 400, "42", answer_window=1000)["acc"]
 
 
 @pytest.mark.parametrize(
     "pred, truth, expected",
-    [("\\dfrac{1}{2}", "\\frac12", True), ("0.5", "\\frac{1}{2}", True), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt2}", True),
-     ("3\\sqrt{2}", "\\sqrt{18}", True), ("(1, 2)", "(1,2)", True), ("[1, 2)", "[1,2)", True), ("x^2+2x+1", "(x+1)^2", True),
-     ("2\\pi", "2 \\pi", True), ("\\frac{1}{3}", "\\frac{1}{2}", False), ("(1, 3)", "(1, 2)", False), ("[1, 2]", "[1, 2)", False)],
+    [
+        ("\\dfrac{1}{2}", "\\frac12", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt2}", True),
+        ("3\\sqrt{2}", "\\sqrt{18}", True),
+        ("(1, 2)", "(1,2)", True),
+        ("[1, 2)", "[1,2)", True),
+        ("x^2+2x+1", "(x+1)^2", True),
+        ("2\\pi", "2 \\pi", True),
+        ("\\frac{1}{3}", "\\frac{1}{2}", False),
+        ("(1, 3)", "(1, 2)", False),
+        ("[1, 2]", "[1, 2)", False),
+    ],
 )
 def test_symbolic_equivalence_for_non_integer_ground_truths(pred, truth, expected):
     assert score(f"Answer: {pred}", truth)["acc"] is expected
@@ -97,14 +159,21 @@ def test_exact_rationals_are_compared_exactly():
 def test_symbolic_grading_works_off_the_main_thread():
     # verl's reward manager calls compute_score from an executor thread; math-verify's own timeout cannot.
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda p: score(f"Answer: {p}", "\\frac{1}{2}")["acc"], ["\\frac{2}{4}", "0.5", "1/3"] * 4))
+        results = list(
+            pool.map(
+                lambda p: score(f"Answer: {p}", "\\frac{1}{2}")["acc"], ["\\frac{2}{4}", "0.5", "1/3"] * 4
+            )
+        )
     assert results == [True, True, False] * 4
 
 
 def test_model_text_is_never_executed(tmp_path):
     marker = tmp_path / "pwned"
-    payloads = [f"__import__('os').system('touch {marker}')", f"exec(\"open('{marker}','w')\")",
-                f"\\text{{__import__('os').system('touch {marker}')}}"]
+    payloads = [
+        f"__import__('os').system('touch {marker}')",
+        f"exec(\"open('{marker}','w')\")",
+        f"\\text{{__import__('os').system('touch {marker}')}}",
+    ]
     for payload in payloads:
         for truth in ("42", "\\frac{1}{2}", "x + 1"):
             assert score(f"Answer: {payload}", truth)["score"] == -1.0
@@ -137,30 +206,65 @@ def test_adversarial_output_scores_within_the_bound(name, truth):
     assert result["score"] == -1.0 or name in ("one megabyte", "NUL bytes")
 
 
-SLOW_COMPARISON = ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "[\\pi^2/8, 5\\pi^2/4]")  # 0.46 s of CPU, the slowest
+SLOW_COMPARISON = (
+    "\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]",
+    "[\\pi^2/8, 5\\pi^2/4]",
+)  # 0.46 s of CPU, the slowest
 
 
 def test_an_answer_past_the_work_bound_is_too_complex_not_a_wrong_answer():
     result = score("Answer: 9^{9^{9^{9}}}", "\\frac{1}{2}")
-    assert result == {"score": -1.0, "acc": False, "pred": "9^{9^{9^{9}}}", "timeout": False, "too_complex": True}
+    assert result == {
+        "score": -1.0,
+        "acc": False,
+        "pred": "9^{9^{9^{9}}}",
+        "timeout": False,
+        "too_complex": True,
+    }
     checked = score("Answer: \\frac{1}{3}", "\\frac{1}{2}")  # wrong, and checked
     assert (checked["timeout"], checked["too_complex"]) == (False, False)
 
 
-@pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "((10^{10})!)!", "10^{10^{10}}", "2^{2^{2^{2^{2^{2}}}}}",
-                                    "\\binom{10^{12}}{10^{6}}", "99999999999^{99999999999}", "x^{10^{10}} - 1 = 0",
-                                    "x^{257}", "\\sum_{i=1}^{10^{10}} i", "\\prod_{k=1}^{10^{6}} k", "\\Gamma(10^{9})",
-                                    "(" * 25 + "1" + ")" * 25, "\\frac{1}{" * 30 + "2" + "}" * 30,
-                                    " + ".join(f"x_{{{i}}}" for i in range(700))])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "9^{9^{9^{9}}}",
+        "((10^{10})!)!",
+        "10^{10^{10}}",
+        "2^{2^{2^{2^{2^{2}}}}}",
+        "\\binom{10^{12}}{10^{6}}",
+        "99999999999^{99999999999}",
+        "x^{10^{10}} - 1 = 0",
+        "x^{257}",
+        "\\sum_{i=1}^{10^{10}} i",
+        "\\prod_{k=1}^{10^{6}} k",
+        "\\Gamma(10^{9})",
+        "(" * 25 + "1" + ")" * 25,
+        "\\frac{1}{" * 30 + "2" + "}" * 30,
+        " + ".join(f"x_{{{i}}}" for i in range(700)),
+    ],
+)
 def test_the_work_bound_refuses_what_evaluation_could_not_finish(answer):
     from dapo_suite.core.symbolic import exceeds_work_bound
 
     assert exceeds_work_bound(answer)
 
 
-@pytest.mark.parametrize("answer", ["9^9^9^9", "2^{100}", "x^{256}", "\\frac{1}{2006!}", "\\binom{100}{50}",
-                                    "1.5 \\times 10^{300}", "\\sum_{i=1}^{100} i^2", "(" * 24 + "1" + ")" * 24,
-                                    "\\text{north}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "9^9^9^9",
+        "2^{100}",
+        "x^{256}",
+        "\\frac{1}{2006!}",
+        "\\binom{100}{50}",
+        "1.5 \\times 10^{300}",
+        "\\sum_{i=1}^{100} i^2",
+        "(" * 24 + "1" + ")" * 24,
+        "\\text{north}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+    ],
+)
 def test_the_work_bound_passes_what_evaluates_at_once(answer):
     from dapo_suite.core.symbolic import exceeds_work_bound
 
@@ -169,16 +273,19 @@ def test_the_work_bound_passes_what_evaluates_at_once(answer):
 
 @pytest.mark.slow  # about 2,000 parses: 8 s on a quiet 2-core machine
 def test_the_work_bound_passes_every_warm_up_pair_and_every_math_answer(raw_data_dir):
-    """MATH's distinct non-integer answers (train and MATH-500) are all within the bound: it refuses only what no
-    benchmark asks."""
+    """MATH's distinct non-integer answers (train and MATH-500) are all within the bound: it refuses only what
+    no benchmark asks."""
     from dapo_suite.core.symbolic import WARM_UP, exceeds_work_bound
 
     answers = {answer for pair in WARM_UP for answer in pair}
     for name in ("math500/test.jsonl", "math_train/train.jsonl"):
         path = raw_data_dir / name
         if path.is_file():
-            answers |= {row["answer"] for row in map(json.loads, path.read_text().splitlines())
-                        if parse_integer(row["answer"], ground_truth=True) is None}
+            answers |= {
+                row["answer"]
+                for row in map(json.loads, path.read_text().splitlines())
+                if parse_integer(row["answer"], ground_truth=True) is None
+            }
     assert len(answers) > 200
     refused = sorted(answer for answer in answers if exceeds_work_bound(reward.symbolic_form(answer)))
     assert refused == []
@@ -209,8 +316,10 @@ def test_a_failed_worker_is_replaced_and_the_call_retried_on_a_fresh_warm_one():
 
 def test_a_thread_calling_during_a_hang_still_gets_an_answer():
     results = []
-    threads = [threading.Thread(target=lambda t=t: results.append(score(f"Answer: {t}", "\\frac12")["acc"]))
-               for t in ("9^{9^{9^{9}}}", "\\frac{1}{2}")]
+    threads = [
+        threading.Thread(target=lambda t=t: results.append(score(f"Answer: {t}", "\\frac12")["acc"]))
+        for t in ("9^{9^{9^{9}}}", "\\frac{1}{2}")
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -219,6 +328,7 @@ def test_a_thread_calling_during_a_hang_still_gets_an_answer():
 
 
 # Agreement with verl 0.9.1's math_dapo on integer ground truths, wherever math_dapo is right.
+
 
 def test_agrees_with_math_dapo_wherever_it_is_right_on_realistic_responses():
     disagreements = []
@@ -229,9 +339,27 @@ def test_agrees_with_math_dapo_wherever_it_is_right_on_realistic_responses():
 
 
 ANSWER_VARIANTS = [
-    "{v}", "${v}$", "\\${v}", "{v} \\text{{students}}", "{v}students", "\\text{{{v}}}", "a {v}", "{v}^{{\\circ}}",
-    "\\textbf{{{v}}}", "\\overline{{{v}}}", "{v}\\;", "\\mbox{{{v}}}", "$x={v}$", "{v}\\ldots", "\"{v}\"", "{v}.$",
-    "{v} square units", "\\boxed{{{v}}}.", "{v}\\mathrm{{th}}", "{v} childrentickets", "{v} \\text{{ and }}",
+    "{v}",
+    "${v}$",
+    "\\${v}",
+    "{v} \\text{{students}}",
+    "{v}students",
+    "\\text{{{v}}}",
+    "a {v}",
+    "{v}^{{\\circ}}",
+    "\\textbf{{{v}}}",
+    "\\overline{{{v}}}",
+    "{v}\\;",
+    "\\mbox{{{v}}}",
+    "$x={v}$",
+    "{v}\\ldots",
+    '"{v}"',
+    "{v}.$",
+    "{v} square units",
+    "\\boxed{{{v}}}.",
+    "{v}\\mathrm{{th}}",
+    "{v} childrentickets",
+    "{v} \\text{{ and }}",
 ]
 
 
@@ -245,6 +373,7 @@ def test_agrees_with_math_dapo_on_answer_variants(variant):
 
 
 # Deliberate differences from math_dapo: each is a case where math_dapo's string comparison is wrong.
+
 
 def test_difference_zero_padded_answers_are_integers():
     # AIME answers are often written 042 (and Qwen's AIME file stores "025"); they are the integer 42.
@@ -278,12 +407,25 @@ def test_verl_loads_and_calls_it_as_its_custom_reward_function():
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}}})
+    config = OmegaConf.create(
+        {"reward": {"custom_reward_function": {"path": reward.__file__, "name": "compute_score"}}}
+    )
     fn = get_custom_reward_fn(config)
     with ThreadPoolExecutor(1) as pool:  # verl runs it in an executor thread
-        result = pool.submit(fn, data_source="math_dapo", solution_str="Answer: \\frac{2}{4}", ground_truth="\\frac12",
-                             extra_info={"index": 3}).result()
-    assert result == {"score": 1.0, "acc": True, "pred": "\\frac{2}{4}", "timeout": False, "too_complex": False}
+        result = pool.submit(
+            fn,
+            data_source="math_dapo",
+            solution_str="Answer: \\frac{2}{4}",
+            ground_truth="\\frac12",
+            extra_info={"index": 3},
+        ).result()
+    assert result == {
+        "score": 1.0,
+        "acc": True,
+        "pred": "\\frac{2}{4}",
+        "timeout": False,
+        "too_complex": False,
+    }
 
 
 def test_difference_answer_must_start_a_line():
@@ -305,7 +447,9 @@ def test_difference_a_ground_truth_equation_is_not_cut_at_its_last_equals():
     for gold in ("a + 3z = 0", "5x - 7y + 11z + 4 = 0"):
         assert math_dapo.compute_score("Answer: 0", gold)["acc"]
         assert not score("Answer: 0", gold)["acc"]
-    assert score("Answer: $10x - 14y + 22z + 8 = 0$", "5x - 7y + 11z + 4 = 0")["acc"]  # rescaled: the same plane
+    assert score("Answer: $10x - 14y + 22z + 8 = 0$", "5x - 7y + 11z + 4 = 0")[
+        "acc"
+    ]  # rescaled: the same plane
 
 
 def test_difference_a_list_is_not_a_number():
@@ -326,10 +470,14 @@ def test_difference_percent_units_and_text_are_presentation():
     assert not math_dapo.compute_score("Answer: 28", "28\\%")["acc"]
     for answer in ("28", "28 %", "28\\%", "28 percent", "$28$ pct"):
         assert score(f"Answer: {answer}", "28\\%")["acc"], answer
-    assert score("Answer: 125", "125\\textnormal{ miles}")["acc"] and score("Answer: 15", "15\\mbox{ cm}^2")["acc"]
+    assert (
+        score("Answer: 125", "125\\textnormal{ miles}")["acc"]
+        and score("Answer: 15", "15\\mbox{ cm}^2")["acc"]
+    )
 
 
-# Agreement with public graders' test cases (tests/fixtures/grader_agreement.jsonl, benchmarks/grader_agreement.py).
+# Agreement with public graders' test cases (tests/fixtures/grader_agreement.jsonl,
+# benchmarks/grader_agreement.py).
 
 KNOWN_DISAGREEMENTS = {  # case id -> why this checker says otherwise (all are rejections of a right answer)
     "mv-all-003": "a plain space is not a thousands separator: `1 000` may be two numbers",
@@ -353,8 +501,11 @@ def test_grader_agreement_cases_have_no_false_accepts_and_only_named_disagreemen
 
 def test_math500_reference_solutions_score_against_their_own_answers(raw_data_dir):
     rows = [json.loads(line) for line in (raw_data_dir / "math500" / "test.jsonl").read_text().splitlines()]
-    wrong = [(row["unique_id"], row["answer"], result["pred"]) for row in rows
-             if not (result := compute_score("math500", row["solution"], row["answer"]))["acc"]]
+    wrong = [
+        (row["unique_id"], row["answer"], result["pred"])
+        for row in rows
+        if not (result := compute_score("math500", row["solution"], row["answer"]))["acc"]
+    ]
     assert len(rows) == 500 and len(wrong) <= 1, wrong
 
 
@@ -368,12 +519,23 @@ VALID_UNDER_LOAD = [
     ("2x + 4y - 3 = 0", "Answer: $y = -\\frac12 x + \\frac34$"),
     ("x \\le 1", "Answer: $-x \\ge -1$"),
     ("a_3 = 2, a_{37} = 19", "Answer: $a_{37} = 19, a_3 = 2$"),
-    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "\\boxed{\\begin{pmatrix} -\\frac13 \\\\ \\frac23 \\\\ \\frac53 \\end{pmatrix}}"),
+    (
+        "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}",
+        "\\boxed{\\begin{pmatrix} -\\frac13 \\\\ \\frac23 \\\\ \\frac53 \\end{pmatrix}}",
+    ),
     ("(-\\infty, 2) \\cup (3, \\infty)", "Answer: $(-\\infty,2)\\cup(3,\\infty)$"),
     ("x^8 + x^7 + x^6 + x^5 + x^4 + x^3 + x^2 + x + 1", "Answer: $\\frac{x^9 - 1}{x - 1}$"),
 ]
-PATHOLOGICAL = ["9^{9^{9^{9}}}", "((10^{10})!)!", "10^{10^{10}}", "2^{2^{2^{2^{2^{2}}}}}", "\\binom{10^{12}}{10^{6}}",
-                "99999999999^{99999999999}", "x^{10^{10}} - 1 = 0", "(" * 60 + "1" + ")" * 60]
+PATHOLOGICAL = [
+    "9^{9^{9^{9}}}",
+    "((10^{10})!)!",
+    "10^{10^{10}}",
+    "2^{2^{2^{2^{2^{2}}}}}",
+    "\\binom{10^{12}}{10^{6}}",
+    "99999999999^{99999999999}",
+    "x^{10^{10}} - 1 = 0",
+    "(" * 60 + "1" + ")" * 60,
+]
 GRADE_IN_FRESH_PROCESS = """
 import json, sys, time
 from dapo_suite.core.reward import compute_score
@@ -389,11 +551,18 @@ print(json.dumps({"verdicts": verdicts, "seconds": seconds}))
 
 
 def grade_in_fresh_process(pairs: list[tuple[str, str]], busy: int) -> dict:
-    """Each pair's (acc, timeout, too_complex) and seconds, graded by a fresh process beside `busy` spinners."""
+    """Each pair's (acc, timeout, too_complex) and seconds, graded by a fresh process beside `busy`
+    spinners."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
-        run = subprocess.run([sys.executable, "-c", GRADE_IN_FRESH_PROCESS], input=json.dumps(pairs),
-                             capture_output=True, text=True, timeout=900, check=True)
+        run = subprocess.run(
+            [sys.executable, "-c", GRADE_IN_FRESH_PROCESS],
+            input=json.dumps(pairs),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
+        )
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -403,17 +572,23 @@ def grade_in_fresh_process(pairs: list[tuple[str, str]], busy: int) -> dict:
 
 @pytest.mark.slow
 def test_verdicts_at_rest_and_with_the_cores_busy_are_identical():
-    """The external grader cases, the hard valid pairs and the pathological answers: the same verdicts at rest and
-    beside four busy processes on the 2 cores (a load near 5), with each pathological answer still quick."""
-    pairs = ([(case["gold"], case["response"]) for case in load_cases()] + VALID_UNDER_LOAD
-             + [("\\frac{1}{2}", "Answer: " + answer) for answer in PATHOLOGICAL])
+    """The external grader cases, the hard valid pairs and the pathological answers: the same verdicts at rest
+    and beside four busy processes on the 2 cores (a load near 5), with each pathological answer still
+    quick."""
+    pairs = (
+        [(case["gold"], case["response"]) for case in load_cases()]
+        + VALID_UNDER_LOAD
+        + [("\\frac{1}{2}", "Answer: " + answer) for answer in PATHOLOGICAL]
+    )
     assert len(pairs) >= 300
     at_rest, busy = grade_in_fresh_process(pairs, busy=0), grade_in_fresh_process(pairs, busy=4)
     assert busy["verdicts"] == at_rest["verdicts"]
-    assert [acc for acc, _, _ in at_rest["verdicts"][-len(PATHOLOGICAL) - len(VALID_UNDER_LOAD):-len(PATHOLOGICAL)]] \
-        == [True] * len(VALID_UNDER_LOAD)
+    assert [
+        acc
+        for acc, _, _ in at_rest["verdicts"][-len(PATHOLOGICAL) - len(VALID_UNDER_LOAD) : -len(PATHOLOGICAL)]
+    ] == [True] * len(VALID_UNDER_LOAD)
     assert not any(timeout for _, timeout, _ in at_rest["verdicts"])  # the work bound decided, not the clock
-    assert max(busy["seconds"][-len(PATHOLOGICAL):]) < CALL_BOUND_S, busy["seconds"][-len(PATHOLOGICAL):]
+    assert max(busy["seconds"][-len(PATHOLOGICAL) :]) < CALL_BOUND_S, busy["seconds"][-len(PATHOLOGICAL) :]
 
 
 def test_the_evaluator_reports_answers_it_could_not_check():
@@ -421,10 +596,26 @@ def test_the_evaluator_reports_answers_it_could_not_check():
     from eval.scoring import regrade, summarize
 
     texts = ["Answer: \\frac{1}{2}", "Answer: 9^{9^{9^{9}}}", "Answer: \\frac{1}{3}"]
-    records = regrade([{"problem_id": "p", "sample_index": i, "text": text, "finish_reason": "stop", "num_tokens": 5,
-                        "answer": "\\frac12"} for i, text in enumerate(texts)])
+    records = regrade(
+        [
+            {
+                "problem_id": "p",
+                "sample_index": i,
+                "text": text,
+                "finish_reason": "stop",
+                "num_tokens": 5,
+                "answer": "\\frac12",
+            }
+            for i, text in enumerate(texts)
+        ]
+    )
     assert [(r["acc"], r["timeout"], r["too_complex"]) for r in records] == [
-        (True, False, False), (False, False, True), (False, False, False)]
+        (True, False, False),
+        (False, False, True),
+        (False, False, False),
+    ]
     results = summarize(records)
     assert (results["grader_timeouts"], results["grader_too_complex"]) == (0, 1)
-    assert "| answers past the grader's work bound (counted wrong) | 1 |" in markdown({**results, "config": {}})
+    assert "| answers past the grader's work bound (counted wrong) | 1 |" in markdown(
+        {**results, "config": {}}
+    )

@@ -1,6 +1,6 @@
-"""The sandbox for model-written Python (dapo_suite/core/sandbox): what a call sees and may do, escape attempts
-of our own, each contained and reported, and the host (the trainer) unharmed. Real bubblewrap: skipped with its
-install hint where this machine cannot isolate a call."""
+"""The sandbox for model-written Python (dapo_suite/core/sandbox): what a call sees and may do, escape
+attempts of our own, each contained and reported, and the host (the trainer) unharmed. Real bubblewrap:
+skipped with its install hint where this machine cannot isolate a call."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ def sandbox():
     problem = isolation_module.bwrap_problem()
     if problem:
         pytest.skip(f"no isolation on this machine: {problem}")
-    with Sandbox(SandboxLimits(wall_seconds=3, cpu_seconds=2, memory_mb=512, file_size_mb=1, tmp_mb=4,
-                               output_bytes=4096)) as box:
+    with Sandbox(
+        SandboxLimits(
+            wall_seconds=3, cpu_seconds=2, memory_mb=512, file_size_mb=1, tmp_mb=4, output_bytes=4096
+        )
+    ) as box:
         yield box
 
 
@@ -85,8 +88,9 @@ def test_no_view_of_host_files(sandbox, tmp_path):
 
 def test_no_view_of_host_environment_or_processes(sandbox, monkeypatch):
     monkeypatch.setenv("DAPO_SUITE_TEST_SECRET", "sk-do-not-leak")
-    result = sandbox.run("import os; print(dict(os.environ)); print(sorted(p for p in os.listdir('/proc') "
-                         "if p.isdigit()))")
+    result = sandbox.run(
+        "import os; print(dict(os.environ)); print(sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    )
     assert "sk-do-not-leak" not in result.stdout and "DAPO_SUITE_TEST_SECRET" not in result.stdout
     pids = eval(result.stdout.strip().splitlines()[-1])
     assert len(pids) <= 3, pids  # bubblewrap's init and the call itself: no host process
@@ -99,8 +103,9 @@ def test_writes_only_to_a_private_tmp(sandbox):
     assert "No such file" in sandbox.run("open('a.txt')").stderr  # the next call gets a fresh one
     for path in ("/usr/lib/x", "/x", "/sandbox/site/numpy/x"):
         result = sandbox.run(f"open({path!r}, 'w')")
-        assert result.outcome == "error" and ("Read-only file system" in result.stderr
-                                              or "Permission denied" in result.stderr), (path, result)
+        assert result.outcome == "error" and (
+            "Read-only file system" in result.stderr or "Permission denied" in result.stderr
+        ), (path, result)
 
 
 def test_file_size_and_tmp_size_are_bounded(sandbox):
@@ -125,11 +130,19 @@ def test_memory_is_bounded(sandbox):
 
 
 def test_an_endless_loop_is_stopped_by_cpu_and_by_wall_time(sandbox):
-    with Sandbox(SandboxLimits(wall_seconds=60, cpu_seconds=1), pool_size=0) as cpu_bound:  # CPU first, even busy
+    with Sandbox(
+        SandboxLimits(wall_seconds=60, cpu_seconds=1), pool_size=0
+    ) as cpu_bound:  # CPU first, even busy
         cpu = cpu_bound.run("while True:\n    pass")
-    assert cpu.outcome == "cpu_limit" and "CPU time limit (1 s)" in cpu.message and cpu.execution_time < 30, cpu
+    assert cpu.outcome == "cpu_limit" and "CPU time limit (1 s)" in cpu.message and cpu.execution_time < 30, (
+        cpu
+    )
     wall = sandbox.run("import time\ntime.sleep(60)")
-    assert wall.outcome == "timeout" and 3 <= wall.execution_time < 5 and "wall-time limit of 3 s" in wall.message
+    assert (
+        wall.outcome == "timeout"
+        and 3 <= wall.execution_time < 5
+        and "wall-time limit of 3 s" in wall.message
+    )
 
 
 def test_huge_output_is_cut_and_the_call_stopped(sandbox):
@@ -139,8 +152,10 @@ def test_huge_output_is_cut_and_the_call_stopped(sandbox):
 
 def test_signals_to_the_parent_or_anyone_reach_no_host_process(sandbox):
     host = os.getpid()
-    result = sandbox.run(f"import os, signal\nfor pid in (os.getppid(), 1, {host}, -1):\n    try:\n"
-                         "        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(pid, e)")
+    result = sandbox.run(
+        f"import os, signal\nfor pid in (os.getppid(), 1, {host}, -1):\n    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n    except OSError as e:\n        print(pid, e)"
+    )
     assert os.getpid() == host and sandbox.run("print('alive')").stdout == "alive\n"
     assert "No such process" in result.stdout  # the host's pid does not exist in the sandbox's namespace
 
@@ -149,7 +164,9 @@ def test_no_process_is_left_behind(sandbox):
     import threading
 
     before = descendants(os.getpid())
-    sandbox.run("import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\nprint('done')")
+    sandbox.run(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\nprint('done')"
+    )
     sandbox.run("import time\ntime.sleep(60)")  # killed at the wall-time limit
     time.sleep(0.5)
     spares = {w.process.pid for w in sandbox._spares}
@@ -188,7 +205,9 @@ def test_limits_are_validated_and_model_views_cut():
         SandboxLimits(memory_mb=64)
     result = RunResult("ok", 0, "a" * 50 + "b" * 50, "", 0.1)
     assert truncate("x" * 10, 20) == "x" * 10
-    assert result.model_view(20, "right").startswith("a" * 20) and result.model_view(20, "left").endswith("b" * 20)
+    assert result.model_view(20, "right").startswith("a" * 20) and result.model_view(20, "left").endswith(
+        "b" * 20
+    )
     middle = result.model_view(20, "middle")
     assert middle.startswith("a" * 10) and middle.endswith("b" * 10) and "80 characters cut" in middle
     with pytest.raises(ValueError, match="truncate side"):

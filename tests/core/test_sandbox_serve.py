@@ -22,8 +22,22 @@ def start(*flags: str) -> tuple[subprocess.Popen, str]:
     if isolation.bwrap_problem():
         pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", "sandbox", "serve", "--port", str(port),
-                                "--wall-seconds", "2", *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dapo_suite.cli",
+            "sandbox",
+            "serve",
+            "--port",
+            str(port),
+            "--wall-seconds",
+            "2",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -46,32 +60,42 @@ def server():
 def test_the_sandbox_fusion_client_runs_code(server):
     from sandbox_fusion import RunCodeRequest, RunStatus, run_code
 
-    response = run_code(RunCodeRequest(code="import sympy\nprint(sympy.factorint(360))", language="python"),
-                        endpoint=server)
+    response = run_code(
+        RunCodeRequest(code="import sympy\nprint(sympy.factorint(360))", language="python"), endpoint=server
+    )
     assert response.status == RunStatus.Success
-    assert response.run_result.status.value == "Finished" and response.run_result.stdout == "{2: 3, 3: 2, 5: 1}\n"
+    assert (
+        response.run_result.status.value == "Finished"
+        and response.run_result.stdout == "{2: 3, 3: 2, 5: 1}\n"
+    )
     failed = run_code(RunCodeRequest(code="1/0", language="python"), endpoint=server)
     assert failed.status == RunStatus.Failed and "ZeroDivisionError" in failed.run_result.stderr
-    stdin = run_code(RunCodeRequest(code="print(input()[::-1])", stdin="abc\n", language="python"), endpoint=server)
+    stdin = run_code(
+        RunCodeRequest(code="print(input()[::-1])", stdin="abc\n", language="python"), endpoint=server
+    )
     assert stdin.run_result.stdout == "cba\n"
 
 
 def test_a_timeout_is_sandbox_fusion_s_time_limit_status(server):
     from sandbox_fusion import RunCodeRequest, run_code
 
-    response = run_code(RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=1),
-                        endpoint=server)
+    response = run_code(
+        RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=1), endpoint=server
+    )
     assert response.run_result.status.value == "TimeLimitExceeded" and response.run_result.execution_time < 2
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"language": "python"}, "`code` is required"),
-    ({"code": "print(1)", "language": "cpp"}, "python only"),
-    ({"code": 3, "language": "python"}, "`code` has the wrong type"),
-    ({"code": "print(1)", "language": "python", "files": {"a.txt": "eA=="}}, "`files`"),
-    ({"code": "print(1)", "language": "python", "network": True}, "unknown field(s) network"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"language": "python"}, "`code` is required"),
+        ({"code": "print(1)", "language": "cpp"}, "python only"),
+        ({"code": 3, "language": "python"}, "`code` has the wrong type"),
+        ({"code": "print(1)", "language": "python", "files": {"a.txt": "eA=="}}, "`files`"),
+        ({"code": "print(1)", "language": "python", "network": True}, "unknown field(s) network"),
+        ([1, 2], "JSON object"),
+    ],
+)
 def test_bad_requests_get_400_naming_the_field(server, body, field):
     response = httpx.post(f"{server}/run_code", json=body)
     assert response.status_code == 400 and field in response.json()["detail"]
@@ -80,8 +104,16 @@ def test_bad_requests_get_400_naming_the_field(server, body, field):
 def test_concurrency_is_bounded(server):
     start_time = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(lambda _: httpx.post(f"{server}/run_code", timeout=30, json={
-            "code": "import time\ntime.sleep(1)\nprint('ok')", "language": "python"}).json(), range(4)))
+        replies = list(
+            pool.map(
+                lambda _: httpx.post(
+                    f"{server}/run_code",
+                    timeout=30,
+                    json={"code": "import time\ntime.sleep(1)\nprint('ok')", "language": "python"},
+                ).json(),
+                range(4),
+            )
+        )
     assert [r["run_result"]["stdout"] for r in replies] == ["ok\n"] * 4
     assert time.monotonic() - start_time >= 2.0  # two at a time: four one-second calls take two rounds
 

@@ -1,4 +1,5 @@
-"""The sampler's threads: the cores other programs leave free (dapo_suite/core/threads.py), with a real neighbour."""
+"""The sampler's threads: the cores other programs leave free (dapo_suite/core/threads.py), with a real
+neighbour."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from dapo_suite.core import threads
 from dapo_suite.core.threads import FreeCores, busy_seconds, fixed_threads, threads_for
 
 
-@pytest.mark.parametrize(("cores", "others", "expected"), [
-    (2, 0.0, 2), (2, 0.2, 2), (2, 0.4, 1), (2, 1.0, 1), (2, 1.9, 1), (4, 1.0, 3), (4, 1.5, 2), (1, 3.0, 1)])
+@pytest.mark.parametrize(
+    ("cores", "others", "expected"),
+    [(2, 0.0, 2), (2, 0.2, 2), (2, 0.4, 1), (2, 1.0, 1), (2, 1.9, 1), (4, 1.0, 3), (4, 1.5, 2), (1, 3.0, 1)],
+)
 def test_each_core_others_keep_a_third_busy_is_left_to_them_down_to_one_thread(cores, others, expected):
     assert threads_for(cores, others) == expected
 
@@ -23,10 +26,12 @@ def test_each_core_others_keep_a_third_busy_is_left_to_them_down_to_one_thread(c
 def test_busy_seconds_reads_the_busy_ticks_of_the_given_cores_from_proc_stat(tmp_path):
     stat = tmp_path / "stat"
     # user nice system idle iowait irq softirq steal (guest fields after them are inside user already)
-    stat.write_text("cpu  300 0 100 900 50 0 0 0 0 0\n"
-                    "cpu0 100 0 50 400 20 0 0 10 0 0\n"
-                    "cpu1 200 0 50 500 30 0 0 0 0 0\n"
-                    "intr 12345\n")
+    stat.write_text(
+        "cpu  300 0 100 900 50 0 0 0 0 0\n"
+        "cpu0 100 0 50 400 20 0 0 10 0 0\n"
+        "cpu1 200 0 50 500 30 0 0 0 0 0\n"
+        "intr 12345\n"
+    )
     hz = os.sysconf("SC_CLK_TCK")
     assert busy_seconds({0}, stat) == pytest.approx(160 / hz)
     assert busy_seconds({0, 1}, stat) == pytest.approx(410 / hz)
@@ -46,10 +51,12 @@ def test_a_thread_count_the_user_set_is_kept(monkeypatch):
         assert cores is None and torch.get_num_threads() == before
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: a neighbour on 1 core leaves 1 thread")
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: a neighbour on 1 core leaves 1 thread"
+)
 def test_a_busy_neighbour_takes_a_core_and_the_thread_count_is_restored_after_the_block(monkeypatch):
-    """A real neighbour (a Python busy loop) beside a sampling block: within a few readings the block runs on fewer
-    threads than the cores; after the block torch's count is what it was."""
+    """A real neighbour (a Python busy loop) beside a sampling block: within a few readings the block runs on
+    fewer threads than the cores; after the block torch's count is what it was."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(threads.THREADS_VARIABLE, raising=False)
     monkeypatch.setattr(threads, "CHECK_SECONDS", 0.2)

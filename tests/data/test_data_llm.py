@@ -21,11 +21,16 @@ from data_pipeline.llm import LLMRewriter, RequestCache, parse_reply
 
 ROOT = Path(__file__).resolve().parents[2]
 
-REWRITE_REPLY = json.dumps({"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"})
+REWRITE_REPLY = json.dumps(
+    {"problem": "p", "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"}
+)
 
 
 def test_parse_reply_takes_the_last_json_object_and_never_evaluates() -> None:
-    reply = 'Step 1... {"x": 1}\n{"problem": "P", "answer": "19", "form": "k-m*sqrt(n)", "params": {"k": 11}, "target": "k"}'
+    reply = (
+        'Step 1... {"x": 1}\n{"problem": "P", "answer": "19", "form": "k-m*sqrt(n)", "params": {"k": '
+        '11}, "target": "k"}'
+    )
     rewrite, reason = parse_reply(reply)
     assert reason == "ok" and rewrite.answer == 19 and rewrite.rewriter == "llm"
     assert parse_reply("The answer is 19.") == (None, "llm_malformed_json")
@@ -33,9 +38,18 @@ def test_parse_reply_takes_the_last_json_object_and_never_evaluates() -> None:
 
 
 def test_retries_through_every_fault(tmp_path: Path) -> None:
-    with ScriptedServer(reply=REWRITE_REPLY, script=["429", "500", "malformed", "drop", "timeout"], hang_s=2.0) as server:
-        rewriter = LLMRewriter(server.base_url, "m", tmp_path / "cache.jsonl", concurrency=1, timeout_s=0.5,
-                               max_retries=6, backoff_s=0.01)
+    with ScriptedServer(
+        reply=REWRITE_REPLY, script=["429", "500", "malformed", "drop", "timeout"], hang_s=2.0
+    ) as server:
+        rewriter = LLMRewriter(
+            server.base_url,
+            "m",
+            tmp_path / "cache.jsonl",
+            concurrency=1,
+            timeout_s=0.5,
+            max_retries=6,
+            backoff_s=0.01,
+        )
         [(rewrite, reason)] = rewriter.rewrite_many([("Find 1/2.", "\\frac{1}{2}")])
         assert reason == "ok" and rewrite.answer == 3
         assert rewriter.stats["requests"] == 6 and rewriter.stats["retries"] == 5
@@ -94,15 +108,30 @@ def test_kill_and_resume_repeats_no_call(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_dir: Path) -> None:
     """The real path: `transformers serve` with the embedded model, the CLI build with --rewriter llm, a rerun
-    that sends no request. The 135M model rarely writes valid JSON: what matters is that every row ends verified
-    or in rejected.jsonl with a reason."""
+    that sends no request. The 135M model rarely writes valid JSON: what matters is that every row ends
+    verified or in rejected.jsonl with a reason."""
     from dapo_suite.inference.models import embedded_model_path
+
     model = str(embedded_model_path())
     port = free_port()
     serve = subprocess.Popen(
-        [str(Path(sys.executable).parent / "transformers"), "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--device", "cpu", "--dtype", "float32", model],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            model,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -114,14 +143,41 @@ def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_di
         else:
             pytest.fail("transformers serve did not come up in 180 s")
         source = tmp_path / "two.jsonl"
-        source.write_text("\n".join(json.dumps(r) for r in [
-            {"problem": "What is $\\frac{1}{4}+\\frac{1}{4}$? Express your answer as a common fraction.", "answer": "\\frac{1}{2}"},
-            {"problem": "Simplify $\\sqrt{8}$.", "answer": "2\\sqrt{2}"},
-            {"problem": "What is $2+3$?", "answer": "5"},
-        ]))
-        command = [str(Path(sys.executable).parent / "dapo-suite"), "data", "build", "--input", str(source),
-                   "--out", str(tmp_path / "out"), "--rewriter", "llm", "--base-url", f"http://127.0.0.1:{port}/v1",
-                   "--model", model, "--max-tokens", "48", "--concurrency", "2", "--decontaminate", ""]
+        source.write_text(
+            "\n".join(
+                json.dumps(r)
+                for r in [
+                    {
+                        "problem": "What is $\\frac{1}{4}+\\frac{1}{4}$? Express your answer as a common "
+                        "fraction.",
+                        "answer": "\\frac{1}{2}",
+                    },
+                    {"problem": "Simplify $\\sqrt{8}$.", "answer": "2\\sqrt{2}"},
+                    {"problem": "What is $2+3$?", "answer": "5"},
+                ]
+            )
+        )
+        command = [
+            str(Path(sys.executable).parent / "dapo-suite"),
+            "data",
+            "build",
+            "--input",
+            str(source),
+            "--out",
+            str(tmp_path / "out"),
+            "--rewriter",
+            "llm",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--model",
+            model,
+            "--max-tokens",
+            "48",
+            "--concurrency",
+            "2",
+            "--decontaminate",
+            "",
+        ]
         first = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT)
         assert first.returncode == 0, first.stderr
         stats = json.loads((tmp_path / "out" / "stats.json").read_text())
@@ -129,7 +185,9 @@ def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_di
         rejected = [json.loads(x) for x in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
         assert stats["exported_rows"] + len(rejected) == 3 and all(r["reason"] for r in rejected)
         # a change to a later stage only: the rewrite step reruns from the cache, no request is sent
-        second = subprocess.run(command + ["--allow-unverified"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        second = subprocess.run(
+            command + ["--allow-unverified"], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
         assert second.returncode == 0, second.stderr
         assert "[rewrite] resumed" in second.stdout
         (tmp_path / "out" / "stages" / "06_rewrite.meta.json").unlink()  # force the LLM step to run again
@@ -144,14 +202,19 @@ def test_build_end_to_end_against_transformers_serve(tmp_path: Path, raw_data_di
 @pytest.mark.slow
 def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path: Path) -> None:
     """`data build --rewriter llm` with its default concurrency (8), timeout and max_tokens (1024) against
-    `dapo-suite serve api` on the embedded model: with requests served one at a time, 8 of 15 failed by timeout;
-    batched, every request is answered (the 135M model's rewrites are mostly rejected: what matters is that no
-    request fails and every row is accounted for). One row already has an integer answer and needs no rewrite, so
-    the build does not stop on "every row rejected for the same reason" when the model's rewrites all fail alike
-    (they do or not with the CPU's sampling numerics)."""
+    `dapo-suite serve api` on the embedded model: with requests served one at a time, 8 of 15 failed by
+    timeout; batched, every request is answered (the 135M model's rewrites are mostly rejected: what matters
+    is that no request fails and every row is accounted for). One row already has an integer answer and needs
+    no rewrite, so the build does not stop on "every row rejected for the same reason" when the model's
+    rewrites all fail alike (they do or not with the CPU's sampling numerics)."""
     port = free_port()
-    api = subprocess.Popen([str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--port", str(port)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    api = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dapo-suite"), "serve", "api", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         for line in api.stdout:
             if "model:" in line:
@@ -160,13 +223,37 @@ def test_the_rewriters_defaults_work_against_the_projects_own_endpoint(tmp_path:
         else:
             pytest.fail("serve api did not start")
         source = tmp_path / "eight.jsonl"
-        source.write_text("\n".join(json.dumps({  # fractions: each row needs a rewrite to an integer answer
-            "problem": f"What is $\\frac{{1}}{{{a}}}+\\frac{{1}}{{{a}}}$? Express your answer as a common fraction.",
-            "answer": f"\\frac{{2}}{{{a}}}"}) for a in range(3, 18, 2)) + "\n" + json.dumps({
-                "problem": "What is $2 + 3$?", "answer": "5"}))
-        command = [str(Path(sys.executable).parent / "dapo-suite"), "data", "build", "--input", str(source),
-                   "--out", str(tmp_path / "out"), "--rewriter", "llm", "--base-url", f"http://127.0.0.1:{port}/v1",
-                   "--model", model, "--decontaminate", ""]
+        source.write_text(
+            "\n".join(
+                json.dumps(
+                    {  # fractions: each row needs a rewrite to an integer answer
+                        "problem": f"What is $\\frac{{1}}{{{a}}}+\\frac{{1}}{{{a}}}$? Express your answer as "
+                        "a common fraction.",
+                        "answer": f"\\frac{{2}}{{{a}}}",
+                    }
+                )
+                for a in range(3, 18, 2)
+            )
+            + "\n"
+            + json.dumps({"problem": "What is $2 + 3$?", "answer": "5"})
+        )
+        command = [
+            str(Path(sys.executable).parent / "dapo-suite"),
+            "data",
+            "build",
+            "--input",
+            str(source),
+            "--out",
+            str(tmp_path / "out"),
+            "--rewriter",
+            "llm",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--model",
+            model,
+            "--decontaminate",
+            "",
+        ]
         build = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
         assert build.returncode == 0, build.stderr[-3000:]
         stats = json.loads((tmp_path / "out" / "stats.json").read_text())

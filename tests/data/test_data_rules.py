@@ -66,7 +66,9 @@ def test_rules_rewrite_and_verify(answer: str, kind: str, integer: int | None, f
 
 
 def test_rules_pick_letters_the_problem_does_not_use() -> None:
-    rewrite, _ = rewrite_with_rules("Let $m$ and $n$ satisfy $m+n=1$. Find $m/n$.", analyse_answer("\\frac{1}{2}"))
+    rewrite, _ = rewrite_with_rules(
+        "Let $m$ and $n$ satisfy $m+n=1$. Find $m/n$.", analyse_answer("\\frac{1}{2}")
+    )
     assert rewrite.form == "a/b" and "Find $a+b$." in rewrite.problem
 
 
@@ -97,7 +99,9 @@ def test_verifier(value: sympy.Expr, rewrite: Rewrite, reason: str) -> None:
     assert ok == (reason == "verified")
 
 
-@pytest.mark.parametrize("text", ["os.system('x')", "a.b", "lambda: 1", "[1]", "2**99999", "f(x)", "x if y else z"])
+@pytest.mark.parametrize(
+    "text", ["os.system('x')", "a.b", "lambda: 1", "[1]", "2**99999", "f(x)", "x if y else z"]
+)
 def test_form_parser_refuses_anything_but_arithmetic(text: str) -> None:
     with pytest.raises(FormError):
         parse_expression(text)
@@ -110,21 +114,32 @@ def test_gsm8k_answer_and_text_normalisation() -> None:
 
 
 def _rows(pairs: list[tuple[str, str]]) -> list[dict]:
-    return [{"id": f"t:{i}", "source": "t", "row": i, "problem": p, "answer": a} for i, (p, a) in enumerate(pairs)]
+    return [
+        {"id": f"t:{i}", "source": "t", "row": i, "problem": p, "answer": a} for i, (p, a) in enumerate(pairs)
+    ]
 
 
 def test_exact_and_near_duplicates() -> None:
-    long = "A bag holds red and blue marbles in the ratio three to five and there are forty marbles in the bag in all. "
-    rows = _rows([
-        (long + "How many are red?", "15"),
-        (long.upper() + "How many are red?", "15"),  # exact up to case: dropped
-        ("What is 2+2?", "4"), ("what is  2+2?", "5"),  # conflicting answers: both dropped
-        (long + "How many are red ?", "15"),  # near, same answer: dropped
-        (long + "How many are blue?", "25"),  # near, different answer: kept and reported
-    ])
+    long = (
+        "A bag holds red and blue marbles in the ratio three to five and there are forty marbles in the "
+        "bag in all. "
+    )
+    rows = _rows(
+        [
+            (long + "How many are red?", "15"),
+            (long.upper() + "How many are red?", "15"),  # exact up to case: dropped
+            ("What is 2+2?", "4"),
+            ("what is  2+2?", "5"),  # conflicting answers: both dropped
+            (long + "How many are red ?", "15"),  # near, same answer: dropped
+            (long + "How many are blue?", "25"),  # near, different answer: kept and reported
+        ]
+    )
     kept, dropped, report = exact_duplicates(rows)
-    assert {d["id"]: d["reason"] for d in dropped} == {"t:1": "exact_duplicate", "t:2": "conflicting_answers",
-                                                       "t:3": "conflicting_answers"}
+    assert {d["id"]: d["reason"] for d in dropped} == {
+        "t:1": "exact_duplicate",
+        "t:2": "conflicting_answers",
+        "t:3": "conflicting_answers",
+    }
     assert report["conflicting_clusters"] == 1
     kept, dropped, report = near_duplicates(kept, threshold=0.7)
     assert [d["id"] for d in dropped] == ["t:4"]
@@ -132,14 +147,18 @@ def test_exact_and_near_duplicates() -> None:
 
 
 def test_decontamination_exact_and_near() -> None:
-    eval_problem = ("Cities A and B are 45 miles apart. Alicia bikes towards B at 18 miles per hour and Beth bikes "
-                    "toward A at 12 miles per hour. How many miles from City A will they be when they meet?")
+    eval_problem = (
+        "Cities A and B are 45 miles apart. Alicia bikes towards B at 18 miles per hour and Beth bikes "
+        "toward A at 12 miles per hour. How many miles from City A will they be when they meet?"
+    )
     index = ContaminationIndex({"amc23": [{"id": "0", "problem": eval_problem}]})
-    rows = _rows([
-        ("$" + eval_problem.replace("45", "$45$") + "$", "27"),  # same letters and digits: exact
-        ("Note: " + eval_problem.replace("12 miles", "13 miles"), "26"),  # most 30-grams shared: near
-        ("What is the sum of the first 45 positive odd integers?", "2025"),
-    ])
+    rows = _rows(
+        [
+            ("$" + eval_problem.replace("45", "$45$") + "$", "27"),  # same letters and digits: exact
+            ("Note: " + eval_problem.replace("12 miles", "13 miles"), "26"),  # most 30-grams shared: near
+            ("What is the sum of the first 45 positive odd integers?", "2025"),
+        ]
+    )
     kept, dropped, report = decontaminate(rows, index)
     assert [d["reason"] for d in dropped] == ["contaminated_exact", "contaminated_near"]
     assert dropped[1]["matches"][0]["overlap"] >= 0.6
@@ -147,13 +166,25 @@ def test_decontamination_exact_and_near() -> None:
     assert report["per_eval_set"]["amc23"]["eval_problems_exact"] == 1
 
 
-@pytest.mark.parametrize("source, exported", [
-    ("rm \x0crac{m}{n} and \x0corall x", "rm \\frac{m}{n} and \\forall x"),  # "\frac" read as form feed + "rac"
-    ("$A_1P=\x08eta$, \x08egin{cases}", "$A_1P=\\beta$, \\begin{cases}"),  # "\beta" read as backspace + "eta"
-    ("a\r\nb\rc", "a\nb\nc"),  # line endings
-    ("fi\x0cnd $x \\le\x14 2$, the \x0cfirst", "find $x \\le 2$, the first"),  # other control characters
-    ("  \n Find x.\n\n ", "Find x."),  # outer whitespace
-    ("①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines", "①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines"),  # no NFKC
-])
+@pytest.mark.parametrize(
+    "source, exported",
+    [
+        (
+            "rm \x0crac{m}{n} and \x0corall x",
+            "rm \\frac{m}{n} and \\forall x",
+        ),  # "\frac" read as form feed + "rac"
+        (
+            "$A_1P=\x08eta$, \x08egin{cases}",
+            "$A_1P=\\beta$, \\begin{cases}",
+        ),  # "\beta" read as backspace + "eta"
+        ("a\r\nb\rc", "a\nb\nc"),  # line endings
+        ("fi\x0cnd $x \\le\x14 2$, the \x0cfirst", "find $x \\le 2$, the first"),  # other control characters
+        ("  \n Find x.\n\n ", "Find x."),  # outer whitespace
+        (
+            "①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines",
+            "①②③ =0\\quad① ＡＢ  two  spaces\n\n\n\nlines",
+        ),  # no NFKC
+    ],
+)
 def test_repairs_are_the_documented_list_and_nothing_else(source: str, exported: str) -> None:
     assert repair_text(source) == exported

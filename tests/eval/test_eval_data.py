@@ -26,7 +26,10 @@ def test_shipped_benchmarks(name):
 
 
 def test_shipped_answers_match_the_sources(raw_data_dir):
-    aime = {r["id"]: str(r["answer"]) for r in map(json.loads, open(raw_data_dir / "aime24/test.normalized.jsonl"))}
+    aime = {
+        r["id"]: str(r["answer"])
+        for r in map(json.loads, open(raw_data_dir / "aime24/test.normalized.jsonl"))
+    }
     assert {p.id: p.answer for p in load_problems("aime24")} == aime
     assert load_problems("aime24")[7].answer == "197"  # 2024 I #8, wrong in some public copies
     raw = [json.loads(line) for line in open(raw_data_dir / "gsm8k/test.jsonl")]
@@ -42,7 +45,10 @@ def test_custom_jsonl_and_parquet(tmp_path):
     import pyarrow.parquet as pq
 
     # parquet stores the answers as strings (verl style); jsonl answers may be numbers (AMC: 27.0)
-    rows = [{"q": "1+1?", "reward_model": {"ground_truth": "2"}}, {"q": "2+2?", "reward_model": {"ground_truth": "4"}}]
+    rows = [
+        {"q": "1+1?", "reward_model": {"ground_truth": "2"}},
+        {"q": "2+2?", "reward_model": {"ground_truth": "4"}},
+    ]
     jsonl = tmp_path / "set.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "set.parquet")
@@ -68,7 +74,14 @@ def test_dapo_template_is_the_papers():
 def test_config_defaults_are_the_dapo_protocol():
     c = EvalConfig()
     assert (c.benchmark, c.n, c.temperature, c.top_p, c.max_tokens, c.template, c.chat_template) == (
-        "aime24", 32, 1.0, 0.7, 20480, "dapo", True)
+        "aime24",
+        32,
+        1.0,
+        0.7,
+        20480,
+        "dapo",
+        True,
+    )
     assert c.model is None and c.engine == "auto"
 
 
@@ -82,10 +95,16 @@ def test_config_yaml_and_overrides(tmp_path):
         EvalConfig.from_yaml(path)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"n": 0}, "at least 1"), ({"top_p": 0}, "top_p"), ({"engine": "tgi"}, "choose one of"),
-    ({"engine": "openai"}, "needs --endpoint"), ({"endpoint": "http://x", "engine": "hf"}, "drop --engine"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"n": 0}, "at least 1"),
+        ({"top_p": 0}, "top_p"),
+        ({"engine": "tgi"}, "choose one of"),
+        ({"engine": "openai"}, "needs --endpoint"),
+        ({"endpoint": "http://x", "engine": "hf"}, "drop --engine"),
+    ],
+)
 def test_config_rejects_impossible_values(bad, message):
     with pytest.raises(ValueError, match=message):
         EvalConfig(**bad)

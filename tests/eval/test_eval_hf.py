@@ -16,8 +16,19 @@ from click.testing import CliRunner
 from dapo_suite.cli import main
 from eval.scoring import read_generations
 
-RECORD_FIELDS = {"problem_id", "sample_index", "text", "finish_reason", "num_tokens", "answer", "score", "acc", "pred",
-                 "timeout", "too_complex"}
+RECORD_FIELDS = {
+    "problem_id",
+    "sample_index",
+    "text",
+    "finish_reason",
+    "num_tokens",
+    "answer",
+    "score",
+    "acc",
+    "pred",
+    "timeout",
+    "too_complex",
+}
 
 
 def invoke(*args: str):
@@ -38,7 +49,11 @@ def test_eval_writes_generations_results_and_report(aime_run):
     assert "avg@2 = " in output and "report:" in output
     records = read_generations(out / "generations.jsonl")
     assert sorted((r["problem_id"], r["sample_index"]) for r in records) == [
-        ("2024-I-1", 0), ("2024-I-1", 1), ("2024-I-2", 0), ("2024-I-2", 1)]
+        ("2024-I-1", 0),
+        ("2024-I-1", 1),
+        ("2024-I-2", 0),
+        ("2024-I-2", 1),
+    ]
     for r in records:
         assert set(r) == RECORD_FIELDS
         assert r["finish_reason"] in ("stop", "length") and 1 <= r["num_tokens"] <= 8
@@ -73,19 +88,29 @@ def test_score_and_compare_without_a_model(aime_run, tmp_path):
     assert rescored["avg@k"] == original["avg@k"] and rescored["pass@k"] == original["pass@k"]
     assert (tmp_path / "rescored" / "report.png").is_file()
     compared = invoke("compare", str(out), str(out))
-    assert compared.exit_code == 0 and "(no problem differs)" in compared.output and "not significant" in compared.output
+    assert (
+        compared.exit_code == 0
+        and "(no problem differs)" in compared.output
+        and "not significant" in compared.output
+    )
 
 
 def test_hf_engine_is_reproducible_and_reports_finish_reasons():
     from dapo_suite.inference.engines import HFEngine, Request, Sampling
 
     engine = HFEngine.load(batch_size=4)
-    requests = [Request("a", 0, "Say hi.", 1), Request("a", 1, "Say hi.", 2), Request("b", 0, "What is 2+2?", 3)]
+    requests = [
+        Request("a", 0, "Say hi.", 1),
+        Request("a", 1, "Say hi.", 2),
+        Request("b", 0, "What is 2+2?", 3),
+    ]
     runs = []
     for _ in range(2):
         done = []
         engine.generate(requests, Sampling(1.0, 0.7, 6), done.append)
-        runs.append(sorted((c.problem_id, c.sample_index, c.text, c.finish_reason, c.num_tokens) for c in done))
+        runs.append(
+            sorted((c.problem_id, c.sample_index, c.text, c.finish_reason, c.num_tokens) for c in done)
+        )
     assert runs[0] == runs[1] and len(runs[0]) == 3
     assert all(reason == "stop" or tokens == 6 for *_, reason, tokens in runs[0])
 
@@ -96,8 +121,12 @@ def test_kill_and_resume(tmp_path):
     out = tmp_path / "run"
     args = ["gsm8k", "--n", "2", "--limit", "3", "--max-tokens", "4", "--batch-size", "2", "--out", str(out)]
     code = "import sys; from dapo_suite.cli import main; sys.exit(main())"
-    process = subprocess.Popen([sys.executable, "-c", code, "eval", *args], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, "eval", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     generations = out / "generations.jsonl"
     deadline = time.time() + 240
     try:

@@ -16,8 +16,13 @@ from eval.scoring import group_by_problem, read_generations, regrade, summarize
 # Three problems, four samples each. Texts give the preds in the comments through the real reward.
 FIXED = [
     # p1, answer 5: preds 5, 5, 6, None -> correct T T F F, a = 1/2
-    ("p1", "5", ["Answer: 5", "so\nAnswer: 5", "Answer: 6", "I am not sure."], [10, 20, 30, 40],
-     ["stop", "stop", "stop", "length"]),
+    (
+        "p1",
+        "5",
+        ["Answer: 5", "so\nAnswer: 5", "Answer: 6", "I am not sure."],
+        [10, 20, 30, 40],
+        ["stop", "stop", "stop", "length"],
+    ),
     # p2, answer 7: preds 3, 3, 7, 3 -> F F T F, a = 1/4
     ("p2", "7", ["Answer: 3", "Answer: 3", "Answer: 7", "Answer: 3"], [5, 5, 5, 5], ["stop"] * 4),
     # p3, answer 1: no answer at all -> F F F F, a = 0
@@ -29,8 +34,16 @@ def fixed_records() -> list[dict]:
     records = []
     for pid, answer, texts, tokens, finishes in FIXED:
         for i, (text, count, finish) in enumerate(zip(texts, tokens, finishes, strict=True)):
-            records.append({"problem_id": pid, "sample_index": i, "text": text, "finish_reason": finish,
-                            "num_tokens": count, "answer": answer})
+            records.append(
+                {
+                    "problem_id": pid,
+                    "sample_index": i,
+                    "text": text,
+                    "finish_reason": finish,
+                    "num_tokens": count,
+                    "answer": answer,
+                }
+            )
     return regrade(records)
 
 
@@ -41,7 +54,10 @@ def write_generations(path, records) -> None:
 def test_grades_of_the_fixed_file():
     groups = group_by_problem(fixed_records())
     assert [[s["acc"] for s in g] for g in groups.values()] == [
-        [True, True, False, False], [False, False, True, False], [False] * 4]
+        [True, True, False, False],
+        [False, False, True, False],
+        [False] * 4,
+    ]
     assert [s["pred"] for s in groups["p1"]] == ["5", "5", "6", None]
 
 
@@ -58,14 +74,24 @@ def test_summary_matches_hand_computed_values():
     assert r["maj@k"] == pytest.approx({"1": 1 / 3, "2": 1 / 3, "4": 1 / 3})
     assert r["format_failure_rate"] == pytest.approx(5 / 12)
     assert r["truncated_fraction"] == pytest.approx(5 / 12)
-    assert r["response_len"] == pytest.approx({"mean": 520 / 12, "std": metrics.length_statistics(
-        [10, 20, 30, 40, 5, 5, 5, 5, 100, 100, 100, 100])["std"], "min": 5, "median": 25, "p90": 100, "max": 100})
-    assert r["response_len"]["std"] == pytest.approx(math.sqrt(
-        sum((x - 520 / 12) ** 2 for x in [10, 20, 30, 40, 5, 5, 5, 5, 100, 100, 100, 100]) / 12))
+    assert r["response_len"] == pytest.approx(
+        {
+            "mean": 520 / 12,
+            "std": metrics.length_statistics([10, 20, 30, 40, 5, 5, 5, 5, 100, 100, 100, 100])["std"],
+            "min": 5,
+            "median": 25,
+            "p90": 100,
+            "max": 100,
+        }
+    )
+    assert r["response_len"]["std"] == pytest.approx(
+        math.sqrt(sum((x - 520 / 12) ** 2 for x in [10, 20, 30, 40, 5, 5, 5, 5, 100, 100, 100, 100]) / 12)
+    )
     assert r["wall_s"] == 10.0 and r["tokens_per_s"] == pytest.approx(52.0)
-    assert [(p["id"], p["correct"], p["accuracy"], p["majority_correct"], p["format_failures"], p["mean_len"])
-            for p in r["problems"]] == [("p1", 2, 0.5, True, 1, 25.0), ("p2", 1, 0.25, False, 0, 5.0),
-                                        ("p3", 0, 0.0, False, 4, 100.0)]
+    assert [
+        (p["id"], p["correct"], p["accuracy"], p["majority_correct"], p["format_failures"], p["mean_len"])
+        for p in r["problems"]
+    ] == [("p1", 2, 0.5, True, 1, 25.0), ("p2", 1, 0.25, False, 0, 5.0), ("p3", 0, 0.0, False, 4, 100.0)]
 
 
 def test_incomplete_run_is_marked():
@@ -169,7 +195,8 @@ def test_student_t_p_values_by_hand_and_against_the_incomplete_beta():
     assert stats.student_t_two_sided_p(-1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(1.5**2 + 2), abs=1e-14)
     theta = math.atan(2.0 / math.sqrt(3))
     assert stats.student_t_two_sided_p(2.0, 3) == pytest.approx(
-        1 - 2 / math.pi * (theta + math.sin(theta) * math.cos(theta)), abs=1e-14)
+        1 - 2 / math.pi * (theta + math.sin(theta) * math.cos(theta)), abs=1e-14
+    )
     # Every df against an independent formula: p = I_{df/(df+t^2)}(df/2, 1/2) (mpmath, shipped with sympy).
     import mpmath
 
@@ -194,8 +221,11 @@ def test_paired_t_test_by_hand():
     assert result["ci95"] == pytest.approx([2 - half, 2 + half])
     # A and B swapped: the same test, mirrored
     swapped = stats.paired_t_test([1.5, 2.0, 4.0], [0.5, 0.0, 1.0])
-    assert swapped["t"] == pytest.approx(-result["t"]) and swapped["p_value"] == pytest.approx(result["p_value"])
-    # Pairing matters: the same B values paired differently, d = (1.5, 4, 0.5), vary more: p 0.19 instead of 0.07
+    assert swapped["t"] == pytest.approx(-result["t"]) and swapped["p_value"] == pytest.approx(
+        result["p_value"]
+    )
+    # Pairing matters: the same B values paired differently, d = (1.5, 4, 0.5), vary more: p 0.19 instead of
+    # 0.07
     assert stats.paired_t_test([0.5, 0.0, 1.0], [2.0, 4.0, 1.5])["p_value"] == pytest.approx(0.1946, abs=1e-4)
 
 
@@ -212,7 +242,9 @@ def test_paired_t_test_edges():
 def test_sign_flip_test_enumerates_the_sign_patterns():
     # d = (1, 2, 3): only all-plus and all-minus reach |sum| >= 6: 2 of 8
     result = stats.sign_flip_test([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])
-    assert result["p_value"] == 0.25 and result["min_p_value"] == 0.25 and result["delta"] == pytest.approx(2.0)
+    assert (
+        result["p_value"] == 0.25 and result["min_p_value"] == 0.25 and result["delta"] == pytest.approx(2.0)
+    )
     # d = (1, -2, 3, 4), sum 6: |+-1 +-2 +-3 +-4| >= 6 for 10, 8, 6 and their negatives: 6 of 16
     assert stats.sign_flip_test([0.0] * 4, [1.0, -2.0, 3.0, 4.0])["p_value"] == 0.375
     # Differences equal up to rounding still count as extreme (0.1 + 0.2 != 0.3 in floats)

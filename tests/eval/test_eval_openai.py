@@ -19,7 +19,8 @@ from eval.scoring import read_generations
 
 @pytest.fixture(scope="module")
 def transformers_server():
-    """`transformers serve` with the embedded model on a free port (serve's own launcher); stopped after the module."""
+    """`transformers serve` with the embedded model on a free port (serve's own launcher); stopped after the
+    module."""
     from dapo_suite.inference.endpoint import start_endpoint
 
     with start_endpoint(None, engine="auto") as endpoint:
@@ -30,13 +31,36 @@ def transformers_server():
 def test_eval_through_transformers_serve(transformers_server, tmp_path):
     base, model = transformers_server
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["eval", "gsm8k", "--endpoint", base, "--model", model, "--n", "2",
-                                       "--limit", "2", "--max-tokens", "8", "--concurrency", "4",
-                                       "--out", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "eval",
+            "gsm8k",
+            "--endpoint",
+            base,
+            "--model",
+            model,
+            "--n",
+            "2",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "8",
+            "--concurrency",
+            "4",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     records = read_generations(out / "generations.jsonl")
     assert sorted((r["problem_id"], r["sample_index"]) for r in records) == [
-        ("gsm8k-test-0", 0), ("gsm8k-test-0", 1), ("gsm8k-test-1", 0), ("gsm8k-test-1", 1)]
+        ("gsm8k-test-0", 0),
+        ("gsm8k-test-0", 1),
+        ("gsm8k-test-1", 0),
+        ("gsm8k-test-1", 1),
+    ]
     for r in records:
         assert r["finish_reason"] in ("stop", "length") and 1 <= r["num_tokens"] <= 8 and r["text"]
     results = json.loads((out / "results.json").read_text())
@@ -52,7 +76,11 @@ def test_retries_with_backoff_after_429_and_503():
         engine.generate([Request("p", i, "q", i) for i in range(4)], Sampling(1.0, 0.7, 16), done.append)
     assert sorted(c.sample_index for c in done) == [0, 1, 2, 3]
     assert all(c.text == "Answer: 42" and c.finish_reason == "stop" and c.num_tokens == 4 for c in done)
-    assert server.stats["requests"] == 7 and server.stats["completed"] == 4 and server.stats["max_in_flight"] <= 2
+    assert (
+        server.stats["requests"] == 7
+        and server.stats["completed"] == 4
+        and server.stats["max_in_flight"] <= 2
+    )
 
 
 def test_gives_up_with_a_clear_message():

@@ -13,18 +13,35 @@ from dapo_suite.core.sandbox import isolation
 
 
 def dapo_suite(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_suite.cli", *args], capture_output=True, text=True, timeout=900
+    )
 
 
 def test_eval_with_the_python_tool_records_calls_and_reports_them(tmp_path):
     if isolation.bwrap_problem():
         pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
     problems = tmp_path / "sums.jsonl"
-    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"Compute {a} * {b}.", "answer": str(a * b)})
-                                + "\n" for i, (a, b) in enumerate([(23, 41), (17, 19), (36, 12)])))
+    problems.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "problem": f"Compute {a} * {b}.", "answer": str(a * b)}) + "\n"
+            for i, (a, b) in enumerate([(23, 41), (17, 19), (36, 12)])
+        )
+    )
     out = tmp_path / "run"
-    args = ["eval", "--file", str(problems), "--tools", "python", "--n", "4", "--max-tokens", "96", "--out", str(out)]
+    args = [
+        "eval",
+        "--file",
+        str(problems),
+        "--tools",
+        "python",
+        "--n",
+        "4",
+        "--max-tokens",
+        "96",
+        "--out",
+        str(out),
+    ]
     result = dapo_suite(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tools:" in result.stdout and "calls a response" in result.stdout
@@ -43,7 +60,15 @@ def test_eval_with_the_python_tool_records_calls_and_reports_them(tmp_path):
 
 
 def test_tools_with_an_endpoint_are_refused_with_what_to_do(tmp_path):
-    result = dapo_suite("eval", "aime24", "--tools", "python", "--endpoint", "http://127.0.0.1:9/v1",
-                        "--out", str(tmp_path / "x"))
+    result = dapo_suite(
+        "eval",
+        "aime24",
+        "--tools",
+        "python",
+        "--endpoint",
+        "http://127.0.0.1:9/v1",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert result.returncode != 0 and "--tools python runs with the hf engine" in result.stderr
     assert "Traceback" not in result.stderr

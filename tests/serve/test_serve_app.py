@@ -1,6 +1,6 @@
-"""The chat app, driven with gradio_client as a user's browser would drive it: against `transformers serve` on the
-embedded model for streaming, stop and the limits; against a dead child and a stalling scripted server for the
-failure messages (fault injection only)."""
+"""The chat app, driven with gradio_client as a user's browser would drive it: against `transformers serve` on
+the embedded model for streaming, stop and the limits; against a dead child and a stalling scripted server for
+the failure messages (fault injection only)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "..
 
 @contextlib.contextmanager
 def running_app(config: ServeConfig, endpoint: Endpoint):
-    """Launch the app on 127.0.0.1 in this process; yields (url, gradio_client.Client); closes it afterwards."""
+    """Launch the app on 127.0.0.1 in this process; yields (url, gradio_client.Client); closes it
+    afterwards."""
     demo = build_app(config, endpoint)
     demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
     demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))
@@ -42,8 +43,8 @@ def running_app(config: ServeConfig, endpoint: Endpoint):
 
 @pytest.fixture(scope="module")
 def endpoint():
-    # float32: the greedy reply this file expects ("... Answer: 12" in ~40 tokens) is the same on every CPU; with bf16
-    # (auto on AVX-512 BF16) the text differs
+    # float32: the greedy reply this file expects ("... Answer: 12" in ~40 tokens) is the same on every CPU;
+    # with bf16 (auto on AVX-512 BF16) the text differs
     with start_endpoint(None, startup_timeout_s=300, dtype="float32") as running:
         yield running
 
@@ -95,8 +96,15 @@ def test_too_long_prompt_is_refused_with_the_limit(app):
         client.predict("x" * 2001, 1.0, 0.7, 16, True, api_name="/chat")
 
 
-@pytest.mark.parametrize("route", ["gradio_api/file=/etc/passwd", "file=/etc/passwd",
-                                   "gradio_api/file=../../../../etc/passwd", "gradio_api/file=%2Fetc%2Fpasswd"])
+@pytest.mark.parametrize(
+    "route",
+    [
+        "gradio_api/file=/etc/passwd",
+        "file=/etc/passwd",
+        "gradio_api/file=../../../../etc/passwd",
+        "gradio_api/file=%2Fetc%2Fpasswd",
+    ],
+)
 def test_no_route_reads_arbitrary_files(app, route):
     url, _ = app
     response = httpx.get(url + route, timeout=10)
@@ -108,8 +116,11 @@ def test_crashed_model_server_gives_a_clear_message_not_a_hang(tmp_path):
     """A child that died (here: exit 3 after printing its error) and no longer answers on its port."""
     log = tmp_path / "server.log"
     with log.open("w") as sink:
-        child = subprocess.Popen([sys.executable, "-c", "print('RuntimeError: CUDA out of memory'); raise SystemExit(3)"],
-                                 stdout=sink, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            [sys.executable, "-c", "print('RuntimeError: CUDA out of memory'); raise SystemExit(3)"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     child.wait(10)
     dead = Endpoint(f"http://127.0.0.1:{free_port()}/v1", "embedded", child, "transformers", log)
     config = ServeConfig(port=free_port(), request_timeout_s=10)
@@ -130,16 +141,27 @@ def stalling_stream_server():
 
     async def chat(request):
         async def events():
-            chunk = {"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "scripted",
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let"}}]}
+            chunk = {
+                "id": "s",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "scripted",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let"}}],
+            }
             yield f"data: {json.dumps(chunk)}\n\n"
             await asyncio.sleep(3600)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -1,6 +1,7 @@
-"""Who gets in (issue 62): `dapo-suite serve api --api-key K` through the real `openai` SDK (401 in OpenAI's shape
-without the key, a completion with it), the chat's login page in a real browser (tests/serve/test_serve_browser.py's
-chromium), and the warning for a server that binds beyond loopback with neither."""
+"""Who gets in (issue 62): `dapo-suite serve api --api-key K` through the real `openai` SDK (401 in OpenAI's
+shape without the key, a completion with it), the chat's login page in a real browser
+(tests/serve/test_serve_browser.py's chromium), and the warning for a server that binds beyond loopback with
+neither."""
 
 from __future__ import annotations
 
@@ -28,8 +29,13 @@ def _env(extra: dict | None = None) -> dict:
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dapo_suite.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(env))
+    return subprocess.Popen(
+        [sys.executable, "-m", "dapo_suite.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(env),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +47,19 @@ def keyed_api():
 
 def test_the_openai_sdk_without_the_key_is_refused_and_with_it_gets_a_completion(keyed_api):
     base_url, model = keyed_api
-    request = dict(model=model, messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=8,
-                   temperature=0)
+    request = dict(
+        model=model, messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=8, temperature=0
+    )
     wrong = openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0, timeout=60)
     with pytest.raises(openai.AuthenticationError) as refused:
         wrong.chat.completions.create(**request)
     assert refused.value.status_code == 401
-    assert refused.value.body == {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                                  "param": None, "code": "invalid_api_key"}
+    assert refused.value.body == {
+        "message": "Incorrect API key provided.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     right = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120)
@@ -75,13 +86,16 @@ def test_the_api_key_is_read_from_the_environment(monkeypatch):
     assert api.make_context("api", ["--api-key", "flag"]).params["api_key"] == "flag"
 
 
-@pytest.mark.parametrize(("args", "warned"), [
-    (["serve", "api", "--host", "0.0.0.0"], "serve api listens on 0.0.0.0:"),
-    (["serve", "api", "--host", "0.0.0.0", "--api-key", KEY], None),
-    (["serve", "api", "--host", "127.0.0.1"], None),
-    (["serve", "--host", "0.0.0.0"], "the chat listens on 0.0.0.0:"),
-    (["serve", "--host", "0.0.0.0", "--auth", "ann:pw"], None),
-])
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        (["serve", "api", "--host", "0.0.0.0"], "serve api listens on 0.0.0.0:"),
+        (["serve", "api", "--host", "0.0.0.0", "--api-key", KEY], None),
+        (["serve", "api", "--host", "127.0.0.1"], None),
+        (["serve", "--host", "0.0.0.0"], "the chat listens on 0.0.0.0:"),
+        (["serve", "--host", "0.0.0.0", "--auth", "ann:pw"], None),
+    ],
+)
 def test_binding_beyond_loopback_with_no_key_or_login_warns(args, warned):
     # a missing model stops the command right after the warning, before anything binds
     cli = _cli(*args, "--model", "/no/such/model", env={API_KEY_ENV: ""})
@@ -101,28 +115,37 @@ def test_loopback_is_this_machine_only():
 def test_a_malformed_login_is_refused_naming_its_flag_or_line(tmp_path):
     logins = tmp_path / "logins.txt"
     logins.write_text("# the team\nann:pw1\n\nbob\n")
-    for config, message in (({"auth": "ann"}, "--auth: expected user:password"),
-                            ({"auth_file": str(logins)}, f"--auth-file {logins} line 4: expected user:password"),
-                            ({"auth_file": str(tmp_path / "none")}, "no such file")):
+    for config, message in (
+        ({"auth": "ann"}, "--auth: expected user:password"),
+        ({"auth_file": str(logins)}, f"--auth-file {logins} line 4: expected user:password"),
+        ({"auth_file": str(tmp_path / "none")}, "no such file"),
+    ):
         with pytest.raises(ValueError, match=re.escape(message)):
             ServeConfig(**config)
     logins.write_text("# the team\nann:pw1\n\nbob:pw:2\n")
     assert launch_kwargs(ServeConfig(auth="cy:pw3", auth_file=str(logins)))["auth"] == [
-        ("cy", "pw3"), ("ann", "pw1"), ("bob", "pw:2")]
+        ("cy", "pw3"),
+        ("ann", "pw1"),
+        ("bob", "pw:2"),
+    ]
 
 
 @pytest.fixture(scope="module")
 def login_app_url(tmp_path_factory):
     logins = tmp_path_factory.mktemp("auth") / "logins.txt"
     logins.write_text("ann:correct horse\n")
-    with chat_app(ServeConfig(port=free_port(), temperature=0.0, max_tokens=64, auth_file=str(logins))) as url:
+    with chat_app(
+        ServeConfig(port=free_port(), temperature=0.0, max_tokens=64, auth_file=str(logins))
+    ) as url:
         yield url
 
 
 def test_the_chat_opens_only_after_its_login_in_a_browser(login_app_url):
     from playwright.sync_api import expect, sync_playwright
 
-    assert httpx.get(login_app_url + "config", timeout=30).status_code == 401  # the app's config needs a login
+    assert (
+        httpx.get(login_app_url + "config", timeout=30).status_code == 401
+    )  # the app's config needs a login
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:

@@ -1,5 +1,5 @@
-"""The chat in a real browser (Debian's chromium driven by Playwright, headless): type a question, watch tokens
-stream into "Thinking", see the answer badge and the served model's name, and save the page as
+"""The chat in a real browser (Debian's chromium driven by Playwright, headless): type a question, watch
+tokens stream into "Thinking", see the answer badge and the served model's name, and save the page as
 docs/screenshots/serve.png, the README's picture, so that the picture is always today's app (commit it when it
 changes)."""
 
@@ -21,13 +21,20 @@ from serve.config import ServeConfig
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "serve.png"
 QUESTION = "What is 7 + 5?"  # greedy SmolLM2-135M with the DAPO prompt ends "... Answer: 12" in ~40 tokens
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @contextmanager
 def chat_app(config: ServeConfig) -> Iterator[str]:
-    """The chat app on the embedded model at `config`, for a browser: its URL (skips without Chromium or playwright)."""
+    """The chat app on the embedded model at `config`, for a browser: its URL (skips without Chromium or
+    playwright)."""
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` to run the browser test")
     pytest.importorskip("playwright.sync_api")
@@ -84,7 +91,9 @@ def test_browser_chat_streams_and_shows_the_answer_badge(app_url, tmp_path):
 
             # Collapsible: Gradio folds a finished Thinking message; a click opens it again.
             page.locator("#chat .thought-group .title").first.click()
-            expect(page.locator("#chat .thought-group .message-content").first).to_contain_text("5", timeout=10_000)
+            expect(page.locator("#chat .thought-group .message-content").first).to_contain_text(
+                "5", timeout=10_000
+            )
             time.sleep(0.5)  # let the unfold animation finish before the screenshot
             page.screenshot(path=str(screenshot), full_page=False)
         finally:

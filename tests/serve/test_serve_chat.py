@@ -1,4 +1,5 @@
-"""The chat's pure parts: splitting a reply, the benchmark check, history rebuilding, speed figures, config checks."""
+"""The chat's pure parts: splitting a reply, the benchmark check, history rebuilding, speed figures, config
+checks."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def test_split_reply_takes_the_answer_line_the_reward_reads():
 
 
 def test_split_reply_mid_line_and_bold_answers():
-    assert split_reply("7 + 5 = 12\n\nSo, the answer is: Answer: 12").thinking == "7 + 5 = 12\n\nSo, the answer is:"
+    assert (
+        split_reply("7 + 5 = 12\n\nSo, the answer is: Answer: 12").thinking
+        == "7 + 5 = 12\n\nSo, the answer is:"
+    )
     assert split_reply("x = 3\n**Answer: 3**").integer == 3
 
 
@@ -65,14 +69,22 @@ def test_render_badges_and_round_trip_through_history():
     thinking, answer = done
     assert thinking.metadata["title"] == "Thinking" and thinking.metadata["status"] == "done"
     assert answer.content.startswith("**Answer:** 204")
-    assert "badge-integer" in answer.content and "badge-correct" in answer.content and "tokens/s" in answer.content
+    assert (
+        "badge-integer" in answer.content
+        and "badge-correct" in answer.content
+        and "tokens/s" in answer.content
+    )
     wrong = render("Answer: 7", Speed(3, 1.0, 0.5), True, AIME_1)[1]
     assert "badge-wrong" in wrong.content and "204" in wrong.content
-    history = [{"role": "user", "content": "hi"},
-               {"role": "assistant", "content": thinking.content, "metadata": thinking.metadata},
-               {"role": "assistant", "content": [{"type": "text", "text": answer.content}], "metadata": {}}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": thinking.content, "metadata": thinking.metadata},
+        {"role": "assistant", "content": [{"type": "text", "text": answer.content}], "metadata": {}},
+    ]
     assert history_to_messages(history, dapo_prompt=False) == [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "9 km at s km/h.\n\nAnswer: 204"}]
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "9 km at s km/h.\n\nAnswer: 204"},
+    ]
     assert "Answer: $Answer" in history_to_messages(history, dapo_prompt=True)[0]["content"]
 
 
@@ -82,10 +94,17 @@ def test_render_pending_reply_shows_only_thinking_until_an_answer_appears():
     assert len(render("Let me think\nAnswer: 5", Speed(5, 1.0, 0.5), False, None)) == 2
 
 
-@pytest.mark.parametrize("field, value, hint", [
-    ("temperature", 3.0, "[0, 2]"), ("top_p", 0.0, "(0, 1]"), ("max_tokens", 0, "max_tokens"),
-    ("engine", "tgi", "choose one of"), ("endpoint", "localhost:8000", "http://"), ("concurrency_limit", 0, "positive"),
-])
+@pytest.mark.parametrize(
+    "field, value, hint",
+    [
+        ("temperature", 3.0, "[0, 2]"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("max_tokens", 0, "max_tokens"),
+        ("engine", "tgi", "choose one of"),
+        ("endpoint", "localhost:8000", "http://"),
+        ("concurrency_limit", 0, "positive"),
+    ],
+)
 def test_config_rejects_impossible_values_and_says_what_to_set(field, value, hint):
     with pytest.raises(ValueError, match=hint.replace("[", r"\[").replace("(", r"\(")):
         ServeConfig(**{field: value})
@@ -93,4 +112,9 @@ def test_config_rejects_impossible_values_and_says_what_to_set(field, value, hin
 
 def test_config_defaults_are_daposs_evaluation_settings_on_loopback():
     config = ServeConfig()
-    assert (config.temperature, config.top_p, config.host, config.dapo_prompt) == (1.0, 0.7, "127.0.0.1", True)
+    assert (config.temperature, config.top_p, config.host, config.dapo_prompt) == (
+        1.0,
+        0.7,
+        "127.0.0.1",
+        True,
+    )

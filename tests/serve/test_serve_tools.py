@@ -1,6 +1,6 @@
 """The chat with the Python tool, driven with gradio_client as a browser would: against the sampler's endpoint
-on the embedded model, a code block stops the model's turn, runs in the sandbox, shows folded with its output, and
-the reply continues from the output (the endpoint's `continue_final_message`)."""
+on the embedded model, a code block stops the model's turn, runs in the sandbox, shows folded with its output,
+and the reply continues from the output (the endpoint's `continue_final_message`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ def test_a_code_block_runs_in_the_sandbox_and_shows_folded_with_its_output(app):
     job = app.submit(QUESTION, 0.0, 0.7, 96, False, api_name="/chat")
     list(job)
     final = job.outputs()[-1]
-    thinking, calls = final[0], [m for m in final if (m.get("metadata") or {}).get("title", "").startswith("Ran Python")]
+    thinking, calls = (
+        final[0],
+        [m for m in final if (m.get("metadata") or {}).get("title", "").startswith("Ran Python")],
+    )
     assert len(calls) >= 1, final
     assert "print(2**20)" in calls[0]["content"] and "1048576" in calls[0]["content"]
     assert calls[0]["metadata"]["title"] == "Ran Python" and calls[0]["metadata"]["status"] == "done"
@@ -44,10 +47,14 @@ def test_continuing_an_assistant_message_needs_it_last():
     wrong otherwise."""
     from dapo_suite.inference.openai_fields import RequestFieldError, continuation
 
-    assert continuation({"continue_final_message": True, "add_generation_prompt": False},
-                        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    assert continuation(
+        {"continue_final_message": True, "add_generation_prompt": False},
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    )
     with pytest.raises(RequestFieldError, match="must be the assistant's"):
         continuation({"continue_final_message": True}, [{"role": "user", "content": "q"}])
     with pytest.raises(RequestFieldError, match="needs add_generation_prompt false"):
-        continuation({"continue_final_message": True, "add_generation_prompt": True},
-                     [{"role": "assistant", "content": "a"}])
+        continuation(
+            {"continue_final_message": True, "add_generation_prompt": True},
+            [{"role": "assistant", "content": "a"}],
+        )

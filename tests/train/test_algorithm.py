@@ -41,9 +41,14 @@ def verl_actor_config(clip_low: float, clip_high: float, clip_c: float | None):
     from verl.workers.config import ActorConfig
 
     return ActorConfig(
-        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-        clip_ratio_low=clip_low, clip_ratio_high=clip_high,
-        clip_ratio_c=clip_c if clip_c is not None else 1e30,  # verl always dual-clips; "never" is a huge bound
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        clip_ratio_c=clip_c
+        if clip_c is not None
+        else 1e30,  # verl always dual-clips; "never" is a huge bound
     )
 
 
@@ -56,7 +61,13 @@ def test_policy_loss_equals_verl_vanilla(agg, clip, seed):
     new_ours = new.clone().requires_grad_(True)
     new_verl = new.clone().requires_grad_(True)
 
-    ours, metrics = policy_loss(new_ours, old, adv, mask, LossHyperparameters(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, loss_agg=agg))
+    ours, metrics = policy_loss(
+        new_ours,
+        old,
+        adv,
+        mask,
+        LossHyperparameters(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, loss_agg=agg),
+    )
     theirs, verl_metrics = verl_core.compute_policy_loss_vanilla(
         old, new_verl, adv, mask, loss_agg_mode=agg, config=verl_actor_config(clip_low, clip_high, clip_c)
     )
@@ -82,7 +93,9 @@ def test_token_mean_over_micro_batches_equals_full_batch_loss():
     total_tokens = mask.sum()
     accumulated = 0.0
     for rows in torch.split(torch.arange(12), 4):
-        micro, _ = policy_loss(acc_new[rows], old[rows], adv[rows], mask[rows], num_global_tokens=total_tokens)
+        micro, _ = policy_loss(
+            acc_new[rows], old[rows], adv[rows], mask[rows], num_global_tokens=total_tokens
+        )
         micro.backward()
         accumulated += micro.item()
     assert accumulated == pytest.approx(full.item(), abs=1e-6)
@@ -95,8 +108,12 @@ def test_micro_batch_token_mean_matches_verl_global_batch_info():
     new, old, adv, mask = ragged_batch(3)
     config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_c=1e30)
     config.global_batch_info["batch_num_tokens"] = 1000
-    theirs, _ = verl_core.compute_policy_loss_vanilla(old, new, adv, mask, loss_agg_mode="token-mean", config=config)
-    ours, _ = policy_loss(new, old, adv, mask, LossHyperparameters(clip_low=0.2, clip_high=0.2), num_global_tokens=1000)
+    theirs, _ = verl_core.compute_policy_loss_vanilla(
+        old, new, adv, mask, loss_agg_mode="token-mean", config=config
+    )
+    ours, _ = policy_loss(
+        new, old, adv, mask, LossHyperparameters(clip_low=0.2, clip_high=0.2), num_global_tokens=1000
+    )
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-7)
 
 
@@ -126,7 +143,9 @@ def test_equal_clip_bounds_is_ppo_clip():
 def test_dual_clip_bounds_negative_advantage_loss():
     old = torch.zeros(1, 1)
     new = torch.log(torch.tensor([[20.0]]))  # ratio 20 on a bad token: PPO loss 20, dual-clip caps it at c=3
-    loss, metrics = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1), LossHyperparameters(clip_c=3.0))
+    loss, metrics = policy_loss(
+        new, old, torch.tensor([-1.0]), torch.ones(1, 1), LossHyperparameters(clip_c=3.0)
+    )
     assert loss.item() == pytest.approx(3.0)
     assert metrics["actor/dual_clipfrac"] == 1.0
     with pytest.raises(ValueError, match="clip_c"):
@@ -144,7 +163,9 @@ def test_unknown_aggregation_names_the_valid_ones():
 def test_zero_advantage_gives_zero_loss_and_gradient(seed, agg):
     new, old, _, mask = ragged_batch(seed)
     new = new.requires_grad_(True)
-    loss, _ = policy_loss(new, old, torch.zeros(new.shape[0]), mask, LossHyperparameters(loss_agg=agg, clip_c=3.0))
+    loss, _ = policy_loss(
+        new, old, torch.zeros(new.shape[0]), mask, LossHyperparameters(loss_agg=agg, clip_c=3.0)
+    )
     loss.backward()
     assert loss.item() == 0.0
     assert torch.count_nonzero(new.grad) == 0
@@ -153,8 +174,8 @@ def test_zero_advantage_gives_zero_loss_and_gradient(seed, agg):
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), spread=st.floats(0.01, 2.0))
 def test_clipping_never_increases_the_objective(seed, spread):
-    # The clipped surrogate is a pessimistic bound: its loss is never below the unclipped policy-gradient loss.
-    # Dual-clip (clip_c) is the exception by design, it caps the loss of A < 0 tokens: off here.
+    # The clipped surrogate is a pessimistic bound: its loss is never below the unclipped policy-gradient
+    # loss. Dual-clip (clip_c) is the exception by design, it caps the loss of A < 0 tokens: off here.
     new, old, adv, mask = ragged_batch(seed, spread=spread)
     clipped, _ = policy_loss(new, old, adv, mask, LossHyperparameters(clip_c=None))
     unclipped = (-adv * torch.exp(new - old) * mask).sum() / mask.sum()
@@ -164,8 +185,8 @@ def test_clipping_never_increases_the_objective(seed, spread):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_token_mean_weights_every_token_equally(seed):
-    # With ratio 1 (on-policy) the gradient w.r.t. each token's log-prob is -A / total_tokens, whatever the length
-    # of its response; seq-mean-token-mean instead gives long responses' tokens less weight.
+    # With ratio 1 (on-policy) the gradient w.r.t. each token's log-prob is -A / total_tokens, whatever the
+    # length of its response; seq-mean-token-mean instead gives long responses' tokens less weight.
     _, old, adv, mask = ragged_batch(seed)
     new = old.clone().requires_grad_(True)
     loss, _ = policy_loss(new, old, adv, mask)
@@ -241,6 +262,8 @@ def test_entropy_and_log_probs_match_verl():
     logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(0)) * 3
     tokens = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(entropy_from_logits(logits), verl_entropy(logits), atol=1e-5, rtol=0)
-    torch.testing.assert_close(token_log_probs(logits, tokens), verl_logprobs(logits, tokens), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        token_log_probs(logits, tokens), verl_logprobs(logits, tokens), atol=1e-5, rtol=0
+    )
     uniform = entropy_from_logits(torch.zeros(1, 1, 50))
     assert uniform.item() == pytest.approx(math.log(50), rel=1e-6)

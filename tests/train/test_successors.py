@@ -1,5 +1,6 @@
-"""DAPO's successors (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov) against verl 0.9.1's registered losses, on random
-ragged batches, loss and gradient, for every aggregation each mode is defined for; hand-computed branches."""
+"""DAPO's successors (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov) against verl 0.9.1's registered losses, on
+random ragged batches, loss and gradient, for every aggregation each mode is defined for; hand-computed
+branches."""
 
 from __future__ import annotations
 
@@ -19,13 +20,24 @@ from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 verl_core = pytest.importorskip("verl.trainer.ppo.core_algos")
 
 SUCCESSORS = ("gspo", "cispo", "sapo", "geo_mean", "clip_cov", "kl_cov")
-# Knobs wide enough that every branch acts on a 10 x 14 batch (clip bounds bind, covariance windows select tokens).
-HYPER = {"clip_low": 0.15, "clip_high": 0.25, "clip_cov_ratio": 0.05, "clip_cov_lb": 0.3, "clip_cov_ub": 2.0,
-         "kl_cov_ratio": 0.05, "ppo_kl_coef": 0.7, "tau_pos": 1.3, "tau_neg": 2.1}
+# Knobs wide enough that every branch acts on a 10 x 14 batch (clip bounds bind, covariance windows select
+# tokens).
+HYPER = {
+    "clip_low": 0.15,
+    "clip_high": 0.25,
+    "clip_cov_ratio": 0.05,
+    "clip_cov_lb": 0.3,
+    "clip_cov_ub": 2.0,
+    "kl_cov_ratio": 0.05,
+    "ppo_kl_coef": 0.7,
+    "tau_pos": 1.3,
+    "tau_neg": 2.1,
+}
 
 
 def ragged(seed: int, batch: int = 10, length: int = 14, token_advantages: bool = False):
-    """Random log-probs, right-padded masks of random lengths (some empty), advantages per row or per token."""
+    """Random log-probs, right-padded masks of random lengths (some empty), advantages per row or per
+    token."""
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(batch, length, generator=gen) * 3
     new = old + 0.4 * torch.randn(batch, length, generator=gen)
@@ -42,11 +54,21 @@ def verl_config(**global_batch_info):
     from verl.workers.config.actor import PolicyLossConfig
 
     config = ActorConfig(
-        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=HYPER["clip_low"],
-        clip_ratio_high=HYPER["clip_high"], tau_pos=HYPER["tau_pos"], tau_neg=HYPER["tau_neg"],
-        policy_loss=PolicyLossConfig(clip_cov_ratio=HYPER["clip_cov_ratio"], clip_cov_lb=HYPER["clip_cov_lb"],
-                                     clip_cov_ub=HYPER["clip_cov_ub"], kl_cov_ratio=HYPER["kl_cov_ratio"],
-                                     ppo_kl_coef=HYPER["ppo_kl_coef"]))
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_low=HYPER["clip_low"],
+        clip_ratio_high=HYPER["clip_high"],
+        tau_pos=HYPER["tau_pos"],
+        tau_neg=HYPER["tau_neg"],
+        policy_loss=PolicyLossConfig(
+            clip_cov_ratio=HYPER["clip_cov_ratio"],
+            clip_cov_lb=HYPER["clip_cov_lb"],
+            clip_cov_ub=HYPER["clip_cov_ub"],
+            kl_cov_ratio=HYPER["kl_cov_ratio"],
+            ppo_kl_coef=HYPER["ppo_kl_coef"],
+        ),
+    )
     config.global_batch_info.update(global_batch_info)
     return config
 
@@ -58,11 +80,25 @@ def both(mode: str, agg: str, new, old, adv, mask, weights=None, ours_extra=None
         log_prob = new.clone().requires_grad_(True)
         torch.manual_seed(seed)  # Clip-Cov draws its dropped tokens from torch's global generator
         if side == "ours":
-            loss, _ = policy_loss(log_prob, old, adv, mask, LossHyperparameters(loss_mode=mode, loss_agg=agg, **HYPER), rollout_is_weights=weights, **(ours_extra or {}))
+            loss, _ = policy_loss(
+                log_prob,
+                old,
+                adv,
+                mask,
+                LossHyperparameters(loss_mode=mode, loss_agg=agg, **HYPER),
+                rollout_is_weights=weights,
+                **(ours_extra or {}),
+            )
         else:
-            loss, _ = verl_core.get_policy_loss_fn(mode)(old, log_prob, adv, mask, loss_agg_mode=agg,
-                                                         config=verl_config(**(verl_extra or {})),
-                                                         rollout_is_weights=weights)
+            loss, _ = verl_core.get_policy_loss_fn(mode)(
+                old,
+                log_prob,
+                adv,
+                mask,
+                loss_agg_mode=agg,
+                config=verl_config(**(verl_extra or {})),
+                rollout_is_weights=weights,
+            )
         loss.backward()
         results += [loss.detach(), log_prob.grad]
     return results
@@ -91,17 +127,27 @@ def test_rollout_correction_weights_enter_each_loss_as_in_verl(mode, seed):
     torch.testing.assert_close(our_grad, their_grad, atol=1e-6, rtol=0)
 
 
-MICRO_CASES = [(mode, agg) for mode, agg in CASES if not POLICY_LOSSES[mode].per_sequence
-               and agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")]
+MICRO_CASES = [
+    (mode, agg)
+    for mode, agg in CASES
+    if not POLICY_LOSSES[mode].per_sequence
+    and agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+]
 
 
 @pytest.mark.parametrize(("mode", "agg"), MICRO_CASES)
 def test_micro_batch_denominators_equal_verl_global_batch_info(mode, agg):
     new, old, adv, mask = ragged(7)
     ours, our_grad, theirs, their_grad = both(
-        mode, agg, new, old, adv, mask, ours_extra={"num_global_tokens": 500, "num_global_sequences": 40,
-                                                    "seq_sum_norm": 64},
-        verl_extra={"batch_num_tokens": 500, "global_batch_size": 40, "loss_scale_factor": 64})
+        mode,
+        agg,
+        new,
+        old,
+        adv,
+        mask,
+        ours_extra={"num_global_tokens": 500, "num_global_sequences": 40, "seq_sum_norm": 64},
+        verl_extra={"batch_num_tokens": 500, "global_batch_size": 40, "loss_scale_factor": 64},
+    )
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-7)
     torch.testing.assert_close(our_grad, their_grad, atol=1e-7, rtol=0)
 
@@ -109,7 +155,16 @@ def test_micro_batch_denominators_equal_verl_global_batch_info(mode, agg):
 def test_the_equivalence_cases_exercise_every_branch():
     # Guards the test above against passing vacuously: with these knobs each mode's special branch acts.
     new, old, adv, mask = ragged(0)
-    metrics = {mode: policy_loss(new, old, adv, mask, LossHyperparameters(loss_mode=mode, loss_agg=POLICY_LOSSES[mode].aggregations[0], **HYPER))[1] for mode in SUCCESSORS}
+    metrics = {
+        mode: policy_loss(
+            new,
+            old,
+            adv,
+            mask,
+            LossHyperparameters(loss_mode=mode, loss_agg=POLICY_LOSSES[mode].aggregations[0], **HYPER),
+        )[1]
+        for mode in SUCCESSORS
+    }
     for mode in ("gspo", "cispo", "geo_mean", "clip_cov", "kl_cov"):
         assert metrics[mode]["actor/pg_clipfrac"] > 0, mode
 
@@ -146,9 +201,21 @@ def test_gspo_hand_computed_one_ratio_per_sequence():
     # Two tokens with log-ratios +0.2 and -0.1: s = exp(0.05) for both; A = 1, clip at 1 +- 0.02 binds above.
     old = torch.zeros(1, 2)
     new = torch.tensor([[0.2, -0.1]])
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), LossHyperparameters(loss_mode="gspo", clip_low=0.02, clip_high=0.02))
+    loss, _ = policy_loss(
+        new,
+        old,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        LossHyperparameters(loss_mode="gspo", clip_low=0.02, clip_high=0.02),
+    )
     assert loss.item() == pytest.approx(-1.02)
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), LossHyperparameters(loss_mode="gspo", clip_low=0.2, clip_high=0.2))
+    loss, _ = policy_loss(
+        new,
+        old,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        LossHyperparameters(loss_mode="gspo", clip_low=0.2, clip_high=0.2),
+    )
     assert loss.item() == pytest.approx(-math.exp(0.05), rel=1e-6)
 
 
@@ -156,11 +223,19 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     # r = 2 with A = +1 is far above 1 + eps_high: PPO-clip gives no gradient, CISPO gives -clip(r) * A.
     old = torch.zeros(1, 1)
     new = torch.log(torch.tensor([[2.0]])).requires_grad_(True)
-    loss, _ = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(loss_mode="cispo", clip_high=0.28))
+    loss, _ = policy_loss(
+        new,
+        old,
+        torch.tensor([1.0]),
+        torch.ones(1, 1),
+        LossHyperparameters(loss_mode="cispo", clip_high=0.28),
+    )
     loss.backward()
     assert new.grad.item() == pytest.approx(-1.28)
     ppo = new.detach().clone().requires_grad_(True)
-    policy_loss(ppo, old, torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(clip_high=0.28))[0].backward()
+    policy_loss(ppo, old, torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(clip_high=0.28))[
+        0
+    ].backward()
     assert ppo.grad.item() == 0.0
 
 
@@ -168,14 +243,28 @@ def test_sapo_gate_is_the_policy_gradient_on_policy_and_fades_off_policy():
     # d/dlog r of -f(r) A at r = 1 is -A (like the unclipped surrogate); far off-policy it tends to 0.
     for log_ratio, expected in ((0.0, -1.0), (3.0, 0.0)):
         new = torch.tensor([[log_ratio]], requires_grad=True)
-        loss, _ = policy_loss(new, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), LossHyperparameters(loss_mode="sapo", loss_agg="seq-mean-token-mean", tau_pos=1.0))
+        loss, _ = policy_loss(
+            new,
+            torch.zeros(1, 1),
+            torch.tensor([1.0]),
+            torch.ones(1, 1),
+            LossHyperparameters(loss_mode="sapo", loss_agg="seq-mean-token-mean", tau_pos=1.0),
+        )
         loss.backward()
         assert new.grad.item() == pytest.approx(expected, abs=0.02)
 
 
 def test_geo_mean_is_the_geometric_mean_of_clipped_token_ratios():
     new = torch.tensor([[0.1, 0.9, -0.3]])  # 0.9 clipped to 0.4 for A > 0
-    loss, metrics = policy_loss(new, torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3), LossHyperparameters(loss_mode="geo_mean", loss_agg="seq-mean-token-mean", clip_low=0.4, clip_high=0.4))
+    loss, metrics = policy_loss(
+        new,
+        torch.zeros(1, 3),
+        torch.tensor([2.0]),
+        torch.ones(1, 3),
+        LossHyperparameters(
+            loss_mode="geo_mean", loss_agg="seq-mean-token-mean", clip_low=0.4, clip_high=0.4
+        ),
+    )
     assert loss.item() == pytest.approx(-2.0 * math.exp((0.1 + 0.4 - 0.3) / 3), rel=1e-6)
     assert metrics["actor/clipfrac_upper"] == pytest.approx(1 / 3)
 
@@ -186,7 +275,13 @@ def test_kl_cov_penalises_the_top_covariance_tokens_only():
     old = new + 0.5
     adv = torch.tensor([[1.0] * 5 + [-1.0] * 5])
     new[0, 5] = -4.0  # the most negative log-prob among negative advantages: the largest covariance
-    loss, metrics = policy_loss(new, old, adv, torch.ones(1, 10), LossHyperparameters(loss_mode="kl_cov", kl_cov_ratio=0.1, ppo_kl_coef=2.0))
+    loss, metrics = policy_loss(
+        new,
+        old,
+        adv,
+        torch.ones(1, 10),
+        LossHyperparameters(loss_mode="kl_cov", kl_cov_ratio=0.1, ppo_kl_coef=2.0),
+    )
     plain = (-adv * torch.exp(new - old)).mean()
     assert loss.item() == pytest.approx(plain.item() + 2.0 * abs((new - old)[0, 5].item()) / 10, rel=1e-6)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.1)
@@ -196,35 +291,48 @@ def test_hyperparameter_names_are_verls():
     from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
 
-    verl_names = {f for f in PolicyLossConfig.__dataclass_fields__} | {f for f in ActorConfig.__dataclass_fields__}
-    renamed = {"clip_low": "clip_ratio_low", "clip_high": "clip_ratio_high", "clip_c": "clip_ratio_c",
-               "loss_agg": "loss_agg_mode"}
+    verl_names = {f for f in PolicyLossConfig.__dataclass_fields__} | {
+        f for f in ActorConfig.__dataclass_fields__
+    }
+    renamed = {
+        "clip_low": "clip_ratio_low",
+        "clip_high": "clip_ratio_high",
+        "clip_c": "clip_ratio_c",
+        "loss_agg": "loss_agg_mode",
+    }
     ours = {renamed.get(name, name) for name in LossHyperparameters.__dataclass_fields__}
     assert ours <= verl_names
 
 
-# ---- advantage estimators -------------------------------------------------------------------------------------
+# ---- advantage estimators
+# -------------------------------------------------------------------------------------
 
 
 def outcome_batch(seed: int, size: int = 24, length: int = 9):
-    """Rewards of random groups (one singleton for the estimators that allow it), with random response lengths."""
+    """Rewards of random groups (one singleton for the estimators that allow it), with random response
+    lengths."""
     gen = torch.Generator().manual_seed(seed)
     group_ids = [f"q{i % 5}" for i in torch.randperm(size, generator=gen).tolist()]  # groups of 4 or 5
     scores = torch.randn(size, generator=gen).round(decimals=1)  # shaped rewards; ties happen, not everywhere
     lengths = torch.randint(1, length + 1, (size,), generator=gen)
     mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
     token_rewards = torch.zeros(size, length)
-    token_rewards[torch.arange(size), lengths - 1] = scores  # verl puts the outcome on the last response token
+    token_rewards[torch.arange(size), lengths - 1] = (
+        scores  # verl puts the outcome on the last response token
+    )
     return scores, group_ids, lengths, mask, token_rewards
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize(("name", "norm", "verl_fn"), [
-    ("rloo", "none", "compute_rloo_outcome_advantage"),
-    ("reinforce_plus_plus_baseline", "batch", "compute_reinforce_plus_plus_baseline_outcome_advantage"),
-    ("grpo_passk", "group", "compute_grpo_passk_outcome_advantage"),
-    ("grpo_passk", "none", "compute_grpo_passk_outcome_advantage"),
-])
+@pytest.mark.parametrize(
+    ("name", "norm", "verl_fn"),
+    [
+        ("rloo", "none", "compute_rloo_outcome_advantage"),
+        ("reinforce_plus_plus_baseline", "batch", "compute_reinforce_plus_plus_baseline_outcome_advantage"),
+        ("grpo_passk", "group", "compute_grpo_passk_outcome_advantage"),
+        ("grpo_passk", "none", "compute_grpo_passk_outcome_advantage"),
+    ],
+)
 def test_advantage_estimators_equal_verl(seed, name, norm, verl_fn):
     import numpy as np
     from verl.trainer.config import AlgoConfig
@@ -234,8 +342,13 @@ def test_advantage_estimators_equal_verl(seed, name, norm, verl_fn):
     scores, group_ids, lengths, mask, token_rewards = outcome_batch(seed)
     if name != "grpo_passk":
         group_ids[0] = "singleton"  # verl: a group of one keeps its reward (RLOO) / has mean 0 (RF++)
-    theirs, _ = getattr(verl_core, verl_fn)(token_rewards, mask, np.array(group_ids, dtype=object), epsilon=1e-6,
-                                            config=AlgoConfig(norm_adv_by_std_in_grpo=norm == "group"))
+    theirs, _ = getattr(verl_core, verl_fn)(
+        token_rewards,
+        mask,
+        np.array(group_ids, dtype=object),
+        epsilon=1e-6,
+        config=AlgoConfig(norm_adv_by_std_in_grpo=norm == "group"),
+    )
     ours = compute_advantages(name, scores, group_ids, lengths, norm=norm)
     torch.testing.assert_close(ours.unsqueeze(-1) * mask, theirs, atol=1e-6, rtol=0)
     assert theirs.abs().sum() > 0
@@ -255,8 +368,10 @@ def test_batch_std_divides_every_group_by_the_batch_std():
     groups = [0, 0, 1, 1, 1, 1]
     adv = compute_advantages("grpo", scores, groups, torch.ones(6), norm="batch")
     batch_std = scores.std().item()  # unbiased, over all 6 rewards
-    assert adv.tolist() == pytest.approx([1 / batch_std, -1 / batch_std, 0.5 / batch_std, 0.5 / batch_std,
-                                          0.5 / batch_std, -1.5 / batch_std], rel=1e-5)
+    assert adv.tolist() == pytest.approx(
+        [1 / batch_std, -1 / batch_std, 0.5 / batch_std, 0.5 / batch_std, 0.5 / batch_std, -1.5 / batch_std],
+        rel=1e-5,
+    )
     group_adv = compute_advantages("grpo", scores, groups, torch.ones(6))
     assert group_adv[0].item() != pytest.approx(adv[0].item())  # a different scale than the group std
 
@@ -264,8 +379,9 @@ def test_batch_std_divides_every_group_by_the_batch_std():
 def test_passk_credits_only_the_best_of_each_group():
     from dapo_suite.train.algorithm import compute_advantages
 
-    adv = compute_advantages("grpo_passk", torch.tensor([0.2, 1.0, -1.0, 1.0, 1.0]), [0, 0, 0, 1, 1],
-                             torch.ones(5), norm="none")
+    adv = compute_advantages(
+        "grpo_passk", torch.tensor([0.2, 1.0, -1.0, 1.0, 1.0]), [0, 0, 0, 1, 1], torch.ones(5), norm="none"
+    )
     assert adv.tolist() == pytest.approx([0.0, 0.8, 0.0, 0.0, 0.0])  # group 1: a tie for the best gives 0
 
 
@@ -278,7 +394,8 @@ def test_unknown_estimator_and_normalisation_say_what_is_valid():
         compute_advantages("rloo", torch.ones(2), [0, 0], torch.ones(2), norm="group")
 
 
-# ---- rollout correction ---------------------------------------------------------------------------------------
+# ---- rollout correction
+# ---------------------------------------------------------------------------------------
 
 rollout_corr = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
 
@@ -294,7 +411,13 @@ def mismatch(seed: int, batch: int = 12, length: int = 16, spread: float = 0.25)
     return old, rollout, mask
 
 
-IS_CASES = [("token", 1.3), ("token", "0.8_1.25"), ("token", "1.1"), ("sequence", 1.5), ("sequence", "0.7_1.4")]
+IS_CASES = [
+    ("token", 1.3),
+    ("token", "0.8_1.25"),
+    ("token", "1.1"),
+    ("sequence", 1.5),
+    ("sequence", "0.7_1.4"),
+]
 
 
 @pytest.mark.parametrize(("level", "threshold"), IS_CASES)
@@ -305,17 +428,30 @@ def test_correction_weights_equal_verl(level, threshold, batch_normalize, seed):
 
     old, rollout, mask = mismatch(seed)
     ours, metrics = correction_weights(old - rollout, mask, level, threshold, batch_normalize)
-    theirs, verl_metrics = rollout_corr.compute_rollout_correction_weights(old - rollout, mask, level, threshold,
-                                                                         batch_normalize)
+    theirs, verl_metrics = rollout_corr.compute_rollout_correction_weights(
+        old - rollout, mask, level, threshold, batch_normalize
+    )
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
     assert 0 < metrics["rollout_corr/is_clipped_frac"] < 1  # the bound acts on some tokens, not all
     assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(verl_metrics["rollout_is_mean"], rel=1e-5)
 
 
-RS_CASES = [("token_k1", "0.8_1.25"), ("token_k1", 1.2), ("token_k2", 0.02), ("token_k3", 0.02),
-            ("seq_sum_k1", "0.4_2.5"), ("seq_sum_k2", 0.3), ("seq_sum_k3", 0.3), ("seq_mean_k1", "0.95_1.05"),
-            ("seq_mean_k2", 0.03), ("seq_mean_k3", 0.03), ("seq_max_k2", 0.1), ("seq_max_k3", 0.1),
-            ("token_k1,seq_mean_k3", "0.7_1.4,0.03"), ("seq_sum_k2,seq_max_k3,token_k2", 0.1)]
+RS_CASES = [
+    ("token_k1", "0.8_1.25"),
+    ("token_k1", 1.2),
+    ("token_k2", 0.02),
+    ("token_k3", 0.02),
+    ("seq_sum_k1", "0.4_2.5"),
+    ("seq_sum_k2", 0.3),
+    ("seq_sum_k3", 0.3),
+    ("seq_mean_k1", "0.95_1.05"),
+    ("seq_mean_k2", 0.03),
+    ("seq_mean_k3", 0.03),
+    ("seq_max_k2", 0.1),
+    ("seq_max_k3", 0.1),
+    ("token_k1,seq_mean_k3", "0.7_1.4,0.03"),
+    ("seq_sum_k2,seq_max_k3,token_k2", 0.1),
+]
 
 
 @pytest.mark.parametrize(("criteria", "threshold"), RS_CASES)
@@ -336,14 +472,17 @@ def test_every_rejection_criterion_is_one_of_verls():
     assert set(REJECTION_CRITERIA) == rollout_corr.SUPPORTED_ROLLOUT_RS_OPTIONS
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda rc, lr, m: rc.rejection_mask(lr, m, "seq_max_k1", 2.0), "valid criteria are token_k1"),
-    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", "0.5_2"), "takes one upper bound"),
-    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2,token_k3", "1,2,3"), "one per criterion"),
-    (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", None), "rollout_rs_threshold is required"),
-    (lambda rc, lr, m: rc.correction_weights(lr, m, "sequence", "5_0.5"), "lower <= upper"),
-    (lambda rc, lr, m: rc.correction_weights(lr, m, "sentence", 2.0), "token, sequence"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda rc, lr, m: rc.rejection_mask(lr, m, "seq_max_k1", 2.0), "valid criteria are token_k1"),
+        (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", "0.5_2"), "takes one upper bound"),
+        (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2,token_k3", "1,2,3"), "one per criterion"),
+        (lambda rc, lr, m: rc.rejection_mask(lr, m, "token_k2", None), "rollout_rs_threshold is required"),
+        (lambda rc, lr, m: rc.correction_weights(lr, m, "sequence", "5_0.5"), "lower <= upper"),
+        (lambda rc, lr, m: rc.correction_weights(lr, m, "sentence", 2.0), "token, sequence"),
+    ],
+)
 def test_bad_correction_settings_say_what_to_write(call, message):
     from dapo_suite.train import rollout_correction
 
@@ -356,18 +495,31 @@ def test_no_mismatch_means_no_correction():
     from dapo_suite.train.rollout_correction import rollout_correction
 
     _, rollout, mask = mismatch(1)
-    weights, kept, metrics = rollout_correction(rollout, rollout, mask, "sequence", "0.5_2.0",
-                                                rollout_rs="seq_mean_k3", rollout_rs_threshold=1e-4)
+    weights, kept, metrics = rollout_correction(
+        rollout, rollout, mask, "sequence", "0.5_2.0", rollout_rs="seq_mean_k3", rollout_rs_threshold=1e-4
+    )
     assert torch.equal(weights, mask) and torch.equal(kept, mask)
     assert metrics["rollout_corr/masked_frac"] == 0 and metrics["rollout_corr/kl"] == 0
 
 
-# ---- the embedded trainer -------------------------------------------------------------------------------------
+# ---- the embedded trainer
+# -------------------------------------------------------------------------------------
 
 
-TINY = {"heldout_size": 2, "group_size": 3, "gen_batch_size": 2, "train_batch_size": 2, "mini_batch_size": 1,
-        "micro_batch_size": 3, "max_response_length": 8, "overlong_buffer_len": 4, "dynamic_sampling": False,
-        "overlong_filter": False, "lr": 1e-4, "warmup_steps": 0}
+TINY = {
+    "heldout_size": 2,
+    "group_size": 3,
+    "gen_batch_size": 2,
+    "train_batch_size": 2,
+    "mini_batch_size": 1,
+    "micro_batch_size": 3,
+    "max_response_length": 8,
+    "overlong_buffer_len": 4,
+    "dynamic_sampling": False,
+    "overlong_filter": False,
+    "lr": 1e-4,
+    "warmup_steps": 0,
+}
 
 
 # Sampling and training in float32 on every CPU (tiny-cpu's `auto` picks bf16 where it is native); a test that
@@ -382,16 +534,20 @@ def trainer(tmp_path_factory):
     from dapo_suite.train.config import resolve_config
     from dapo_suite.train.trainer import DAPOTrainer
 
-    return DAPOTrainer(resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}, FLOAT32))
+    return DAPOTrainer(
+        resolve_config(["dapo"], {"out": str(tmp_path_factory.mktemp("run")), **TINY}, FLOAT32)
+    )
 
 
 def configure(trainer, presets, **overrides):
-    """Point the shared trainer at another resolved config: the trainer and its actor read the objective from it at every step. The sampler
-    gets the weights as they are, as after a step: a test before may have updated them without a step's sync."""
+    """Point the shared trainer at another resolved config: the trainer and its actor read the objective from
+    it at every step. The sampler gets the weights as they are, as after a step: a test before may have
+    updated them without a step's sync."""
     from dapo_suite.train.config import resolve_config
 
-    trainer.config = trainer.actor.config = resolve_config(presets, {"out": trainer.config.out, **TINY},
-                                                           {**FLOAT32, **overrides})
+    trainer.config = trainer.actor.config = resolve_config(
+        presets, {"out": trainer.config.out, **TINY}, {**FLOAT32, **overrides}
+    )
     trainer.engine.sync_weights()
     return trainer
 
@@ -405,8 +561,8 @@ def test_each_successor_preset_trains_one_step(preset, trainer):
     configure(trainer, [preset])
     assert trainer.config.loss_mode != "vanilla"
     groups, _ = trainer.collect()
-    # Eight tokens of a 135M model rarely earn a reward: advantages of +-1 give every mini-batch a gradient, so
-    # the guard against zero-gradient steps does not hide the objective.
+    # Eight tokens of a 135M model rarely earn a reward: advantages of +-1 give every mini-batch a gradient,
+    # so the guard against zero-gradient steps does not hide the objective.
     for group in groups:
         for index, r in enumerate(group):
             r.advantage = 1.0 if index % 2 == 0 else -1.0
@@ -417,8 +573,15 @@ def test_each_successor_preset_trains_one_step(preset, trainer):
 
 
 def test_rollout_correction_on_reweights_with_the_samplers_log_probs(trainer):
-    configure(trainer, ["dapo"], rollout_correction="on", rollout_is="token", rollout_is_threshold="1.5",
-              rollout_rs="token_k1", rollout_rs_threshold="0.9_1.1")
+    configure(
+        trainer,
+        ["dapo"],
+        rollout_correction="on",
+        rollout_is="token",
+        rollout_is_threshold="1.5",
+        rollout_rs="token_k1",
+        rollout_rs_threshold="0.9_1.1",
+    )
     groups, _ = trainer.collect()
     rollouts = [r for group in groups for r in group]
     # The trainer recomputed pi_old and kept the sampler's: the same fp32 model, so they agree closely.
@@ -433,7 +596,9 @@ def test_rollout_correction_on_reweights_with_the_samplers_log_probs(trainer):
     assert weights[1].item() == pytest.approx(math.exp(-0.5), rel=1e-4)  # pi_old / pi_rollout = e^-0.5
     assert weights[0].item() == pytest.approx(1.5)  # e^0.5 truncated at C = 1.5
     assert kept.sum().item() == 0  # |log rho| = 0.5 leaves the ratio band (0.9, 1.1) everywhere
-    assert metrics["rollout_corr/masked_frac"] == 1.0 and metrics["rollout_corr/kl"] == pytest.approx(0, abs=0.1)
+    assert metrics["rollout_corr/masked_frac"] == 1.0 and metrics["rollout_corr/kl"] == pytest.approx(
+        0, abs=0.1
+    )
     assert trainer.actor.update(groups)["actor/updates"] == 0  # every token rejected: nothing to train on
 
 
@@ -445,17 +610,23 @@ def test_rollout_correction_metrics_are_logged_in_a_step(trainer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("estimator", "norm"), [("rloo", None), ("reinforce_plus_plus_baseline", None),
-                                                 ("grpo_passk", None), ("grpo", "batch")])
+@pytest.mark.parametrize(
+    ("estimator", "norm"),
+    [("rloo", None), ("reinforce_plus_plus_baseline", None), ("grpo_passk", None), ("grpo", "batch")],
+)
 def test_other_advantage_estimators_train_one_step(estimator, norm, trainer):
     from dapo_suite.train.algorithm import compute_advantages
 
     configure(trainer, ["dapo"], adv_estimator=estimator, adv_norm=norm)
     groups, _ = trainer.collect()
     rollouts = [r for group in groups for r in group]
-    expected = compute_advantages(estimator, torch.tensor([r.reward for r in rollouts]),
-                                  [g for g, group in enumerate(groups) for _ in group],
-                                  torch.tensor([r.length for r in rollouts]), norm)
+    expected = compute_advantages(
+        estimator,
+        torch.tensor([r.reward for r in rollouts]),
+        [g for g, group in enumerate(groups) for _ in group],
+        torch.tensor([r.length for r in rollouts]),
+        norm,
+    )
     assert [r.advantage for r in rollouts] == pytest.approx(expected.tolist())
     # One group per mini-batch: a group whose advantages are all zero gives no gradient, and no step.
     learning = sum(any(r.advantage for r in group) for group in groups)

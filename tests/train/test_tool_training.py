@@ -19,9 +19,18 @@ from dapo_suite.train.trainer import DAPOTrainer, tool_metrics
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    config = resolve_config(["dapo-tool"], {"out": str(tmp_path_factory.mktemp("tool-unit")), "heldout_eval": False,
-                                            "dtype": "float32", "autocast_dtype": None, "sampling_dtype": None,
-                                            "rollout_correction": "off", "tool_isolation": "unsafe-none"})
+    config = resolve_config(
+        ["dapo-tool"],
+        {
+            "out": str(tmp_path_factory.mktemp("tool-unit")),
+            "heldout_eval": False,
+            "dtype": "float32",
+            "autocast_dtype": None,
+            "sampling_dtype": None,
+            "rollout_correction": "off",
+            "tool_isolation": "unsafe-none",
+        },
+    )
     return DAPOTrainer(config)
 
 
@@ -32,10 +41,19 @@ def ids(trainer, text: str) -> torch.Tensor:
 def rollout(trainer, pieces: list[tuple[str, bool]], advantage: float, group: int = 0) -> Rollout:
     """A response of model (True) and tool (False) pieces, with its mask."""
     tokens = [ids(trainer, text) for text, _ in pieces]
-    mask = torch.cat([torch.full((t.numel(),), 1.0 if own else 0.0) for t, (_, own) in zip(tokens, pieces, strict=True)])
+    mask = torch.cat(
+        [torch.full((t.numel(),), 1.0 if own else 0.0) for t, (_, own) in zip(tokens, pieces, strict=True)]
+    )
     prompt = ids(trainer, trainer.prompt_text(trainer.train_problems[0]))
-    result = Rollout(group, prompt, torch.cat(tokens), None, truncated=False, text="".join(t for t, _ in pieces),
-                     response_mask=mask)
+    result = Rollout(
+        group,
+        prompt,
+        torch.cat(tokens),
+        None,
+        truncated=False,
+        text="".join(t for t, _ in pieces),
+        response_mask=mask,
+    )
     result.advantage = advantage
     return result
 
@@ -61,12 +79,14 @@ CODE = "```python\nprint(237 + 574)\n```"
 
 
 def tool_variants(trainer, trained: bool) -> list[Rollout]:
-    """One response whose tool output comes last (the budget ended inside it), and the same response with each of
-    the tool's tokens replaced by another token: same model tokens, same shapes."""
+    """One response whose tool output comes last (the budget ended inside it), and the same response with each
+    of the tool's tokens replaced by another token: same model tokens, same shapes."""
     original = rollout(trainer, [(CODE, True), ("\n```output\n811\n```\n", False)], 1.0)
     changed = copy.deepcopy(original)
     tool = changed.mask == 0
-    changed.response_ids[tool] = torch.randint(1000, 20000, (int(tool.sum()),), generator=torch.Generator().manual_seed(0))
+    changed.response_ids[tool] = torch.randint(
+        1000, 20000, (int(tool.sum()),), generator=torch.Generator().manual_seed(0)
+    )
     if trained:
         for r in (original, changed):
             r.response_mask = torch.ones(r.length)
@@ -74,9 +94,9 @@ def tool_variants(trainer, trained: bool) -> list[Rollout]:
 
 
 def test_changing_the_tool_s_tokens_leaves_loss_and_gradient_unchanged(trainer):
-    """The model's tokens, held fixed, see the same context (the tool's tokens come after them), so any change in
-    the update could only come from the tool's tokens being trained: the weights after a real update are equal
-    bit for bit."""
+    """The model's tokens, held fixed, see the same context (the tool's tokens come after them), so any change
+    in the update could only come from the tool's tokens being trained: the weights after a real update are
+    equal bit for bit."""
     first, second = (updated_weights(trainer, [r]) for r in tool_variants(trainer, trained=False))
     assert first["__metrics__"]["actor/pg_loss"] == second["__metrics__"]["actor/pg_loss"]
     assert first["__metrics__"]["actor/grad_norm"] == second["__metrics__"]["actor/grad_norm"] > 0
@@ -86,8 +106,8 @@ def test_changing_the_tool_s_tokens_leaves_loss_and_gradient_unchanged(trainer):
 
 
 def test_the_tool_s_tokens_would_change_the_update_if_they_were_trained(trainer):
-    """The same two responses with the tool's tokens marked as the model's: the update differs (so the test above
-    can fail)."""
+    """The same two responses with the tool's tokens marked as the model's: the update differs (so the test
+    above can fail)."""
     first, second = (updated_weights(trainer, [r]) for r in tool_variants(trainer, trained=True))
     assert first["__metrics__"]["actor/grad_norm"] != second["__metrics__"]["actor/grad_norm"]
 
@@ -117,8 +137,15 @@ def test_the_overlong_penalty_counts_the_model_s_tokens_only(trainer):
 
 
 def test_an_answer_line_printed_by_the_tool_is_not_the_model_s_answer(trainer):
-    response = rollout(trainer, [("```python\nprint('Answer: 811')\n```", True),
-                                 ("\n```output\nAnswer: 811\n```\n", False), ("I am done.", True)], 0.0)
+    response = rollout(
+        trainer,
+        [
+            ("```python\nprint('Answer: 811')\n```", True),
+            ("\n```output\nAnswer: 811\n```\n", False),
+            ("I am done.", True),
+        ],
+        0.0,
+    )
     response.model_text = "```python\nprint('Answer: 811')\n```I am done."
     problem = dataclasses.replace(trainer.train_problems[0], answer="811")
     trainer.score([response], [problem])
@@ -126,13 +153,15 @@ def test_an_answer_line_printed_by_the_tool_is_not_the_model_s_answer(trainer):
 
 
 def test_no_optimiser_step_without_a_gradient(trainer):
-    """A mini-batch whose advantages are all zero makes no AdamW step (which would move the weights through its
-    moments and weight decay), and is counted."""
+    """A mini-batch whose advantages are all zero makes no AdamW step (which would move the weights through
+    its moments and weight decay), and is counted."""
     pieces = [("Answer: 7", True)]
     weights_before = {n: t.detach().clone() for n, t in trainer.model.state_dict().items()}
     after = updated_weights(trainer, [rollout(trainer, pieces, 0.0), rollout(trainer, pieces, 0.0)])
     assert after["__metrics__"]["actor/updates"] == 0
-    assert after["__metrics__"]["actor/updates_skipped"] == trainer.config.ppo_epochs  # one group: one mini-batch
+    assert (
+        after["__metrics__"]["actor/updates_skipped"] == trainer.config.ppo_epochs
+    )  # one group: one mini-batch
     for name, tensor in weights_before.items():
         assert torch.equal(after[name], tensor), name
     moved = updated_weights(trainer, [rollout(trainer, pieces, 1.0), rollout(trainer, pieces, -1.0)])
@@ -158,14 +187,24 @@ def test_the_tool_preset_trains_with_calls_in_the_sandbox_and_resumes(tmp_path):
     if isolation.bwrap_problem():
         pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
     out = tmp_path / "run"
-    settings = {"out": str(out), "max_steps": 2, "heldout_eval": False, "save_every": 1, "gen_batch_size": 4,
-                "group_size": 4, "train_batch_size": 2, "max_num_gen_batches": 2}
+    settings = {
+        "out": str(out),
+        "max_steps": 2,
+        "heldout_eval": False,
+        "save_every": 1,
+        "gen_batch_size": 4,
+        "group_size": 4,
+        "train_batch_size": 2,
+        "max_num_gen_batches": 2,
+    }
     DAPOTrainer(resolve_config(["dapo-tool"], settings)).fit(progress=False)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "tool/calls_per_response" in r]
     assert len(steps) == 2
     assert sum(r["tool/calls_per_response"] for r in steps) > 0  # the model called the tool; calls ran
-    assert all(0 < r["rollout/entropy"] < 11 for r in steps)  # every sampled token's entropy (log 49152 = 10.8)
+    assert all(
+        0 < r["rollout/entropy"] < 11 for r in steps
+    )  # every sampled token's entropy (log 49152 = 10.8)
     resumed = DAPOTrainer(resolve_config(["dapo-tool"], {**settings, "max_steps": 3}), resume=True)
     assert resumed.step_index == 2
     resumed.fit(progress=False)
@@ -177,9 +216,18 @@ def test_the_tool_preset_trains_with_calls_in_the_sandbox_and_resumes(tmp_path):
 def test_lora_trains_on_multi_turn_trajectories(tmp_path):
     """LoRA's adapters train on the model's tokens of tool trajectories as full fine-tuning does."""
     out = tmp_path / "lora"
-    settings = {"out": str(out), "max_steps": 1, "heldout_eval": False, "gen_batch_size": 4, "group_size": 4,
-                "train_batch_size": 2, "max_num_gen_batches": 2, "lora_rank": 8, "lora_alpha": 16,
-                "tool_isolation": "unsafe-none"}
+    settings = {
+        "out": str(out),
+        "max_steps": 1,
+        "heldout_eval": False,
+        "gen_batch_size": 4,
+        "group_size": 4,
+        "train_batch_size": 2,
+        "max_num_gen_batches": 2,
+        "lora_rank": 8,
+        "lora_alpha": 16,
+        "tool_isolation": "unsafe-none",
+    }
     DAPOTrainer(resolve_config(["dapo-tool"], settings)).fit(progress=False)
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["tool/calls_per_response"] > 0 and record["actor/updates"] >= 1

@@ -25,12 +25,31 @@ from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 def test_dapo_preset_on_a_large_model_carries_the_papers_32b_settings():
     config = resolve_config(["dapo"], {"model": "Qwen/Qwen2.5-32B"})
     paper = {
-        "clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0, "loss_agg": "token-mean",
-        "max_prompt_length": 2048, "max_response_length": 20480, "overlong_penalty": True,
-        "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0, "dynamic_sampling": True, "filter_metric": "acc",
-        "max_num_gen_batches": 10, "train_batch_size": 512, "gen_batch_size": 1536, "group_size": 16,
-        "mini_batch_size": 32, "lr": 1e-6, "warmup_steps": 10, "weight_decay": 0.1, "grad_clip": 1.0,
-        "temperature": 1.0, "top_p": 1.0, "val_temperature": 1.0, "val_top_p": 0.7, "val_n": 32,
+        "clip_low": 0.2,
+        "clip_high": 0.28,
+        "clip_c": 10.0,
+        "loss_agg": "token-mean",
+        "max_prompt_length": 2048,
+        "max_response_length": 20480,
+        "overlong_penalty": True,
+        "overlong_buffer_len": 4096,
+        "overlong_penalty_factor": 1.0,
+        "dynamic_sampling": True,
+        "filter_metric": "acc",
+        "max_num_gen_batches": 10,
+        "train_batch_size": 512,
+        "gen_batch_size": 1536,
+        "group_size": 16,
+        "mini_batch_size": 32,
+        "lr": 1e-6,
+        "warmup_steps": 10,
+        "weight_decay": 0.1,
+        "grad_clip": 1.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "val_temperature": 1.0,
+        "val_top_p": 0.7,
+        "val_n": 32,
     }
     assert {key: getattr(config, key) for key in paper} == paper
     assert config.updates_per_step == 16  # 512 prompts / 32 per mini-batch
@@ -41,7 +60,9 @@ def test_embedded_model_gets_the_tiny_cpu_scale_under_any_ladder_preset():
     config = resolve_config(["grpo"])
     assert config.presets == ["tiny-cpu", "grpo"]
     assert config.model == "embedded" and config.max_response_length == 64
-    assert config.clip_high == 0.2 and config.loss_agg == "seq-mean-token-mean" and not config.dynamic_sampling
+    assert (
+        config.clip_high == 0.2 and config.loss_agg == "seq-mean-token-mean" and not config.dynamic_sampling
+    )
 
 
 def test_ladder_presets_differ_only_in_switches_and_add_one_technique_each():
@@ -49,7 +70,13 @@ def test_ladder_presets_differ_only_in_switches_and_add_one_technique_each():
     for rung in rungs:
         assert set(rung) == set(SWITCHES)
     changed = [{k for k in SWITCHES if a[k] != b[k]} for a, b in zip(rungs, rungs[1:], strict=False)]
-    assert changed == [{"overlong_filter"}, {"clip_high"}, {"overlong_penalty"}, {"loss_agg"}, {"dynamic_sampling"}]
+    assert changed == [
+        {"overlong_filter"},
+        {"clip_high"},
+        {"overlong_penalty"},
+        {"loss_agg"},
+        {"dynamic_sampling"},
+    ]
 
 
 def test_overrides_win_and_are_typed():
@@ -60,23 +87,29 @@ def test_overrides_win_and_are_typed():
     assert config.clip_high == 0.3 and config.group_size == 4
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("clip_hi=0.3", "unknown key 'clip_hi'"),
-    ("nonsense", "expected key=value"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("clip_hi=0.3", "unknown key 'clip_hi'"),
+        ("nonsense", "expected key=value"),
+    ],
+)
 def test_bad_overrides_name_the_problem(assignment, message):
     with pytest.raises(ValueError, match=message):
         parse_override(assignment)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"train_batch_size": 10, "mini_batch_size": 4}, "multiple of mini_batch_size"),
-    ({"group_size": 1}, "group_size"),
-    ({"loss_agg": "sample-mean"}, "loss_agg"),
-    ({"clip_c": 0.5}, "clip_c"),
-    ({"overlong_buffer_len": 30000}, "overlong_buffer_len"),
-    ({"dtype": "bf16"}, "dtype 'bf16' must be auto, float32, bfloat16 or float16"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"train_batch_size": 10, "mini_batch_size": 4}, "multiple of mini_batch_size"),
+        ({"group_size": 1}, "group_size"),
+        ({"loss_agg": "sample-mean"}, "loss_agg"),
+        ({"clip_c": 0.5}, "clip_c"),
+        ({"overlong_buffer_len": 30000}, "overlong_buffer_len"),
+        ({"dtype": "bf16"}, "dtype 'bf16' must be auto, float32, bfloat16 or float16"),
+    ],
+)
 def test_impossible_configs_say_what_to_set(values, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**values)
@@ -90,12 +123,15 @@ def test_unknown_preset_lists_the_available_ones(tmp_path):
     assert resolve_config([str(custom)]).clip_high == 0.35
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("lr=abc", "lr takes a float"),
-    ("dynamic_sampling=maybe", "dynamic_sampling takes true/false"),
-    ("group_size=2.5", "group_size takes an integer"),
-    ("clip_c=big", "clip_c takes a float (or null)"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("lr=abc", "lr takes a float"),
+        ("dynamic_sampling=maybe", "dynamic_sampling takes true/false"),
+        ("group_size=2.5", "group_size takes an integer"),
+        ("clip_c=big", "clip_c takes a float (or null)"),
+    ],
+)
 def test_set_values_are_typed_against_the_field(assignment, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_override(assignment)
@@ -110,8 +146,11 @@ def test_set_values_of_the_right_type_are_converted():
 
 
 def test_every_numeric_field_has_a_range():
-    numeric = {name for name, hint in field_types(TrainConfig).items()
-               if {int, float} & {hint, *typing.get_args(hint)} and hint is not bool}
+    numeric = {
+        name
+        for name, hint in field_types(TrainConfig).items()
+        if {int, float} & {hint, *typing.get_args(hint)} and hint is not bool
+    }
     assert numeric - set(RANGES) == set()
 
 
@@ -136,7 +175,10 @@ def test_set_null_turns_off_what_a_preset_set_while_an_absent_flag_keeps_it():
 def test_built_in_tasks_are_a_registry_of_disjoint_problem_sets():
     from dapo_suite.train.tasks import BUILTIN_TASKS, builtin_task
 
-    sets = {name: {(problem.problem, problem.answer) for problem in make()} for name, make in BUILTIN_TASKS.items()}
+    sets = {
+        name: {(problem.problem, problem.answer) for problem in make()}
+        for name, make in BUILTIN_TASKS.items()
+    }
     assert not {text for text, _ in sets["arithmetic"]} & {text for text, _ in sets["arithmetic-in-words"]}
     assert ("What is 3 plus 4?", "7") in sets["arithmetic-in-words"]
     assert ("What is 9 multiplied by 5?", "45") in sets["arithmetic-in-words"]

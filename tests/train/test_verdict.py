@@ -1,4 +1,5 @@
-"""The end-of-run verdict: learned only beyond the noise of the held-out estimate, else the measured reason."""
+"""The end-of-run verdict: learned only beyond the noise of the held-out estimate, else the measured
+reason."""
 
 from dapo_suite.train.verdict import learning_verdict
 
@@ -8,8 +9,9 @@ def step(kept: int, acc: float = 0.02, fmt: float = 0.05) -> dict:
 
 
 def test_a_rise_beyond_twice_its_standard_error_is_learned():
-    verdict = learning_verdict({"acc": 0.2, "acc_stderr": 0.05}, {"acc": 0.6, "acc_stderr": 0.06},
-                               [step(4)] * 12, train_batch_size=4)
+    verdict = learning_verdict(
+        {"acc": 0.2, "acc_stderr": 0.05}, {"acc": 0.6, "acc_stderr": 0.06}, [step(4)] * 12, train_batch_size=4
+    )
     assert verdict.learned and verdict.text().startswith("verdict: learned: held-out 20.0 % -> 60.0 %")
 
 

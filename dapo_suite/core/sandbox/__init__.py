@@ -1,5 +1,5 @@
-"""A sandbox for model-written Python: every call runs in a fresh process, isolated by bubblewrap's namespaces,
-held by rlimits and (on x86-64 and aarch64) a seccomp filter, and killed whole at a limit.
+"""A sandbox for model-written Python: every call runs in a fresh process, isolated by bubblewrap's
+namespaces, held by rlimits and (on x86-64 and aarch64) a seccomp filter, and killed whole at a limit.
 
     from dapo_suite.core.sandbox import Sandbox
     with Sandbox() as sandbox:

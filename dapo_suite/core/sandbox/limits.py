@@ -26,8 +26,10 @@ class SandboxLimits:
             if not getattr(self, name) > 0:
                 raise UserError(f"sandbox {name} must be > 0, got {getattr(self, name)}")
         if self.memory_mb < MIN_MEMORY_MB:
-            raise UserError(f"sandbox memory_mb must be >= {MIN_MEMORY_MB} (the interpreter with numpy and sympy "
-                            f"takes about 135 MB), got {self.memory_mb}")
+            raise UserError(
+                f"sandbox memory_mb must be >= {MIN_MEMORY_MB} (the interpreter with numpy and sympy "
+                f"takes about 135 MB), got {self.memory_mb}"
+            )
         for name in ("file_size_mb", "tmp_mb", "output_bytes"):
             if getattr(self, name) < 1:
                 raise UserError(f"sandbox {name} must be >= 1, got {getattr(self, name)}")

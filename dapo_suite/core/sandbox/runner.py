@@ -1,10 +1,12 @@
-"""`Sandbox.run(code)`: one call of model-written Python in a fresh isolated process, with a pool of warm workers.
+"""`Sandbox.run(code)`: one call of model-written Python in a fresh isolated process, with a pool of warm
+workers.
 
-Every call gets a process of its own that no other call has touched. Starting one (bubblewrap, the interpreter,
-numpy and sympy imported) takes about 0.4 s on a CPU core, far more than a typical call runs, so a pool keeps
-`pool_size` workers started ahead: a call takes a ready one and a new one starts behind it. A worker says when it is
-ready; the call's wall clock starts when its code is handed over. At a limit the whole process tree is killed: the
-worker is the only process of its PID namespace's init (bubblewrap), which takes every descendant with it.
+Every call gets a process of its own that no other call has touched. Starting one (bubblewrap, the
+interpreter, numpy and sympy imported) takes about 0.4 s on a CPU core, far more than a typical call runs, so
+a pool keeps `pool_size` workers started ahead: a call takes a ready one and a new one starts behind it. A
+worker says when it is ready; the call's wall clock starts when its code is handed over. At a limit the whole
+process tree is killed: the worker is the only process of its PID namespace's init (bubblewrap), which takes
+every descendant with it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ class Worker:
     def __init__(self, isolation: str, limits: SandboxLimits, preload: bool) -> None:
         # unsafe-none: the packages from where this interpreter finds them (nothing is bound under SITE)
         site = SITE if isolation == "bwrap" else str(Path(__import__("numpy").__file__).parent.parent)
-        config = {"site": site, "preload": preload,
-                  "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_mb * MB,
-                  "file_size_bytes": limits.file_size_mb * MB}
+        config = {
+            "site": site,
+            "preload": preload,
+            "cpu_seconds": limits.cpu_seconds,
+            "memory_bytes": limits.memory_mb * MB,
+            "file_size_bytes": limits.file_size_mb * MB,
+        }
         program = [str(Path(sys.executable).resolve()), "-I", "-S", "-c", WORKER_SOURCE, json.dumps(config)]
         pass_fds, self._filter_fd = (), None
         if isolation == "bwrap":
@@ -52,9 +58,21 @@ class Worker:
             argv = bwrap_argv(interpreter_binds(), limits.tmp_mb * MB, self._filter_fd) + program
             env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, None
         else:
-            argv, env, cwd = program, {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "OPENBLAS_NUM_THREADS": "1"}, "/tmp"
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env=env, cwd=cwd, pass_fds=pass_fds, start_new_session=True)
+            argv, env, cwd = (
+                program,
+                {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "OPENBLAS_NUM_THREADS": "1"},
+                "/tmp",
+            )
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            pass_fds=pass_fds,
+            start_new_session=True,
+        )
         if self._filter_fd is not None:
             os.close(self._filter_fd)
 
@@ -81,20 +99,30 @@ class Worker:
 
 
 class Sandbox:
-    """Runs model-written Python. `isolation`: `bwrap` (checked at construction: `SandboxUnavailable` says what
-    to install) or `unsafe-none`. `preload`: warm workers import numpy and sympy before their code arrives (about
-    0.4 s of CPU each, against 0.03 s for a bare worker: worth it only where most calls import them).
-    Thread-safe: calls from several threads run side by side."""
+    """Runs model-written Python. `isolation`: `bwrap` (checked at construction: `SandboxUnavailable` says
+    what to install) or `unsafe-none`. `preload`: warm workers import numpy and sympy before their code
+    arrives (about 0.4 s of CPU each, against 0.03 s for a bare worker: worth it only where most calls import
+    them). Thread-safe: calls from several threads run side by side."""
 
-    def __init__(self, limits: SandboxLimits | None = None, pool_size: int = 2, isolation: str = "bwrap",
-                 preload: bool = False) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        pool_size: int = 2,
+        isolation: str = "bwrap",
+        preload: bool = False,
+    ) -> None:
         require_isolation(isolation)
         if isolation == "bwrap" and seccomp.program() is None:
-            log.warning("no seccomp filter for this machine (%s: x86_64 and aarch64 only): sandboxed code may start "
-                        "processes, bounded only by the call's limits and its PID namespace", platform.machine())
+            log.warning(
+                "no seccomp filter for this machine (%s: x86_64 and aarch64 only): sandboxed code may start "
+                "processes, bounded only by the call's limits and its PID namespace",
+                platform.machine(),
+            )
         if isolation == "unsafe-none":
-            log.warning("sandbox isolation is off (unsafe-none): model-written code runs as this user and can read "
-                        "its files, its environment and the network")
+            log.warning(
+                "sandbox isolation is off (unsafe-none): model-written code runs as this user and can read "
+                "its files, its environment and the network"
+            )
         self.limits, self.isolation, self.preload = limits or SandboxLimits(), isolation, preload
         self.pool_size = max(pool_size, 0)
         self._spares: list[Worker] = []
@@ -168,7 +196,10 @@ class Sandbox:
                 if len(buffer) > limits.output_bytes:
                     del buffer[limits.output_bytes :]
                     outcome = "output_limit"
-                    message = f"Output cut: the limit of {limits.output_bytes} bytes was reached and the code stopped"
+                    message = (
+                        f"Output cut: the limit of {limits.output_bytes} bytes was reached and the "
+                        "code stopped"
+                    )
                     break
         selector.close()
         if outcome is None:
@@ -180,14 +211,16 @@ class Sandbox:
             worker.kill()
         elapsed = time.monotonic() - start
         code = worker.process.returncode if outcome is None else None
-        stdout, stderr = (bytes(buffers[s]).decode(errors="replace") for s in (worker.process.stdout,
-                                                                                 worker.process.stderr))
+        stdout, stderr = (
+            bytes(buffers[s]).decode(errors="replace") for s in (worker.process.stdout, worker.process.stderr)
+        )
         if outcome is None:
             outcome, message = self._outcome(code, stderr)
         return RunResult(outcome, code, stdout, stderr, round(elapsed, 4), message)
 
     def _outcome(self, code: int, stderr: str) -> tuple[str, str]:
-        """How an exited call ended, from its exit status (bubblewrap passes on 128 + N for signal N) and stderr."""
+        """How an exited call ended, from its exit status (bubblewrap passes on 128 + N for signal N) and
+        stderr."""
         if code == 0:
             return "ok", ""
         number = code - 128 if code > 128 else -code if code < 0 else 0

@@ -1,6 +1,7 @@
-"""The tool config of a multi-turn run: a YAML in verl 0.9's shape (`tools: [{class_name, config, tool_schema}]`),
-the shipped one by default (python_tool.yaml beside this module). Both backends read the same file: verl builds
-its tools from it; the embedded trainer and eval take the sandbox's limits from the Python tool's `config`."""
+"""The tool config of a multi-turn run: a YAML in verl 0.9's shape
+(`tools: [{class_name, config, tool_schema}]`), the shipped one by default (python_tool.yaml beside this
+module). Both backends read the same file: verl builds its tools from it; the embedded trainer and eval take
+the sandbox's limits from the Python tool's `config`."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def sandbox_limits(path: str | None) -> SandboxLimits:
         raise UserError(f"tool config {file}: cannot be read ({error})") from None
     tools = document.get("tools") if isinstance(document, dict) else None
     if not isinstance(tools, list) or len(tools) != 1 or not isinstance(tools[0], dict):
-        raise UserError(f"tool config {file}: expected `tools:` with one tool (the Python sandbox), as "
-                        f"{DEFAULT_TOOL_CONFIG.name} has")
+        raise UserError(
+            f"tool config {file}: expected `tools:` with one tool (the Python sandbox), as "
+            f"{DEFAULT_TOOL_CONFIG.name} has"
+        )
     return limits_from(tools[0].get("config") or {}, f"tool config {file}: tools[0].config")
 
 
@@ -39,5 +42,7 @@ def limits_from(config: dict, where: str) -> SandboxLimits:
     known = {f.name for f in fields(SandboxLimits)}
     unknown = sorted(set(config) - known - set(VERL_KEYS))
     if unknown:
-        raise UserError(f"{where} has unknown keys {unknown}; the sandbox's limits are {', '.join(sorted(known))}")
+        raise UserError(
+            f"{where} has unknown keys {unknown}; the sandbox's limits are {', '.join(sorted(known))}"
+        )
     return SandboxLimits(**{key: value for key, value in config.items() if key in known})

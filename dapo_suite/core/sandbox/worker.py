@@ -1,9 +1,9 @@
 """The program a sandboxed call runs (its source is passed to `python -I -S -c`; standard library only).
 
-argv[1] is a JSON object: `site` (a folder to import numpy and sympy from), `preload` (import them now, before the
-code arrives: a warm worker), and the limits in bytes and seconds. The worker writes one byte to stdout when it is
-ready, reads `{"code", "stdin"}` as JSON from stdin up to its end, lowers its rlimits to the call's, and runs the code as a notebook
-cell does: a last line that is an expression prints its value.
+argv[1] is a JSON object: `site` (a folder to import numpy and sympy from), `preload` (import them now, before
+the code arrives: a warm worker), and the limits in bytes and seconds. The worker writes one byte to stdout
+when it is ready, reads `{"code", "stdin"}` as JSON from stdin up to its end, lowers its rlimits to the
+call's, and runs the code as a notebook cell does: a last line that is an expression prints its value.
 """
 
 import ast
@@ -22,9 +22,15 @@ FILENAME = "<code>"
 def set_limits(limits):
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = math.ceil(usage.ru_utime + usage.ru_stime + limits["cpu_seconds"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL a second later
-    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_FSIZE", limits["file_size_bytes"]),
-                        ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)):
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (cpu, cpu + 1)
+    )  # SIGXCPU at the soft limit, SIGKILL a second later
+    for name, value in (
+        ("RLIMIT_AS", limits["memory_bytes"]),
+        ("RLIMIT_FSIZE", limits["file_size_bytes"]),
+        ("RLIMIT_NOFILE", 64),
+        ("RLIMIT_CORE", 0),
+    ):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 

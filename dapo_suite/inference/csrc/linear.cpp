@@ -1,13 +1,13 @@
-// `pack_weight` and `linear`: x W^T + b for every projection, on bf16 pair products, float32 vectors (FMA) or, on an
-// AMX CPU, the tile unit.
+// `pack_weight` and `linear`: x W^T + b for every projection, on bf16 pair products, float32 vectors (FMA)
+// or, on an AMX CPU, the tile unit.
 #include "kernels.h"
 
 namespace {
 
-// ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES)); y points
-// at the block's first output of row 0 (stride `out`). Per input: V weight loads, ROWS broadcasts, ROWS x V fused
-// multiply-adds (an outer product; no horizontal sums). `next`: this tile's share of the next block to prefetch
-// meanwhile, or null.
+// ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES)); y
+// points at the block's first output of row 0 (stride `out`). Per input: V weight loads, ROWS broadcasts,
+// ROWS x V fused multiply-adds (an outer product; no horizontal sums). `next`: this tile's share of the next
+// block to prefetch meanwhile, or null.
 template <int ROWS, int V>
 void linear_tile_f32(const float* x, int64_t in, const float* block, const float* next, PrefetchShare share,
                      const float* bias, float* y, int64_t out) {
@@ -25,16 +25,17 @@ void linear_tile_f32(const float* x, int64_t in, const float* block, const float
   for (int v = 0; v < V; ++v) {
     Floats b = {};
     if (bias) b = *reinterpret_cast<const UnalignedFloats*>(bias + v * F32_LANES);
-    for (int r = 0; r < ROWS; ++r) *reinterpret_cast<UnalignedFloats*>(y + r * out + v * F32_LANES) = acc[r][v] + b;
+    for (int r = 0; r < ROWS; ++r)
+      *reinterpret_cast<UnalignedFloats*>(y + r * out + v * F32_LANES) = acc[r][v] + b;
   }
 }
 
 // Every tile of x through one block of V vectors of outputs (`each_row_tile`).
 template <int V, int... ROWS>
 void linear_block(const float* x, int64_t rows, int64_t in, const float* block, const float* next,
-                      const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const float*, int64_t, const float*, const float*, PrefetchShare, const float*, float*,
-                        int64_t);
+                  const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile = void (*)(const float*, int64_t, const float*, const float*, PrefetchShare, const float*,
+                        float*, int64_t);
   static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V>...};  // tiles[r - 1]: r rows
   each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
 }
@@ -46,20 +47,22 @@ void linear_block(const float* x, int64_t rows, int64_t in, const float* block, 
 // (I/2, 48, 2), so for each pair of inputs the block's 48 outputs x 2 inputs are three vectors in a row (the
 // pair layout `_mm512_dpbf16_ps` multiplies). A tile of up to 8 rows of x runs through a block with 24
 // accumulators: per input pair, three vector loads of W, one broadcast of each row's pair, 24 pair products
-// (an outer product; no horizontal sums). Each thread takes whole blocks, all tiles of x through a block while
-// it sits in cache, the next block prefetched in equal shares by the tiles (`each_row_tile`). The last block
-// holds the N % 48 outputs left (16 or 32).
-// Why not oneDNN's linear on weights reordered once into its own layout: this runs a step's projections faster
-// at every row count measured, 1 to 2048 (benchmarks/projections.py; figures: docs/benchmarks.md, "Measurements behind code comments").
+// (an outer product; no horizontal sums). Each thread takes whole blocks, all tiles of x through a block
+// while it sits in cache, the next block prefetched in equal shares by the tiles (`each_row_tile`). The last
+// block holds the N % 48 outputs left (16 or 32). Why not oneDNN's linear on weights reordered once into its
+// own layout: this runs a step's projections faster at every row count measured, 1 to 2048
+// (benchmarks/projections.py; figures: docs/benchmarks.md, "Measurements behind code comments").
 constexpr int64_t PAIR_BLOCK = 48, BF16_TILE_ROWS = 8;
 
 // x W^T (+ b) by oneDNN on W in its blocked layout (torch's mkldnn::_linear_pointwise, what
 // torch.ops.mkldnn._linear_pointwise calls, with no fused activation).
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  static const auto op = c10::Dispatcher::singleton()
-      .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-                        c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            c10::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<c10::string_view>)>();
   return op.call(x, weight, bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt, "none",
                  c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
@@ -73,8 +76,8 @@ inline __m512 bias_floats(const BFloat16* bias, int64_t first) {
 }
 
 // ROWS rows of x (stride `in`) against one block of 16 V outputs (`pairs`: (in/2, 16 V, 2)); y points at the
-// block's first output of row 0 (stride `out`). `next`: this tile's share of the next block to prefetch meanwhile,
-// or null.
+// block's first output of row 0 (stride `out`). `next`: this tile's share of the next block to prefetch
+// meanwhile, or null.
 template <int ROWS, int V>
 void linear_tile_bf16(const BFloat16* x, int64_t in, const BFloat16* pairs, const BFloat16* next,
                       PrefetchShare share, const BFloat16* bias, BFloat16* y, int64_t out) {
@@ -94,17 +97,18 @@ void linear_tile_bf16(const BFloat16* x, int64_t in, const BFloat16* pairs, cons
   for (int v = 0; v < V; ++v) {
     const __m512 b = bias_floats(bias, 16 * v);
     for (int r = 0; r < ROWS; ++r)
-      _mm256_storeu_si256((__m256i*)(y + r * out + 16 * v), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
+      _mm256_storeu_si256((__m256i*)(y + r * out + 16 * v),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][v], b)));
   }
 }
 
-// Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares kept for one code path,
-// they neither help nor hurt at 16-64 rows, where the pair products, not memory, set the pace).
+// Every tile of x through one block of 16 V outputs (`each_row_tile`; its prefetch shares kept for one code
+// path, they neither help nor hurt at 16-64 rows, where the pair products, not memory, set the pace).
 template <int V, int... ROWS>
 void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
-                       const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const BFloat16*, int64_t, const BFloat16*, const BFloat16*, PrefetchShare, const BFloat16*,
-                        BFloat16*, int64_t);
+                  const BFloat16* bias, BFloat16* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile = void (*)(const BFloat16*, int64_t, const BFloat16*, const BFloat16*, PrefetchShare,
+                        const BFloat16*, BFloat16*, int64_t);
   static constexpr Tile tiles[] = {linear_tile_bf16<ROWS + 1, V>...};  // tiles[r - 1]: r rows
   each_row_tile(tiles, x, rows, in, pairs, next, in * V * 16, in / 2, bias, y, out);
 }
@@ -112,8 +116,10 @@ void linear_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* p
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
 // The tile unit's register layout (palette 1) as `linear` uses it: tmm0-2 the sums of 16 rows x 16 outputs
-// (float32), tmm3 16 rows of x x 32 inputs, tmm4-6 16 input pairs x 16 outputs x 2: one vector of a pair block
-// (`pack_weight`'s (I/2, 48, 2)), loaded with the block's row stride, so AMX reads the pair products' layout as is.
+// (float32), tmm3 16 rows of x x 32 inputs, tmm4-6 16 input pairs x 16 outputs x 2: one vector of a pair
+// block
+// (`pack_weight`'s (I/2, 48, 2)), loaded with the block's row stride, so AMX reads the pair products' layout
+// as is.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t bytes_per_row[16] = {};
@@ -125,14 +131,15 @@ struct alignas(64) TileConfig {
 
 // Linux hands out the tile registers' 8 KB of state per process on request (arch_prctl, once).
 bool tiles_permitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  static const bool permitted =
+      syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return permitted;
 }
 
-// All rows of x (I % 32 == 0; `linear` sends 8-64) through one block of 16 V outputs, 16 rows at a time (the last
-// tile with N % 16 rows, under `part`'s config), each row's sums over I in steps of 32 inputs in one fixed order,
-// whatever rows sit beside it. The next block's lines are prefetched a few per step across all tiles, so the
-// memory stream keeps going while later tiles reread this block from cache.
+// All rows of x (I % 32 == 0; `linear` sends 8-64) through one block of 16 V outputs, 16 rows at a time (the
+// last tile with N % 16 rows, under `part`'s config), each row's sums over I in steps of 32 inputs in one
+// fixed order, whatever rows sit beside it. The next block's lines are prefetched a few per step across all
+// tiles, so the memory stream keeps going while later tiles reread this block from cache.
 template <int V>
 void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pairs, const BFloat16* next,
                 const BFloat16* bias, BFloat16* y, int64_t out, float* sums, const TileConfig& full,
@@ -153,8 +160,14 @@ void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pai
       _tile_loadd(3, x + t * 16 * in + s * 32, in * 2);
       _tile_loadd(4, w, V * 64);
       _tile_dpbf16ps(0, 3, 4);
-      if (V > 1) { _tile_loadd(5, w + 32, V * 64); _tile_dpbf16ps(1, 3, 5); }
-      if (V > 2) { _tile_loadd(6, w + 64, V * 64); _tile_dpbf16ps(2, 3, 6); }
+      if (V > 1) {
+        _tile_loadd(5, w + 32, V * 64);
+        _tile_dpbf16ps(1, 3, 5);
+      }
+      if (V > 2) {
+        _tile_loadd(6, w + 64, V * 64);
+        _tile_dpbf16ps(2, 3, 6);
+      }
     }
     _tile_stored(0, sums, V * 64);
     if (V > 1) _tile_stored(1, sums + 16, V * 64);
@@ -163,8 +176,9 @@ void tile_block(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pai
     for (int v = 0; v < V; ++v) {
       const __m512 b = bias_floats(bias, 16 * v);
       for (int64_t r = 0; r < valid; ++r)
-        _mm256_storeu_si256((__m256i*)(y + (t * 16 + r) * out + 16 * v),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + r * V * 16 + 16 * v), b)));
+        _mm256_storeu_si256(
+            (__m256i*)(y + (t * 16 + r) * out + 16 * v),
+            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + r * V * 16 + 16 * v), b)));
     }
   }
 }
@@ -178,27 +192,32 @@ void tile_linear(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pa
     alignas(64) float sums[16 * PAIR_BLOCK];
     for (int64_t j = first; j < last; ++j) {
       const int64_t begin = j * PAIR_BLOCK, width = std::min(PAIR_BLOCK, out - begin);
-      const BFloat16 *pairs = packed + begin * in, *next = j + 1 < last ? packed + (begin + width) * in : nullptr;
+      const BFloat16 *pairs = packed + begin * in,
+                     *next = j + 1 < last ? packed + (begin + width) * in : nullptr;
       const BFloat16* b = bias ? bias + begin : nullptr;
-      if (width == 48) tile_block<3>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
-      else if (width == 32) tile_block<2>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
-      else tile_block<1>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+      if (width == 48)
+        tile_block<3>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+      else if (width == 32)
+        tile_block<2>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
+      else
+        tile_block<1>(x, rows, in, pairs, next, b, y + begin, out, sums, full, part);
     }
     _tile_release();
   });
 }
 #endif
 
-// W (O, I) -> the same shape in `linear`'s blocks: bf16, blocks of 48 outputs, each (I/2, 48, 2) (the last one
-// N % 48 wide); float32, blocks of F32_BLOCK outputs, each (I, F32_BLOCK) (the last one narrower). Empty where
-// `linear` cannot take it: bf16 with O % 16, I % 2 or no avx512_bf16; float32 with O % F32_LANES.
+// W (O, I) -> the same shape in `linear`'s blocks: bf16, blocks of 48 outputs, each (I/2, 48, 2) (the last
+// one N % 48 wide); float32, blocks of F32_BLOCK outputs, each (I, F32_BLOCK) (the last one narrower). Empty
+// where `linear` cannot take it: bf16 with O % 16, I % 2 or no avx512_bf16; float32 with O % F32_LANES.
 torch::Tensor pack_weight(torch::Tensor weight) {
   const int64_t out = weight.size(0), in = weight.size(1);
   // W's rows in blocks of `block` (elements of `units`, a view of W): block j as its transpose (in, block)
   auto blocked = [out](const at::Tensor& units, int64_t block) {
     const int64_t full = out / block * block;
     std::vector<at::Tensor> parts;
-    if (full) parts.push_back(units.slice(0, 0, full).view({full / block, block, -1}).transpose(1, 2).flatten());
+    if (full)
+      parts.push_back(units.slice(0, 0, full).view({full / block, block, -1}).transpose(1, 2).flatten());
     if (out > full) parts.push_back(units.slice(0, full).t().flatten());
     return torch::cat(parts);
   };
@@ -213,7 +232,8 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   return weight.new_empty({0});
 }
 
-// x (N, I) bf16 or float32, contiguous; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or empty.
+// x (N, I) bf16 or float32, contiguous; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or
+// empty.
 void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kFloat),
@@ -231,7 +251,8 @@ bool tiles_take(const torch::Tensor& x) {
 }
 
 // x W^T + b on the tile unit, arguments checked and taken (check_linear, tiles_take).
-torch::Tensor product_on_tiles(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+torch::Tensor product_on_tiles(const torch::Tensor& x, const torch::Tensor& packed,
+                               const torch::Tensor& bias) {
   auto y = torch::empty({x.size(0), packed.size(0)}, x.options());
   if (x.size(0))
     tile_linear(x.data_ptr<BFloat16>(), x.size(0), x.size(1), packed.data_ptr<BFloat16>(),
@@ -247,13 +268,15 @@ torch::Tensor linear_on_tiles(torch::Tensor x, torch::Tensor packed, torch::Tens
 }
 #endif
 
-// x W^T + b on the vector units (bf16 pair products, float32 outer products), arguments checked (check_linear).
-torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
+// x W^T + b on the vector units (bf16 pair products, float32 outer products), arguments checked
+// (check_linear).
+torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed,
+                                 const torch::Tensor& bias);
 
-// x W^T + b, (N, O) in x's dtype, by what runs the row count fastest here: on an AMX CPU in bf16, the tile unit
-// from TILE_MIN_ROWS and oneDNN from ONEDNN_MIN_ROWS (or from TILE_MIN_ROWS where the tiles cannot take x), on
-// `onednn`, the weight in oneDNN's layout when the caller keeps one; else the vector units. Arguments as
-// check_linear's.
+// x W^T + b, (N, O) in x's dtype, by what runs the row count fastest here: on an AMX CPU in bf16, the tile
+// unit from TILE_MIN_ROWS and oneDNN from ONEDNN_MIN_ROWS (or from TILE_MIN_ROWS where the tiles cannot take
+// x), on `onednn`, the weight in oneDNN's layout when the caller keeps one; else the vector units. Arguments
+// as check_linear's.
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn) {
   check_linear(x, packed, bias);
   const int64_t rows = x.size(0);
@@ -273,9 +296,10 @@ torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Te
 }
 
 // Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
-// prefetched meanwhile: float32 blocks of F32_BLOCK outputs (F32_LANES a vector), bf16 blocks of PAIR_BLOCK (16 a
-// vector); the last block may be narrower.
-torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+// prefetched meanwhile: float32 blocks of F32_BLOCK outputs (F32_LANES a vector), bf16 blocks of PAIR_BLOCK
+// (16 a vector); the last block may be narrower.
+torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& packed,
+                                 const torch::Tensor& bias) {
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   auto y = torch::empty({rows, out}, x.options());
   if (rows == 0) return y;
@@ -290,9 +314,12 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
         const T *weights = w_p + begin * in, *ahead = j + 1 < last ? w_p + (begin + width) * in : nullptr;
         const T* b = b_p ? b_p + begin : nullptr;
         const int64_t vectors = width / lanes;
-        if (vectors == 3) linear_block<3>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-        else if (vectors == 2) linear_block<2>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-        else linear_block<1>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        if (vectors == 3)
+          linear_block<3>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        else if (vectors == 2)
+          linear_block<2>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        else
+          linear_block<1>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
       }
     });
   };

@@ -2,13 +2,14 @@
 #include "kernels.h"
 
 // RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) of the residual stream after adding x (when given):
-//   h += x;  y = w * h / sqrt(mean(h^2) + eps), stored as `dtype` (bf16: rounded once).   hidden (B, C) float32,
-//   updated in place; x (B, C) in `dtype`.
+//   h += x;  y = w * h / sqrt(mean(h^2) + eps), stored as `dtype` (bf16: rounded once).   hidden (B, C)
+//   float32, updated in place; x (B, C) in `dtype`.
 torch::Tensor add_rms_norm(torch::Tensor hidden, c10::optional<torch::Tensor> delta, torch::Tensor weight,
                            double eps, at::ScalarType dtype) {
   TORCH_CHECK(hidden.is_contiguous() && hidden.scalar_type() == at::kFloat, "hidden: contiguous float32");
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "add_rms_norm: dtype bfloat16 or float32");
-  TORCH_CHECK(!delta || (delta->scalar_type() == dtype && delta->is_contiguous()), "delta: contiguous, of dtype");
+  TORCH_CHECK(!delta || (delta->scalar_type() == dtype && delta->is_contiguous()),
+              "delta: contiguous, of dtype");
   const int64_t rows = hidden.size(0), width = hidden.size(1);
   auto out = torch::empty({rows, width}, hidden.options().dtype(dtype));
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "add_rms_norm", [&] {
@@ -60,7 +61,8 @@ torch::Tensor silu_mul(torch::Tensor x) {
 
 // Qwen3's RMSNorm of each query and key head before RoPE, in place: qkv (N, (H + 2 H_kv) D) bf16 or float32;
 //   for each of the first H + H_kv heads j (queries, then keys), x_j = w[j] * x_j / sqrt(mean(x_j^2) + eps),
-//   computed in float32; weight (H + H_kv, D) float32 (the q norm's weight on the query rows, the k norm's after).
+//   computed in float32; weight (H + H_kv, D) float32 (the q norm's weight on the query rows, the k norm's
+//   after).
 void qk_rms_norm(at::Tensor qkv, const at::Tensor& weight, double eps) {
   TORCH_CHECK(qkv.is_contiguous() && weight.is_contiguous() && weight.scalar_type() == at::kFloat,
               "qk_rms_norm: contiguous qkv, float32 weight");

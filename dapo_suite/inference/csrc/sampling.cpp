@@ -1,17 +1,17 @@
 // `sample_next`: the next tokens from the logits, by temperature and nucleus (top-p) sampling.
 #include "kernels.h"
 
-// Next-token sampling from logits (B, V): temperature, then nucleus (top-p) sampling (Holtzman et al. 2019, arXiv
-// 1904.09751), one uniform per row (`uniforms` (B,), from the caller's torch generator); greedy when
+// Next-token sampling from logits (B, V): temperature, then nucleus (top-p) sampling (Holtzman et al. 2019,
+// arXiv 1904.09751), one uniform per row (`uniforms` (B,), from the caller's torch generator); greedy when
 // temperature == 0. Returns the tokens (B,) int64, their log-probs under softmax(logits / T) (T = 1 when
-// greedy), the distribution before top-p, which is what the trainer recomputes, and that distribution's entropy
-// (B,): log Z - sum_i p_i (z_i - z_max), one more sum in the pass that computes Z.
-// The nucleus: the most likely tokens, in descending order, whose mass before each is <= top_p. It is found among
-// the tokens above a probability threshold (1e-4, lowered while the tokens above it hold less than top_p; they
-// are a prefix of the descending order, so the nucleus lies inside them), sorted, not among the whole vocabulary.
+// greedy), the distribution before top-p, which is what the trainer recomputes, and that distribution's
+// entropy (B,): log Z - sum_i p_i (z_i - z_max), one more sum in the pass that computes Z. The nucleus: the
+// most likely tokens, in descending order, whose mass before each is <= top_p. It is found among the tokens
+// above a probability threshold (1e-4, lowered while the tokens above it hold less than top_p; they are a
+// prefix of the descending order, so the nucleus lies inside them), sorted, not among the whole vocabulary.
 template <typename T>
-void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature, float top_p, const float* uniforms,
-                 int64_t* tokens, float* log_probs, float* entropies) {
+void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature, float top_p,
+                 const float* uniforms, int64_t* tokens, float* log_probs, float* entropies) {
   at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
     std::vector<float> weights(vocab);  // e^(z - z_max), z = logits / T
     std::vector<std::pair<float, int64_t>> candidates;
@@ -36,7 +36,10 @@ void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature
         token = vocab - 1;
         for (int64_t i = 0; i < vocab; ++i) {
           mass += weights[i];
-          if (mass > target && weights[i] > 0.f) { token = i; break; }
+          if (mass > target && weights[i] > 0.f) {
+            token = i;
+            break;
+          }
         }
       } else {
         float threshold = 1e-4f * total, held = 0.f;
@@ -59,7 +62,10 @@ void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature
         token = candidates[kept - 1].second;
         for (size_t k = 0; k < kept; ++k) {
           mass += candidates[k].first;
-          if (mass > target) { token = candidates[k].second; break; }
+          if (mass > target) {
+            token = candidates[k].second;
+            break;
+          }
         }
       }
       tokens[b] = token;
@@ -72,7 +78,8 @@ void sample_rows(const T* logits, int64_t rows, int64_t vocab, float temperature
 std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature, double top_p,
                                        torch::Tensor uniforms) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "logits: contiguous (rows, vocabulary)");
-  TORCH_CHECK(uniforms.scalar_type() == at::kFloat && uniforms.numel() == logits.size(0), "uniforms: (rows,) float32");
+  TORCH_CHECK(uniforms.scalar_type() == at::kFloat && uniforms.numel() == logits.size(0),
+              "uniforms: (rows,) float32");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   auto tokens = torch::empty({rows}, logits.options().dtype(at::kLong));
   auto log_probs = torch::empty({rows}, logits.options().dtype(at::kFloat));
@@ -83,8 +90,9 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
                 entropies.data_ptr<float>());
   else {
     const auto values = logits.to(at::kFloat);
-    sample_rows(values.data_ptr<float>(), rows, vocab, float(temperature), float(top_p), uniforms.data_ptr<float>(),
-                tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>(), entropies.data_ptr<float>());
+    sample_rows(values.data_ptr<float>(), rows, vocab, float(temperature), float(top_p),
+                uniforms.data_ptr<float>(), tokens.data_ptr<int64_t>(), log_probs.data_ptr<float>(),
+                entropies.data_ptr<float>());
   }
   return {tokens, log_probs, entropies};
 }

@@ -1,6 +1,6 @@
-"""`python -m dapo_suite.train.verl.async_entry MODE <hydra overrides>`: verl's async trainer MODE ("one_step",
-"fully"; keys.ASYNC_TRAINERS) with DAPO's group filter (async_trainers.py). verl's own entry point parses the
-overrides against its packaged config and runs; only its task runner is replaced."""
+"""`python -m dapo_suite.train.verl.async_entry MODE <hydra overrides>`: verl's async trainer MODE
+("one_step", "fully"; keys.ASYNC_TRAINERS) with DAPO's group filter (async_trainers.py). verl's own entry
+point parses the overrides against its packaged config and runs; only its task runner is replaced."""
 
 from __future__ import annotations
 

@@ -1,24 +1,27 @@
-"""verl 0.9.1's async trainers with DAPO's group filter where their rollouts are produced (no verl file edited).
+"""verl 0.9.1's async trainers with DAPO's group filter where their rollouts are produced (no verl file
+edited).
 
-- one-step off-policy (`verl/experimental/one_step_off_policy`): the batch of step k+1 is generated while step k
-  trains. `DAPOOneStepTrainer` makes that generation task a dynamic-sampling loop: it samples generation batches of
-  `data.gen_batch_size` prompts, keeps the groups with signal, and hands the trainer exactly
+- one-step off-policy (`verl/experimental/one_step_off_policy`): the batch of step k+1 is generated while step
+  k trains. `DAPOOneStepTrainer` makes that generation task a dynamic-sampling loop: it samples generation
+  batches of `data.gen_batch_size` prompts, keeps the groups with signal, and hands the trainer exactly
   `data.train_batch_size` of them (surplus discarded and counted, as verl's V1 buffer does).
 - fully async (`verl/experimental/fully_async_policy`): a rollouter streams one group at a time into a queue.
   `DAPOFullyAsyncRollouter` drops a group without signal before it enters the queue, gives its place in the
-  staleness bound back, and feeds a fresh prompt in its stead (the refill of dynamic sampling, without a barrier).
+  staleness bound back, and feeds a fresh prompt in its stead (the refill of dynamic sampling, without a
+  barrier).
 
 Both count kept and dropped groups (`dapo/*` metrics; the fully async trainer logs the rollouter's as
 `fully_async/dapo/*`) and stop the run past `max_num_gen_batches x gen_batch_size` dropped groups in one step.
 
-A one-step checkpoint of step k holds the data loader and the filter's totals as they were when step k's batch was
-complete: verl saves the data loader as it is at the save, when step k+1's batch has already been drawn, so a run
-resumed from it would skip those prompts, and the totals would restart at zero. A fully async checkpoint holds the
-rollouter's totals; its data loader is verl's, as of the save (the groups then in flight or queued are not kept:
-verl's own TODO), so a resumed run skips at most those prompts.
+A one-step checkpoint of step k holds the data loader and the filter's totals as they were when step k's batch
+was complete: verl saves the data loader as it is at the save, when step k+1's batch has already been drawn,
+so a run resumed from it would skip those prompts, and the totals would restart at zero. A fully async
+checkpoint holds the rollouter's totals; its data loader is verl's, as of the save (the groups then in flight
+or queued are not kept: verl's own TODO), so a resumed run skips at most those prompts.
 
-verl's async entry points take their trainer classes from module globals, not from the config, so the task runners
-here put these subclasses in those globals, in their own Ray process, just before verl's method that uses them.
+verl's async entry points take their trainer classes from module globals, not from the config, so the task
+runners here put these subclasses in those globals, in their own Ray process, just before verl's method that
+uses them.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class DAPOOneStepTrainer(OneStepOffRayTrainer):
         return produced
 
     async def _fit_generate(self, batch_data_future, continuous_iterator):
-        # verl's awaits this step's batch, then starts generating the next one, which draws from the data at once
+        # verl's awaits this step's batch, then starts generating the next one, which draws from the data at
+        # once
         result = await super()._fit_generate(batch_data_future, continuous_iterator)
         self._step_state = self._generated_states.popleft()
         return result
@@ -80,10 +84,13 @@ class DAPOOneStepTrainer(OneStepOffRayTrainer):
         data_state, counts = self._step_state
         folder = self._checkpoint_folder()
         folder.mkdir(parents=True, exist_ok=True)
-        if counts is not None:  # before verl's marker of a complete checkpoint (latest_checkpointed_iteration.txt)
+        if (
+            counts is not None
+        ):  # before verl's marker of a complete checkpoint (latest_checkpointed_iteration.txt)
             (folder / FILTER_STATE).write_text(json.dumps(counts))
         super()._save_checkpoint()
-        # verl's data.pt already counts the next step's batch; replaced at once, so a kill leaves one or the other
+        # verl's data.pt already counts the next step's batch; replaced at once, so a kill leaves one or the
+        # other
         partial = folder / "data.pt.partial"
         torch.save(data_state, partial)
         os.replace(partial, folder / "data.pt")
@@ -122,8 +129,12 @@ class DAPOOneStepTrainer(OneStepOffRayTrainer):
         if self.config.trainer.balance_batch:
             self._balance_batch(batch, metrics=metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
-        metrics = {**metrics, **self.group_filter.metrics(), "dapo/num_gen_batches": generated,
-                   "dapo/discarded_surplus_groups": surplus}
+        metrics = {
+            **metrics,
+            **self.group_filter.metrics(),
+            "dapo/num_gen_batches": generated,
+            "dapo/discarded_surplus_groups": surplus,
+        }
         return metrics, timing, epoch, batch, future_reward
 
 
@@ -197,7 +208,8 @@ class DAPOFullyAsyncRollouter(FullyAsyncRollouter.__ray_actor_class__):
 
     async def fit(self) -> None:
         await super().fit()
-        # verl's fit swallows its tasks' errors once it has ended the queue: the filter's stop must fail the run
+        # verl's fit swallows its tasks' errors once it has ended the queue: the filter's stop must fail the
+        # run
         if self.stop is not None:
             raise self.stop
 
@@ -210,8 +222,8 @@ class DAPOOneStepTaskRunner(one_step_main.OneStepTaskRunner.__ray_actor_class__)
 
 class DAPOFullyAsyncTaskRunner(fully_async_main.FullyAsyncTaskRunner.__ray_actor_class__):
     def _create_rollouter(self, config: Any) -> None:
-        # here, not in run(): Ray ships verl's other runner methods as copies, with their own globals, and only
-        # verl's method reached through super() reads the module's
+        # here, not in run(): Ray ships verl's other runner methods as copies, with their own globals, and
+        # only verl's method reached through super() reads the module's
         fully_async_main.FullyAsyncRollouter = as_actor_like(FullyAsyncRollouter, DAPOFullyAsyncRollouter)
         super()._create_rollouter(config)
 

@@ -1,14 +1,16 @@
 """Weight sync for verl's async trainers on a CPU: a checkpoint engine in verl's own registry, over ZeroMQ.
 
 verl's one-step and fully async trainers generate on servers of their own and, after an update, stream the
-trainer's weights to them through a checkpoint engine (`verl.checkpoint_engine`). verl 0.9.1's engines for that
-are GPU or RDMA transports (nccl and nixl need cupy and CUDA, hccl an NPU, mooncake and kimi RDMA); its one CPU
-engine, "naive", only hands weights over inside one process (trainer and rollout colocated). This engine sends
-them from the trainer's rank 0 to every rollout worker over ZeroMQ (TCP, one PUSH socket per receiver, buckets of
-`bucket_size` bytes); the rollout worker then loads them into vLLM as in a colocated sync (`cpu_rollout`).
+trainer's weights to them through a checkpoint engine (`verl.checkpoint_engine`). verl 0.9.1's engines for
+that are GPU or RDMA transports (nccl and nixl need cupy and CUDA, hccl an NPU, mooncake and kimi RDMA); its
+one CPU engine, "naive", only hands weights over inside one process (trainer and rollout colocated). This
+engine sends them from the trainer's rank 0 to every rollout worker over ZeroMQ (TCP, one PUSH socket per
+receiver, buckets of `bucket_size` bytes); the rollout worker then loads them into vLLM as in a colocated sync
+(`cpu_rollout`).
 
 verl imports it where it builds engines, through its hook for engine plugins
-(`actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module`; `keys.cpu_overrides` sets it for async runs).
+(`actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module`; `keys.cpu_overrides` sets it for async
+runs).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from dapo_suite.train.verl.keys import CPU_CHECKPOINT_ENGINE
 
 SEND, IDLE, RECEIVE = "send", "idle", "receive"
-# A bucket not taken or not arriving in this long means the other side is gone (a rollout server killed by Ray's
-# memory monitor, a dead trainer): the run fails with what to do instead of waiting forever.
+# A bucket not taken or not arriving in this long means the other side is gone (a rollout server killed by
+# Ray's memory monitor, a dead trainer): the run fails with what to do instead of waiting forever.
 SYNC_TIMEOUT_S = 600.0
 
 
@@ -37,8 +39,8 @@ class WeightSyncStalled(RuntimeError):
 
 @CheckpointEngineRegistry.register(CPU_CHECKPOINT_ENGINE)
 class ZMQCheckpointEngine(CheckpointEngine):
-    """verl's checkpoint engine interface: the trainer's rank 0 sends, the other trainer ranks only produce their
-    share of each weight (gathering a weight is collective over them), every rollout worker receives."""
+    """verl's checkpoint engine interface: the trainer's rank 0 sends, the other trainer ranks only produce
+    their share of each weight (gathering a weight is collective over them), every rollout worker receives."""
 
     def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = SYNC_TIMEOUT_S) -> None:
         self.bucket_size = bucket_size
@@ -60,9 +62,14 @@ class ZMQCheckpointEngine(CheckpointEngine):
         return self.addresses[0]
 
     @classmethod
-    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list) -> tuple[dict, dict]:
+    def build_topology(
+        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list
+    ) -> tuple[dict, dict]:
         receivers = metadata[actor_wg_world_size:]
-        actor = {"role": [SEND] + [IDLE] * (actor_wg_world_size - 1), "receivers": [receivers] * actor_wg_world_size}
+        actor = {
+            "role": [SEND] + [IDLE] * (actor_wg_world_size - 1),
+            "receivers": [receivers] * actor_wg_world_size,
+        }
         rollout = {"role": [RECEIVE] * rollout_world_size, "receivers": [[]] * rollout_world_size}
         return actor, rollout
 
@@ -74,7 +81,9 @@ class ZMQCheckpointEngine(CheckpointEngine):
             self.sockets = [self.context.socket(zmq.PUSH) for _ in receivers]
             self.addresses = list(receivers)
             for socket, address in zip(self.sockets, receivers, strict=True):
-                socket.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a live receiver: a dead one blocks, then times out
+                socket.setsockopt(
+                    zmq.IMMEDIATE, 1
+                )  # queue only to a live receiver: a dead one blocks, then times out
                 socket.connect(address)
 
     def finalize(self) -> None:
@@ -83,8 +92,9 @@ class ZMQCheckpointEngine(CheckpointEngine):
             socket.close(linger=0)
         self.sockets = []
 
-    async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
-                           global_steps: int | None = None) -> None:
+    async def send_weights(
+        self, weights: Generator[tuple[str, torch.Tensor], None, None], global_steps: int | None = None
+    ) -> None:
         if self.role != SEND:
             for _ in weights:
                 pass
@@ -101,13 +111,19 @@ class ZMQCheckpointEngine(CheckpointEngine):
 
     async def _send(self, bucket: list[tuple[str, torch.Tensor]], last: bool) -> None:
         for socket, address in zip(self.sockets, self.addresses, strict=True):
-            await self._within_timeout(socket.send_pyobj((bucket, last)), f"no rollout worker at {address} took")
+            await self._within_timeout(
+                socket.send_pyobj((bucket, last)), f"no rollout worker at {address} took"
+            )
 
-    async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor]]:
+    async def receive_weights(
+        self, global_steps: int | None = None
+    ) -> AsyncGenerator[tuple[str, torch.Tensor]]:
         (socket,), (address,) = self.sockets, self.addresses
         last = False
         while not last:
-            bucket, last = await self._within_timeout(socket.recv_pyobj(), f"the rollout worker at {address} got")
+            bucket, last = await self._within_timeout(
+                socket.recv_pyobj(), f"the rollout worker at {address} got"
+            )
             for name, weight in bucket:
                 yield name, weight
 
@@ -116,6 +132,9 @@ class ZMQCheckpointEngine(CheckpointEngine):
             return await asyncio.wait_for(transfer, self.timeout_s)
         except TimeoutError:
             raise WeightSyncStalled(
-                f"weight sync stalled: {what} no bucket of weights in {self.timeout_s:.0f} s. The other side is gone: "
-                "look in the run's log for a process Ray killed (its memory monitor, when the machine runs out of "
-                "memory), free memory or lower the rollout's, and continue with --resume") from None
+                f"weight sync stalled: {what} no bucket of weights in {self.timeout_s:.0f} s. The other side "
+                "is gone: "
+                "look in the run's log for a process Ray killed (its memory monitor, when the machine runs "
+                "out of "
+                "memory), free memory or lower the rollout's, and continue with --resume"
+            ) from None

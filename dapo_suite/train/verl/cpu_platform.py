@@ -1,20 +1,21 @@
 """verl on a CPU: a platform for verl 0.9.1's platform registry, so `verl.trainer.main_ppo` runs with no GPU.
 
-verl asks its platform (`verl.plugin.platform.get_platform()`) for the device name, the `torch.<device>` module, the
-collective backend and the Ray resource of a worker. This module registers `cpu` in `PlatformRegistry`; verl imports
-it in every process (driver and Ray workers) because the launcher sets `VERL_USE_EXTERNAL_MODULES` to this module and
-`VERL_PLATFORM=cpu` (`dapo_suite.train.verl.keys.cpu_environment`). No verl file is copied or edited.
+verl asks its platform (`verl.plugin.platform.get_platform()`) for the device name, the `torch.<device>`
+module, the collective backend and the Ray resource of a worker. This module registers `cpu` in
+`PlatformRegistry`; verl imports it in every process (driver and Ray workers) because the launcher sets
+`VERL_USE_EXTERNAL_MODULES` to this module and `VERL_PLATFORM=cpu`
+(`dapo_suite.train.verl.keys.cpu_environment`). No verl file is copied or edited.
 
 The rollout: verl's rollout name "vllm" is registered again, in `RolloutReplicaRegistry`, as verl's own vLLM
 server with a weight sync that works on vLLM-CPU (`cpu_rollout`, loaded only when a rollout starts).
 
-Ray still places workers by "GPU" (verl's resource pools count GPUs); the launcher starts Ray with logical GPUs
-(`ray_init.num_gpus`), which are only slots: nothing touches CUDA.
+Ray still places workers by "GPU" (verl's resource pools count GPUs); the launcher starts Ray with logical
+GPUs (`ray_init.num_gpus`), which are only slots: nothing touches CUDA.
 
-One patch where verl offers no hook (docs/train-at-scale.md, "verl on a CPU"): verl builds its process-group backend
-as `f"cpu:gloo,{device}:{backend}"`, which for this platform is `"cpu:gloo,cpu:gloo"`, a string torch rejects
-(a device named twice). `torch.distributed.init_process_group` is wrapped to pass plain `"gloo"` for exactly that
-string; every other backend string goes through unchanged.
+One patch where verl offers no hook (docs/train-at-scale.md, "verl on a CPU"): verl builds its process-group
+backend as `f"cpu:gloo,{device}:{backend}"`, which for this platform is `"cpu:gloo,cpu:gloo"`, a string torch
+rejects (a device named twice). `torch.distributed.init_process_group` is wrapped to pass plain `"gloo"` for
+exactly that string; every other backend string goes through unchanged.
 """
 
 from __future__ import annotations
@@ -50,11 +51,21 @@ def _zero(*args: Any, **kwargs: Any) -> int:
 
 
 def _device_module() -> types.ModuleType:
-    """`torch.cpu` with the `torch.cuda` calls verl makes that it lacks: rng state (the global generator), memory
-    statistics (0: there is no device allocator), cache and IPC calls (nothing to release)."""
+    """`torch.cpu` with the `torch.cuda` calls verl makes that it lacks: rng state (the global generator),
+    memory statistics (0: there is no device allocator), cache and IPC calls (nothing to release)."""
     module = types.ModuleType("dapo_suite_cpu_device")
-    for name in ("current_device", "device_count", "is_available", "synchronize", "current_stream", "stream",
-                 "Stream", "Event", "set_device", "StreamContext"):
+    for name in (
+        "current_device",
+        "device_count",
+        "is_available",
+        "synchronize",
+        "current_stream",
+        "stream",
+        "Stream",
+        "Event",
+        "set_device",
+        "StreamContext",
+    ):
         setattr(module, name, getattr(torch.cpu, name))
     module.get_rng_state = torch.get_rng_state
     module.set_rng_state = torch.set_rng_state

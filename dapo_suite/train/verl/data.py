@@ -1,4 +1,5 @@
-"""The data a verl run reads: absolute paths; the built-in task written as parquet; AIME 2024 as validation set."""
+"""The data a verl run reads: absolute paths; the built-in task written as parquet; AIME 2024 as validation
+set."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ def write_parquet(problems: list[Problem], path: Path, data_source: str, shots: 
 
     from dapo_suite.core.prompts import chat_messages
 
-    rows = [{"data_source": data_source, "prompt": chat_messages(problem.problem, shots=shots), "ability": "MATH",
-             "reward_model": {"ground_truth": str(problem.answer), "style": "rule-lighteval/MATH_v2"},
-             "extra_info": {"index": index, "id": problem.id}}
-            for index, problem in enumerate(problems)]
+    rows = [
+        {
+            "data_source": data_source,
+            "prompt": chat_messages(problem.problem, shots=shots),
+            "ability": "MATH",
+            "reward_model": {"ground_truth": str(problem.answer), "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": index, "id": problem.id},
+        }
+        for index, problem in enumerate(problems)
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
     return path
@@ -28,8 +35,10 @@ def write_parquet(problems: list[Problem], path: Path, data_source: str, shots: 
 
 def write_aime24_parquet(path: Path) -> Path:
     """AIME 2024 (30 problems) in verl's DAPO-Math schema; validation samples val_n per problem (mean@32)."""
-    problems = [Problem(id=item["id"], problem=item["problem"], answer=str(item["answer"]))
-                for item in map(json.loads, benchmark_path("aime24").read_text().splitlines())]
+    problems = [
+        Problem(id=item["id"], problem=item["problem"], answer=str(item["answer"]))
+        for item in map(json.loads, benchmark_path("aime24").read_text().splitlines())
+    ]
     return write_parquet(problems, path, "aime24")
 
 
@@ -49,11 +58,13 @@ def prepare(config: TrainConfig) -> TrainConfig:
     data_dir = Path(config.out).resolve() / "data"
     if not config.train_file:
         train, heldout = train_and_heldout(config)
-        changes["train_file"] = str(write_parquet(train, data_dir / "train.parquet", config.task,
-                                                   config.prompt_shots))
+        changes["train_file"] = str(
+            write_parquet(train, data_dir / "train.parquet", config.task, config.prompt_shots)
+        )
         if not config.val_file:
-            changes["val_file"] = str(write_parquet(heldout, data_dir / "heldout.parquet", config.task,
-                                                     config.prompt_shots))
+            changes["val_file"] = str(
+                write_parquet(heldout, data_dir / "heldout.parquet", config.task, config.prompt_shots)
+            )
     elif not config.val_file:
         changes["val_file"] = str(write_aime24_parquet(data_dir / "aime24.parquet"))
     return dataclasses.replace(config, **changes)

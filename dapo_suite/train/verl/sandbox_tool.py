@@ -27,14 +27,18 @@ class SandboxTool(BaseTool):
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         return instance_id or str(uuid4()), ToolResponse()
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float,
-                                                                                             dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs
+    ) -> tuple[ToolResponse, float, dict]:
         code = parameters.get("code")
         if not isinstance(code, str):
             return ToolResponse(text="Error: the call needs a `code` string"), 0.0, {"outcome": "bad_call"}
         result = await asyncio.to_thread(self.sandbox.run, code)
-        return (ToolResponse(text=result.model_view(MAX_SHOWN)), 0.0,
-                {"outcome": result.outcome, "execution_time": result.execution_time})
+        return (
+            ToolResponse(text=result.model_view(MAX_SHOWN)),
+            0.0,
+            {"outcome": result.outcome, "execution_time": result.execution_time},
+        )
 
     async def release(self, instance_id: str, **kwargs) -> None:
         return None

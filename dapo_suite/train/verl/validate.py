@@ -2,8 +2,9 @@
 
 `validate` composes the list with verl's packaged Hydra config (unknown keys fail there), checks value types
 against verl's defaults, runs verl's own `validate_config`, and checks the resource arithmetic (data-parallel
-divisibility, TP/SP vs GPUs, token budget per GPU) and that model and data exist. It warns when dynamic sampling
-has no bound (max_num_gen_batches=0: verl's V1 replay buffer then refills forever when every group is filtered).
+divisibility, TP/SP vs GPUs, token budget per GPU) and that model and data exist. It warns when dynamic
+sampling has no bound (max_num_gen_batches=0: verl's V1 replay buffer then refills forever when every group is
+filtered).
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from dapo_suite.train.verl.keys import (
     split_gpus,
 )
 
-# verl types these as unions: a "lower_upper" threshold is a string where verl's default is a number (str | float),
-# target_modules a list where its default is "all-linear"
-UNION_TYPED_KEYS = (f"{ROLLOUT_CORRECTION}.rollout_is_threshold", f"{ROLLOUT_CORRECTION}.rollout_rs_threshold",
-                    f"{MODEL}.target_modules")
-# The largest LoRA rank vLLM serves: verl's own fallback list (Literal[1, 8, ..., 512]) where vLLM is not installed
+# verl types these as unions: a "lower_upper" threshold is a string where verl's default is a number (str |
+# float), target_modules a list where its default is "all-linear"
+UNION_TYPED_KEYS = (
+    f"{ROLLOUT_CORRECTION}.rollout_is_threshold",
+    f"{ROLLOUT_CORRECTION}.rollout_rs_threshold",
+    f"{MODEL}.target_modules",
+)
+# The largest LoRA rank vLLM serves: verl's own fallback list (Literal[1, 8, ..., 512]) where vLLM is not
+# installed
 VLLM_MAX_LORA_RANK = 512
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -45,13 +50,16 @@ def async_config_dir(async_mode: str) -> Path:
 
 
 def _config_source(async_mode: str):
-    """Hydra's context manager and config name of the trainer: verl's `ppo_trainer`, or an async trainer's own."""
+    """Hydra's context manager and config name of the trainer: verl's `ppo_trainer`, or an async trainer's
+    own."""
     from hydra import initialize_config_dir, initialize_config_module
 
     if async_mode not in ASYNC_TRAINERS:
         return initialize_config_module(config_module="verl.trainer.config", version_base=None), "ppo_trainer"
-    return (initialize_config_dir(config_dir=str(async_config_dir(async_mode)), version_base=None),
-            ASYNC_TRAINERS[async_mode].config_name)
+    return (
+        initialize_config_dir(config_dir=str(async_config_dir(async_mode)), version_base=None),
+        ASYNC_TRAINERS[async_mode].config_name,
+    )
 
 
 def compose(overrides: list[str], async_mode: str = "off"):
@@ -68,11 +76,19 @@ def compose(overrides: list[str], async_mode: str = "off"):
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         text = str(error)
-        match = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
-        if match and ("not in struct" in text or "append to your config" in text or "No match in config" in text):
-            raise VerlConfigError(f"unknown verl key {match.group(1)!r}: verl 0.9.1's {config_name} config has no "
-                                  "such key (check the spelling, or prefix it with + to add a new key)") from error
-        raise VerlConfigError(f"verl's Hydra config rejected the overrides: {text.splitlines()[0]}") from error
+        match = re.search(r"Could not override '([^']+)'", text) or re.search(
+            r"Key '([^']+)' is not in struct", text
+        )
+        if match and (
+            "not in struct" in text or "append to your config" in text or "No match in config" in text
+        ):
+            raise VerlConfigError(
+                f"unknown verl key {match.group(1)!r}: verl 0.9.1's {config_name} config has no "
+                "such key (check the spelling, or prefix it with + to add a new key)"
+            ) from error
+        raise VerlConfigError(
+            f"verl's Hydra config rejected the overrides: {text.splitlines()[0]}"
+        ) from error
     finally:
         GlobalHydra.instance().clear()
 
@@ -102,8 +118,12 @@ def _default_types(cfg, keys: list[str], async_mode: str) -> list[str]:
             problems.append(f"{plain} must be a boolean (True/False), got {value!r}")
         elif isinstance(default, numeric) and not isinstance(value, numeric):
             problems.append(f"{plain} must be a number, got {value!r}")
-        elif isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) \
-                and not value.is_integer():
+        elif (
+            isinstance(default, int)
+            and not isinstance(default, bool)
+            and isinstance(value, float)
+            and not value.is_integer()
+        ):
             problems.append(f"{plain} must be an integer, got {value!r}")
         elif isinstance(default, str) and not isinstance(value, str):
             problems.append(f"{plain} must be a string, got {value!r}")
@@ -119,18 +139,29 @@ def resource_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
     train, rollout = split_gpus(hw) if config.async_mode in ASYNC_TRAINERS else (hw, hw)
     sp = actor.ulysses_sequence_parallel_size
     # the config's batch: the fully async trainer's data.train_batch_size is 0 (it streams groups)
-    problems = layout_problems(train, rollout, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, sp,
-                               config.train_batch_size, actor.ppo_mini_batch_size, config.group_size)
+    problems = layout_problems(
+        train,
+        rollout,
+        cfg.actor_rollout_ref.rollout.tensor_model_parallel_size,
+        sp,
+        config.train_batch_size,
+        actor.ppo_mini_batch_size,
+        config.group_size,
+    )
     seq = cfg.data.max_prompt_length + cfg.data.max_response_length
     if actor.use_dynamic_bsz:
         budget = actor.ppo_max_token_len_per_gpu * sp
         if seq > budget:
-            problems.append(f"prompt+response = {seq} tokens exceeds the token budget per micro-batch "
-                            f"(ppo_max_token_len_per_gpu {actor.ppo_max_token_len_per_gpu} x SP {sp} = {budget}): "
-                            "raise actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+            problems.append(
+                f"prompt+response = {seq} tokens exceeds the token budget per micro-batch "
+                f"(ppo_max_token_len_per_gpu {actor.ppo_max_token_len_per_gpu} x SP {sp} = {budget}): "
+                "raise actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+            )
     if config.dynamic_sampling and config.gen_batch_size < config.train_batch_size:
-        problems.append(f"gen_batch_size ({config.gen_batch_size}) must be >= train_batch_size "
-                        f"({config.train_batch_size})")
+        problems.append(
+            f"gen_batch_size ({config.gen_batch_size}) must be >= train_batch_size "
+            f"({config.train_batch_size})"
+        )
     return problems
 
 
@@ -140,9 +171,11 @@ def gpu_plan(cfg) -> str:
     generate = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
     train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     tp, sp = rollout.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
-    return (f"GPUs: {generate + train} = generation {cfg.rollout.nnodes} x {cfg.rollout.n_gpus_per_node} = "
-            f"{generate} (vLLM TP {tp}: {generate // tp} servers) + training {cfg.trainer.nnodes} x "
-            f"{cfg.trainer.n_gpus_per_node} = {train} (FSDP, Ulysses SP {sp}: data-parallel {train // sp})")
+    return (
+        f"GPUs: {generate + train} = generation {cfg.rollout.nnodes} x {cfg.rollout.n_gpus_per_node} = "
+        f"{generate} (vLLM TP {tp}: {generate // tp} servers) + training {cfg.trainer.nnodes} x "
+        f"{cfg.trainer.n_gpus_per_node} = {train} (FSDP, Ulysses SP {sp}: data-parallel {train // sp})"
+    )
 
 
 def input_problems(config: TrainConfig) -> list[str]:
@@ -154,8 +187,10 @@ def input_problems(config: TrainConfig) -> list[str]:
         if not path.exists() and looks_local and registered_id(model) is None:
             problems.append(unknown_model_message(model))
     if not config.train_file:
-        problems.append("--train-file is required with --backend verl (verl-format parquet, e.g. DAPO-Math-17k; "
-                        "see `python -m data_pipeline`)")
+        problems.append(
+            "--train-file is required with --backend verl (verl-format parquet, e.g. DAPO-Math-17k; "
+            "see `python -m data_pipeline`)"
+        )
     for name in ("train_file", "val_file"):
         value = getattr(config, name)
         if value and "://" not in value and not Path(value).expanduser().is_file():
@@ -165,11 +200,15 @@ def input_problems(config: TrainConfig) -> list[str]:
         elif value and Path(value).expanduser().is_file():
             problems += missing_verl_columns(Path(value).expanduser(), f"--{name.replace('_', '-')}")
     if config.rollout_engine == "hf":
-        problems.append("rollout_engine 'hf' does not exist in verl 0.9.1's V1 trainer (its rollout registry "
-                        "has vllm, sglang, trtllm): use rollout_engine=vllm")
+        problems.append(
+            "rollout_engine 'hf' does not exist in verl 0.9.1's V1 trainer (its rollout registry "
+            "has vllm, sglang, trtllm): use rollout_engine=vllm"
+        )
     if config.adv_norm == "batch":
-        problems.append("adv_norm 'batch' (Lite PPO's batch-level std) does not exist in verl 0.9.1: use the "
-                        "embedded backend, or adv_norm group / none")
+        problems.append(
+            "adv_norm 'batch' (Lite PPO's batch-level std) does not exist in verl 0.9.1: use the "
+            "embedded backend, or adv_norm group / none"
+        )
     if config.val_max_response_length not in (None, config.max_response_length):
         problems.append("verl validates with data.max_response_length: unset val_max_response_length")
     return problems
@@ -189,27 +228,36 @@ def missing_verl_columns(path: Path, flag: str) -> list[str]:
     missing = [column for column in VERL_COLUMNS if column not in columns]
     if not missing:
         return []
-    return [f"{flag} {str(path)!r} lacks the verl columns {missing} (has {sorted(columns)}); build it with "
-            "`dapo-suite data build`, which writes the DAPO-Math-17K schema"]
+    return [
+        f"{flag} {str(path)!r} lacks the verl columns {missing} (has {sorted(columns)}); build it with "
+        "`dapo-suite data build`, which writes the DAPO-Math-17K schema"
+    ]
 
 
 def warnings_for(config: TrainConfig, cfg) -> list[str]:
     notes = []
     if config.async_mode in ASYNC_TRAINERS and config.rollout_correction == "off":
-        notes.append(f"async={config.async_mode} with rollout_correction=off: samples from older policies are "
-                     "trained on without importance weights, which is what makes async runs collapse (keep "
-                     "rollout_correction=auto: TIS on the policy lag)")
+        notes.append(
+            f"async={config.async_mode} with rollout_correction=off: samples from older policies are "
+            "trained on without importance weights, which is what makes async runs collapse (keep "
+            "rollout_correction=auto: TIS on the policy lag)"
+        )
     if config.dynamic_sampling and config.max_num_gen_batches <= 0:
-        notes.append("max_num_gen_batches=0: dynamic sampling refills filtered groups with no limit, so a run "
-                     "whose groups are all right or all wrong never makes a step (set max_num_gen_batches=N to stop "
-                     "such a run after N generation batches)")
+        notes.append(
+            "max_num_gen_batches=0: dynamic sampling refills filtered groups with no limit, so a run "
+            "whose groups are all right or all wrong never makes a step (set max_num_gen_batches=N to stop "
+            "such a run after N generation batches)"
+        )
     if HUB_ID.match(str(config.model)) and not Path(config.model).exists():
-        notes.append(f"model {config.model!r} is a hub id: every node downloads it (set HF_HOME on shared storage)")
+        notes.append(
+            f"model {config.model!r} is a hub id: every node downloads it (set HF_HOME on shared storage)"
+        )
     return notes
 
 
 def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inputs: bool = True):
-    """Compose and check; returns (composed config, warnings) or raises VerlConfigError listing every problem."""
+    """Compose and check; returns (composed config, warnings) or raises VerlConfigError listing every
+    problem."""
     from omegaconf import OmegaConf
 
     problems = input_problems(config) if check_inputs else []
@@ -220,24 +268,32 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     if not problems and (trainer is None or trainer.verl_validates):
         problems += _verl_validate(cfg)
     problems += lora_problems(config, hw, cfg)
-    if cfg.reward.reward_manager.name == "dapo" and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None:
-        problems.append("reward_model.overlong_buffer.* is the legacy key verl 0.9 ignores: use "
-                        "reward.reward_kwargs.overlong_buffer_cfg.*")
+    if (
+        cfg.reward.reward_manager.name == "dapo"
+        and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None
+    ):
+        problems.append(
+            "reward_model.overlong_buffer.* is the legacy key verl 0.9 ignores: use "
+            "reward.reward_kwargs.overlong_buffer_cfg.*"
+        )
     if problems:
         raise VerlConfigError("verl config is not runnable:\n  - " + "\n  - ".join(problems))
     return cfg, warnings_for(config, cfg)
 
 
 def lora_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
-    """What stops a LoRA run before verl finds it: on the CPU path, adapters synced apart from the base weights
-    (docs/train-at-scale.md, "LoRA"); the CPU path merges them unless the user turned that off."""
+    """What stops a LoRA run before verl finds it: on the CPU path, adapters synced apart from the base
+    weights (docs/train-at-scale.md, "LoRA"); the CPU path merges them unless the user turned that off."""
     merged = bool(cfg.actor_rollout_ref.model.get("lora", {}).get("merge", False))
     if not config.lora_rank or hw.device != "cpu" or merged:
         return []
-    return ["LoRA on verl's CPU path with actor_rollout_ref.model.lora.merge=False: verl 0.9.1 would send vLLM the "
-            "adapters apart from the base weights, and vLLM-CPU takes new weights only whole (reload_weights; "
-            "dapo_suite/train/verl/cpu_rollout.py). Drop that --set (the CPU path merges the adapters into the "
-            "weights before each sync), or train on a GPU (--device cuda)"]
+    return [
+        "LoRA on verl's CPU path with actor_rollout_ref.model.lora.merge=False: verl 0.9.1 would send vLLM "
+        "the "
+        "adapters apart from the base weights, and vLLM-CPU takes new weights only whole (reload_weights; "
+        "dapo_suite/train/verl/cpu_rollout.py). Drop that --set (the CPU path merges the adapters into the "
+        "weights before each sync), or train on a GPU (--device cuda)"
+    ]
 
 
 def _verl_validate(cfg) -> list[str]:
@@ -254,8 +310,10 @@ def _verl_validate(cfg) -> list[str]:
     if model.lora_rank > 0 and importlib.util.find_spec("vllm") is None:
         # verl checks a LoRA rank against vLLM's by importing vLLM, which a driver need not have: checked here
         if model.lora_rank > VLLM_MAX_LORA_RANK:
-            return [f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANK}, but got {model.lora_rank} "
-                    "(vLLM's largest LoRA rank)"]  # verl's own words
+            return [
+                f"lora_rank must be less than or equal to {VLLM_MAX_LORA_RANK}, but got {model.lora_rank} "
+                "(vLLM's largest LoRA rank)"
+            ]  # verl's own words
         model.lora_rank = 0
     try:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -264,4 +322,3 @@ def _verl_validate(cfg) -> list[str]:
         cause = error.__cause__ or error
         return [f"verl's validate_config: {type(cause).__name__}: {cause}"]
     return []
-

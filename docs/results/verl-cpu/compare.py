@@ -6,9 +6,14 @@ from pathlib import Path
 
 from dapo_suite.train.run_log import read_metrics
 
-COLUMNS = [("reward/mean", "reward", "{:+.3f}"), ("actor/entropy", "entropy", "{:.3f}"),
-           ("response_len/mean", "length", "{:.1f}"), ("actor/grad_norm", "grad norm", "{:.3f}"),
-           ("perf/step_seconds", "step s", "{:.0f}"), ("val/acc", "held-out acc", "{:.3f}")]
+COLUMNS = [
+    ("reward/mean", "reward", "{:+.3f}"),
+    ("actor/entropy", "entropy", "{:.3f}"),
+    ("response_len/mean", "length", "{:.1f}"),
+    ("actor/grad_norm", "grad norm", "{:.3f}"),
+    ("perf/step_seconds", "step s", "{:.0f}"),
+    ("val/acc", "held-out acc", "{:.3f}"),
+]
 
 
 def steps(run: Path) -> dict[int, dict]:

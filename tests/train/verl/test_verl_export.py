@@ -24,8 +24,9 @@ def _save_verl_checkpoint(run_dir: Path, tokenizer_dir: Path) -> dict[str, torch
     from verl.trainer.config import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         config = AutoConfig.from_pretrained(tokenizer_dir)
@@ -39,10 +40,13 @@ def _save_verl_checkpoint(run_dir: Path, tokenizer_dir: Path) -> dict[str, torch
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        manager = FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=None,
-                                        processing_class=AutoTokenizer.from_pretrained(tokenizer_dir),
-                                        checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer",
-                                                                                          "extra"]))
+        manager = FSDPCheckpointManager(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=None,
+            processing_class=AutoTokenizer.from_pretrained(tokenizer_dir),
+            checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer", "extra"]),
+        )
         root = run_dir / "checkpoints"
         manager.save_checkpoint(str(root / "global_step_1" / "actor"), global_step=1)
         (root / "latest_checkpointed_iteration.txt").write_text("1")

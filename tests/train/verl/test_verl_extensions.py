@@ -1,4 +1,5 @@
-"""The overlong-filter policy loss, called the way verl 0.9.1 calls a registered loss (workers/utils/losses.py)."""
+"""The overlong-filter policy loss, called the way verl 0.9.1 calls a registered loss
+(workers/utils/losses.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ L_MAX = 6
 @pytest.fixture(scope="module")
 def actor_config():
     """verl's ActorConfig built from the composed `dapo` override list, as the actor worker builds it."""
-    config = resolve_config(["dapo"], {"model": "Qwen/Qwen2.5-32B", "max_response_length": L_MAX,
-                                        "overlong_buffer_len": 2, "backend": "verl"})
+    config = resolve_config(
+        ["dapo"],
+        {
+            "model": "Qwen/Qwen2.5-32B",
+            "max_response_length": L_MAX,
+            "overlong_buffer_len": 2,
+            "backend": "verl",
+        },
+    )
     overrides = build_overrides(config, Hardware(1, 1))
     assert f"actor_rollout_ref.model.external_lib={EXTENSION_MODULE}" in overrides
     assert f"actor_rollout_ref.actor.policy_loss.loss_mode={OVERLONG_FILTER_LOSS}" in overrides
@@ -38,9 +46,15 @@ def _batch():
 
 def _call(name, config, old, log_prob, advantages, mask):
     # the exact keyword call of verl.workers.utils.losses.ppo_loss
-    return get_policy_loss_fn(name)(old_log_prob=old, log_prob=log_prob, advantages=advantages,
-                                    response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
-                                    rollout_is_weights=None)
+    return get_policy_loss_fn(name)(
+        old_log_prob=old,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=None,
+    )
 
 
 def test_loss_is_registered_through_verls_external_lib_hook(monkeypatch):
@@ -49,7 +63,9 @@ def test_loss_is_registered_through_verls_external_lib_hook(monkeypatch):
 
     import_external_libs(EXTENSION_MODULE)  # what HFModelConfig.__post_init__ does with model.external_lib
     for mode in POLICY_LOSSES:  # DAPO's loss and every successor's, each with overlong filtering
-        assert get_policy_loss_fn(overlong_filter_loss_name(mode)).__qualname__.startswith("overlong_filtered")
+        assert get_policy_loss_fn(overlong_filter_loss_name(mode)).__qualname__.startswith(
+            "overlong_filtered"
+        )
     assert overlong_filter_loss_name("vanilla") == OVERLONG_FILTER_LOSS
 
 
@@ -81,8 +97,9 @@ def test_truncated_rows_get_no_loss_and_no_gradient(actor_config, monkeypatch):
 
     # equals verl's vanilla loss on the batch without the truncated rows
     keep = torch.tensor([0, 2])
-    expected, _ = compute_policy_loss_vanilla(old[keep], log_prob.detach()[keep], advantages[keep], mask[keep],
-                                              "token-mean", actor_config)
+    expected, _ = compute_policy_loss_vanilla(
+        old[keep], log_prob.detach()[keep], advantages[keep], mask[keep], "token-mean", actor_config
+    )
     torch.testing.assert_close(loss.detach(), expected)
 
     # and differs from vanilla on the full batch (the truncated rows did carry loss there)
@@ -94,8 +111,9 @@ def test_all_rows_truncated_gives_zero_loss_not_nan(actor_config, monkeypatch):
     monkeypatch.setenv("DAPO_SUITE_MAX_RESPONSE_LENGTH", str(L_MAX))
     import_external_libs(EXTENSION_MODULE)
     old, log_prob, advantages, _ = _batch()
-    loss, metrics = _call(OVERLONG_FILTER_LOSS, actor_config, old, log_prob, advantages,
-                          torch.ones(4, L_MAX, dtype=torch.bool))
+    loss, metrics = _call(
+        OVERLONG_FILTER_LOSS, actor_config, old, log_prob, advantages, torch.ones(4, L_MAX, dtype=torch.bool)
+    )
     loss.backward()
     assert loss.item() == 0.0 and metrics["actor/overlong_filtered_frac"] == 1.0
     assert torch.all(log_prob.grad == 0)

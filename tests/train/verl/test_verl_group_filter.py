@@ -1,4 +1,5 @@
-"""DAPO's group filter for verl's async trainers (dapo_suite/train/verl/group_filter.py), on verl's own DataProto."""
+"""DAPO's group filter for verl's async trainers (dapo_suite/train/verl/group_filter.py), on verl's own
+DataProto."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ def rollouts(accuracies: dict[str, list[float]], width: int = 3) -> DataProto:
     rm_scores = torch.zeros(len(uids), width)
     rm_scores[:, -1] = torch.tensor(2 * acc - 1, dtype=torch.float32)
     responses = torch.arange(len(uids) * width).reshape(len(uids), width)
-    return DataProto.from_dict(tensors={"responses": responses, "rm_scores": rm_scores},
-                               non_tensors={"uid": np.array(uids, dtype=object), "acc": acc})
+    return DataProto.from_dict(
+        tensors={"responses": responses, "rm_scores": rm_scores},
+        non_tensors={"uid": np.array(uids, dtype=object), "acc": acc},
+    )
 
 
 def test_only_groups_with_right_and_wrong_answers_are_kept_and_the_rest_counted():
@@ -31,9 +34,14 @@ def test_only_groups_with_right_and_wrong_answers_are_kept_and_the_rest_counted(
     kept = group_filter.keep(batch, step=1)
     assert list(kept.non_tensor_batch["uid"]) == ["a"] * 3 + ["d"] * 3
     # the kept rows are the same rows, tensors and all
-    assert torch.equal(kept.batch["responses"], torch.cat([batch.batch["responses"][:3], batch.batch["responses"][9:]]))
-    assert group_filter.metrics() == {"dapo/kept_groups": 2, "dapo/filtered_groups": 2,
-                                      "dapo/filtered_groups_this_step": 2}
+    assert torch.equal(
+        kept.batch["responses"], torch.cat([batch.batch["responses"][:3], batch.batch["responses"][9:]])
+    )
+    assert group_filter.metrics() == {
+        "dapo/kept_groups": 2,
+        "dapo/filtered_groups": 2,
+        "dapo/filtered_groups_this_step": 2,
+    }
     assert group_filter.keep(rollouts({"e": [1, 1]}), step=1) is None
     assert group_filter.metrics()["dapo/filtered_groups"] == 3
 
@@ -44,8 +52,11 @@ def test_a_resumed_run_goes_on_counting_from_the_checkpoint_totals():
     resumed = GroupFilter(metric="acc", budget=0)
     resumed.restore(json.loads(json.dumps(group_filter.counts())))  # as a checkpoint holds them
     resumed.keep(rollouts({"c": [0, 1]}), step=2)
-    assert resumed.metrics() == {"dapo/kept_groups": 2, "dapo/filtered_groups": 1,
-                                 "dapo/filtered_groups_this_step": 0}
+    assert resumed.metrics() == {
+        "dapo/kept_groups": 2,
+        "dapo/filtered_groups": 1,
+        "dapo/filtered_groups_this_step": 0,
+    }
 
 
 def test_reward_metric_reads_verl_rm_scores():
@@ -67,7 +78,10 @@ def test_bound_stops_a_run_whose_groups_have_no_signal_with_the_sync_message(tmp
     assert "max_num_gen_batches" in str(stop.value)
     assert json.loads(stop_file.read_text())["message"] == str(stop.value)
     # budget 0: no bound
-    assert GroupFilter(metric="acc", budget=0).keep(rollouts({str(i): [0, 0] for i in range(50)}), step=1) is None
+    assert (
+        GroupFilter(metric="acc", budget=0).keep(rollouts({str(i): [0, 0] for i in range(50)}), step=1)
+        is None
+    )
 
 
 def test_take_groups_fills_a_step_from_several_generation_batches():
