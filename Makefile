@@ -60,9 +60,13 @@ test-guard: $(STAMP)
 test-learning: $(STAMP)
 	$(BIN)/python -m pytest -q -m learning tests/test_demo_learns.py
 
-# ruff, and the import contract between layers (pyproject.toml, [tool.importlinter])
+# ruff (lint and format, 110 columns), the kernels' width, and the import contract between layers
+# (pyproject.toml, [tool.importlinter])
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@awk 'length > 110 { print FILENAME ":" FNR ": over 110 columns (clang-format -i with .clang-format)"; bad = 1 } \
+	  END { exit bad }' dapo_suite/inference/csrc/*
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

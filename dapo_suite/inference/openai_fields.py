@@ -1,20 +1,22 @@
-"""An OpenAI request read and checked once for every server of the project (`parse_request`): the sampler server
-and `serve api`'s front answer the same request the same way, 400 with OpenAI's error shape naming the offending
-`param`, never 500.
+"""An OpenAI request read and checked once for every server of the project (`parse_request`): the sampler
+server and `serve api`'s front answer the same request the same way, 400 with OpenAI's error shape naming the
+offending `param`, never 500.
 
 What is checked, as OpenAI checks it: `messages` (a non-empty list; roles system, developer, user, assistant;
-content a string or a list of text parts) or `prompt` (a string, a list of strings, a list of token ids or a list
-of such lists); the sampling fields `n`, `temperature` (0-2), `top_p` (0-1), `seed`; `max_tokens` /
-`max_completion_tokens` against the model's context; `stop`; vLLM's `ignore_eos` (exactly max_tokens tokens); `logprobs` and `top_logprobs` (chat: a bool and 0-20;
-completions: an int 0-5 and `echo`); and every other field: one this server does not implement gets 400 unless
-it is one that cannot change the reply (`user`, `metadata`, ...) or has its neutral value (`presence_penalty: 0`,
-`tools: []`, ...).
+content a string or a list of text parts) or `prompt` (a string, a list of strings, a list of token ids or a
+list of such lists); the sampling fields `n`, `temperature` (0-2), `top_p` (0-1), `seed`; `max_tokens` /
+`max_completion_tokens` against the model's context; `stop`; vLLM's `ignore_eos` (exactly max_tokens tokens);
+`logprobs` and `top_logprobs` (chat: a bool and 0-20; completions: an int 0-5 and `echo`); and every other
+field: one this server does not implement gets 400 unless it is one that cannot change the reply (`user`,
+`metadata`, ...) or has its neutral value (`presence_penalty: 0`, `tools: []`, ...).
 
 top_p 0 keeps only the most likely token (as OpenAI and vLLM read it: greedy), temperature 0 is greedy.
 
-A server reads a request through `read_request` (JSON, `parse_request`, the model's name) and answers a refusal
-with `error_response`; a front that relays to another OpenAI server sends `ParsedRequest.child_body()`, the
-request as read, so nothing downstream reads the raw body again.
+A server reads a request through `read_request` (JSON, `parse_request`, the model's name) and answers a
+refusal with `error_response`; a front that relays to another OpenAI server sends
+`ParsedRequest.child_body()`, the request as read, so nothing downstream reads the raw body again. With
+`function_calling` (serve api), a chat's tools are written into its messages (`tool_calls.plain_request`) and
+`ParsedRequest.tool_calling` says how to read the reply's calls.
 """
 
 from __future__ import annotations
@@ -22,26 +24,67 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dapo_suite.inference.tool_calls import ToolCalling
 
 MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 BOUNDS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
-DEFAULT_MAX_TOKENS = 1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
+DEFAULT_MAX_TOKENS = (
+    1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
+)
 MAX_TOP_LOGPROBS = {True: 20, False: 5}  # chat's top_logprobs, completions' logprobs: OpenAI's limits
 ROLES = {"system", "developer", "user", "assistant"}  # developer is OpenAI's newer name for system
 # fields that cannot change what is sampled: accepted and ignored
-INERT = {"model", "user", "metadata", "store", "service_tier", "stream", "stream_options", "parallel_tool_calls",
-         "prompt_cache_key", "safety_identifier"}
+INERT = {
+    "model",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "stream",
+    "stream_options",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 # fields this server does not implement, accepted only with the value that leaves the reply as it is
-NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "tools": ([],),
-           "functions": ([],), "tool_choice": ("none",), "function_call": ("none",),
-           "response_format": ({"type": "text"},), "best_of": (1,), "suffix": ("",), "modalities": (["text"],)}
-# continue_final_message / add_generation_prompt: vLLM's extension, to continue an assistant message (a tool's output
-# appended to it: the chat's Python tool)
-FIELDS = {True: {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "continue_final_message",
-                 "add_generation_prompt"},
-          False: {"prompt", "logprobs", "echo"}}
-COMMON = {"max_tokens", "n", "temperature", "top_p", "seed", "stop", "ignore_eos"}  # ignore_eos: vLLM's extension
+NEUTRAL = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "best_of": (1,),
+    "suffix": ("",),
+    "modalities": (["text"],),
+}
+# continue_final_message / add_generation_prompt: vLLM's extension, to continue an assistant message (a tool's
+# output appended to it: the chat's Python tool)
+FIELDS = {
+    True: {
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "continue_final_message",
+        "add_generation_prompt",
+    },
+    False: {"prompt", "logprobs", "echo"},
+}
+COMMON = {
+    "max_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "ignore_eos",
+}  # ignore_eos: vLLM's extension
 
 
 class RequestFieldError(ValueError):
@@ -57,14 +100,20 @@ def continuation(body: dict, messages: list[dict]) -> bool:
     false or absent, as vLLM takes them); that message must be the assistant's."""
     continue_final = body.get("continue_final_message", False)
     generation_prompt = body.get("add_generation_prompt", not continue_final)
-    for name, value in (("continue_final_message", continue_final), ("add_generation_prompt", generation_prompt)):
+    for name, value in (
+        ("continue_final_message", continue_final),
+        ("add_generation_prompt", generation_prompt),
+    ):
         if not isinstance(value, bool):
             raise RequestFieldError(f"{name} must be true or false", name)
     if continue_final and generation_prompt:
-        raise RequestFieldError("continue_final_message needs add_generation_prompt false", "add_generation_prompt")
+        raise RequestFieldError(
+            "continue_final_message needs add_generation_prompt false", "add_generation_prompt"
+        )
     if continue_final and messages[-1]["role"] != "assistant":
-        raise RequestFieldError("continue_final_message continues the last message, which must be the assistant's",
-                                "messages")
+        raise RequestFieldError(
+            "continue_final_message continues the last message, which must be the assistant's", "messages"
+        )
     return continue_final
 
 
@@ -88,20 +137,29 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None
     echo: bool = False
-    ignore_eos: bool = False  # generate max_tokens whatever the model samples (vLLM's field): benchmarks' equal work
+    ignore_eos: bool = (
+        False  # generate max_tokens whatever the model samples (vLLM's field): benchmarks' equal work
+    )
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
     messages: list[dict] | None = None  # chat: the messages as the template read them (text content)
     continue_final: bool = False  # chat: the reply continues the last (assistant) message
     prompt: Any = None  # completions: the prompt as given (text or token ids), checked
+    tool_calling: ToolCalling | None = None  # chat with tools: how the reply's calls are read (tool_calls.py)
 
     def child_body(self, model: str) -> dict:
-        """This request as another OpenAI server gets it (serve api's child): the fields as read here, OpenAI's
-        defaults filled in, naming the model as that server knows it, always streamed with usage."""
-        body: dict[str, Any] = {"model": model, "max_tokens": self.max_tokens, "n": self.sampling.n,
-                                "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
-                                "stream": True, "stream_options": {"include_usage": True}}
+        """This request as another OpenAI server gets it (serve api's child): the fields as read here,
+        OpenAI's defaults filled in, naming the model as that server knows it, always streamed with usage."""
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "n": self.sampling.n,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.sampling.seed is not None:
             body["seed"] = self.sampling.seed
         if self.stop:
@@ -128,7 +186,8 @@ def _is_int(value: Any) -> bool:
 
 
 def sampling_fields(body: dict) -> SamplingFields:
-    """The request's sampling fields with OpenAI's defaults for those absent or null; RequestFieldError otherwise."""
+    """The request's sampling fields with OpenAI's defaults for those absent or null; RequestFieldError
+    otherwise."""
     n = 1 if body.get("n") is None else body["n"]
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise RequestFieldError(f"n={n!r}: must be an integer from 1 to {MAX_CHOICES}", "n")
@@ -152,13 +211,15 @@ def check_fields(body: dict, chat: bool) -> None:
         if name in known or value is None or value in NEUTRAL.get(name, ()):
             continue
         if name in NEUTRAL:
-            raise RequestFieldError(f"{name}={value!r}: this server does not implement {name}; leave it out", name)
+            raise RequestFieldError(
+                f"{name}={value!r}: this server does not implement {name}; leave it out", name
+            )
         raise RequestFieldError(f"Unrecognized request argument supplied: {name}", name)
 
 
 def chat_messages(messages: Any) -> list[dict]:
-    """`messages` with each content as one string (text parts joined by newlines); RequestFieldError naming the
-    first bad message, role or content part."""
+    """`messages` with each content as one string (text parts joined by newlines); RequestFieldError naming
+    the first bad message, role or content part."""
     if not isinstance(messages, list) or not messages:
         raise RequestFieldError("messages must be a non-empty list of {role, content} objects", "messages")
     read = []
@@ -168,13 +229,20 @@ def chat_messages(messages: Any) -> list[dict]:
             raise RequestFieldError(f"{where} must be an object with role and content", where)
         role = message.get("role")
         if role not in ROLES:
-            raise RequestFieldError(f"{where}.role={role!r}: must be one of {', '.join(sorted(ROLES))}",
-                                    f"{where}.role")
+            raise RequestFieldError(
+                f"{where}.role={role!r}: must be one of {', '.join(sorted(ROLES))}", f"{where}.role"
+            )
         for key in message:
             if key not in ("role", "content", "name"):
-                raise RequestFieldError(f"{where}.{key}: this server does not implement {key}", f"{where}.{key}")
-        read.append({"role": "system" if role == "developer" else role, "content": _text(message.get("content"),
-                                                                                           f"{where}.content")})
+                raise RequestFieldError(
+                    f"{where}.{key}: this server does not implement {key}", f"{where}.{key}"
+                )
+        read.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _text(message.get("content"), f"{where}.content"),
+            }
+        )
     return read
 
 
@@ -187,15 +255,18 @@ def _text(content: Any, where: str) -> str:
     for index, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise RequestFieldError(f"{where}[{index}]: a part of type {kind!r}; this model reads only "
-                                    "{type: text, text: string} parts", f"{where}[{index}]")
+            raise RequestFieldError(
+                f"{where}[{index}]: a part of type {kind!r}; this model reads only "
+                "{type: text, text: string} parts",
+                f"{where}[{index}]",
+            )
         texts.append(part["text"])
     return "\n".join(texts)  # as vLLM joins text parts
 
 
 def prompt_ids(prompt: Any, tokenizer) -> list[list[int]]:
-    """The token ids of each prompt of a completions request (a string, a list of strings, a list of token ids, or
-    a list of such lists)."""
+    """The token ids of each prompt of a completions request (a string, a list of strings, a list of token
+    ids, or a list of such lists)."""
     vocab = len(tokenizer)
 
     def one(value: Any) -> list[int]:
@@ -203,11 +274,15 @@ def prompt_ids(prompt: Any, tokenizer) -> list[list[int]]:
             ids = tokenizer(value)["input_ids"]
         elif isinstance(value, list) and all(_is_int(token) for token in value):
             if not all(0 <= token < vocab for token in value):
-                raise RequestFieldError(f"prompt holds a token id outside the vocabulary (0-{vocab - 1})", "prompt")
+                raise RequestFieldError(
+                    f"prompt holds a token id outside the vocabulary (0-{vocab - 1})", "prompt"
+                )
             ids = list(value)
         else:
-            raise RequestFieldError("prompt must be a string, a list of strings, a list of token ids or a list of "
-                                    "token-id lists", "prompt")
+            raise RequestFieldError(
+                "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                "prompt",
+            )
         if not ids:
             raise RequestFieldError("prompt is empty", "prompt")
         return ids
@@ -225,7 +300,9 @@ def _top_logprobs(body: dict, chat: bool, token_engine: bool) -> int | None:
         if wanted is not None and not isinstance(wanted, bool):
             raise RequestFieldError(f"logprobs={wanted!r}: must be true or false", "logprobs")
         if top is not None and (not _is_int(top) or not 0 <= top <= limit):
-            raise RequestFieldError(f"top_logprobs={top!r}: must be an integer from 0 to {limit}", "top_logprobs")
+            raise RequestFieldError(
+                f"top_logprobs={top!r}: must be an integer from 0 to {limit}", "top_logprobs"
+            )
         if top is not None and not wanted:
             raise RequestFieldError("top_logprobs needs logprobs: true", "top_logprobs")
         count, param = (top or 0) if wanted else None, "top_logprobs" if top else "logprobs"
@@ -235,22 +312,38 @@ def _top_logprobs(body: dict, chat: bool, token_engine: bool) -> int | None:
             raise RequestFieldError(f"logprobs={count!r}: must be an integer from 0 to {limit}", "logprobs")
         param = "logprobs"
     if count is not None and not token_engine:
-        raise RequestFieldError(f"{param}: this server's model engine does not give log-probs (start it with "
-                                "`--engine sampler` or `vllm`)", param)
+        raise RequestFieldError(
+            f"{param}: this server's model engine does not give log-probs (start it with "
+            "`--engine sampler` or `vllm`)",
+            param,
+        )
     return count
 
 
-def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tokens: int | None = None,
-                  token_engine: bool = True) -> ParsedRequest:
-    """`body` of /v1/chat/completions (`chat`) or /v1/completions, checked and tokenized; RequestFieldError (400,
-    naming the field) for anything OpenAI would refuse or this server cannot honour. `context`: the model's window
-    in tokens; a prompt longer than `max_prompt_tokens` (default: context - max_tokens) is refused. `token_engine`:
-    the engine behind the server samples token by token (the sampler, vLLM), so log-probs, echo and ignore_eos are
-    there; False for `transformers serve`."""
+def parse_request(
+    body: Any,
+    chat: bool,
+    tokenizer,
+    context: int,
+    max_prompt_tokens: int | None = None,
+    token_engine: bool = True,
+    function_calling: bool = False,
+) -> ParsedRequest:
+    """`body` of /v1/chat/completions (`chat`) or /v1/completions, checked and tokenized; RequestFieldError
+    (400, naming the field) for anything OpenAI would refuse or this server cannot honour. `context`: the
+    model's window in tokens; a prompt longer than `max_prompt_tokens` (default: context - max_tokens) is
+    refused. `token_engine`: the engine behind the server samples token by token (the sampler, vLLM), so
+    log-probs, echo and ignore_eos are there; False for `transformers serve`. `function_calling`: the server
+    reads calls out of the reply (serve api), so a chat may carry `tools`, `tool_choice`, assistant
+    `tool_calls` and `tool` messages: they are written into the messages (`tool_calls.plain_request`)."""
     from dapo_suite.core.prompts import render_chat
+    from dapo_suite.inference.tool_calls import plain_request
 
     if not isinstance(body, dict):
         raise RequestFieldError("the request body must be a JSON object", None)
+    tool_calling = None
+    if chat and function_calling:
+        body, tool_calling = plain_request(body)
     check_fields(body, chat)
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise RequestFieldError(f"model={body['model']!r}: must be a string", "model")
@@ -265,15 +358,21 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
     if body.get("ignore_eos") not in (None, True, False):
         raise RequestFieldError(f"ignore_eos={body['ignore_eos']!r}: must be true or false", "ignore_eos")
     if ignore_eos and not token_engine:
-        raise RequestFieldError("ignore_eos: this server's model engine does not implement it (start it with "
-                                "`--engine sampler` or `vllm`)", "ignore_eos")
+        raise RequestFieldError(
+            "ignore_eos: this server's model engine does not implement it (start it with "
+            "`--engine sampler` or `vllm`)",
+            "ignore_eos",
+        )
 
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = DEFAULT_MAX_TOKENS if body.get(key) is None else body[key]
     lowest = 0 if echo else 1  # echo with max_tokens 0 scores the prompt alone (lm-eval's loglikelihood)
     if not _is_int(max_tokens) or not lowest <= max_tokens < context:
-        raise RequestFieldError(f"{key}={max_tokens!r}: must be an integer from {lowest} to {context - 1} (the "
-                                f"model's context is {context} tokens)", key)
+        raise RequestFieldError(
+            f"{key}={max_tokens!r}: must be an integer from {lowest} to {context - 1} (the "
+            f"model's context is {context} tokens)",
+            key,
+        )
 
     stop = body.get("stop")
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -290,10 +389,15 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
         messages = chat_messages(body["messages"])
         continue_final = continuation(body, messages)
         try:
-            prompts = [tokenizer(render_chat(tokenizer, messages, continue_final),
-                                 add_special_tokens=False)["input_ids"]]
+            prompts = [
+                tokenizer(render_chat(tokenizer, messages, continue_final), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            ]
         except Exception as error:  # noqa: BLE001 - a chat template refuses a conversation by raising (jinja's raise_exception)
-            raise RequestFieldError(f"the model's chat template refuses these messages: {error}", "messages") from None
+            raise RequestFieldError(
+                f"the model's chat template refuses these messages: {error}", "messages"
+            ) from None
     else:
         if "prompt" not in body:
             raise RequestFieldError("the request has no prompt", "prompt")
@@ -302,21 +406,39 @@ def parse_request(body: Any, chat: bool, tokenizer, context: int, max_prompt_tok
     limit = max_prompt_tokens or context - max_tokens
     longest = max(len(ids) for ids in prompts)
     if longest > limit:
-        raise RequestFieldError(f"the prompt is {longest} tokens; this server takes at most {limit} (context "
-                                f"{context} - {key} {max_tokens}). Shorten the prompt or lower {key}.", field_name)
-    return ParsedRequest(chat=chat, prompts=prompts, max_tokens=max_tokens, sampling=sampling, stop=stops,
-                         top_logprobs=top_logprobs, echo=echo, ignore_eos=ignore_eos, stream=bool(body.get("stream")),
-                         include_usage=bool((options or {}).get("include_usage")), model=body.get("model"),
-                         messages=messages, continue_final=continue_final, prompt=None if chat else body["prompt"])
+        raise RequestFieldError(
+            f"the prompt is {longest} tokens; this server takes at most {limit} (context "
+            f"{context} - {key} {max_tokens}). Shorten the prompt or lower {key}.",
+            field_name,
+        )
+    return ParsedRequest(
+        chat=chat,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop=stops,
+        top_logprobs=top_logprobs,
+        echo=echo,
+        ignore_eos=ignore_eos,
+        stream=bool(body.get("stream")),
+        include_usage=bool((options or {}).get("include_usage")),
+        model=body.get("model"),
+        messages=messages,
+        continue_final=continue_final,
+        prompt=None if chat else body["prompt"],
+        tool_calling=tool_calling,
+    )
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None):
-    """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status, the
-    same from every server of the project."""
+    """An OpenAI-shaped client error (`{"error": {"message", "type", "param", "code"}}`) with its HTTP status,
+    the same from every server of the project."""
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": code}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
+        status_code=status,
+    )
 
 
 def model_not_found(model: str | None, names: tuple[str, ...]):
@@ -324,15 +446,19 @@ def model_not_found(model: str | None, names: tuple[str, ...]):
     None when it names one of them or none."""
     if model is None or model in names:
         return None
-    return error_response(404, f"The model `{model}` does not exist: this server serves `{names[0]}` "
-                               "(GET /v1/models)", "model", "model_not_found")
+    return error_response(
+        404,
+        f"The model `{model}` does not exist: this server serves `{names[0]}` (GET /v1/models)",
+        "model",
+        "model_not_found",
+    )
 
 
 async def read_request(request, names: tuple[str, ...], parse: Callable[[Any, bool], ParsedRequest]):
     """The starlette `request` to /v1/chat/completions or /v1/completions, read once: its JSON body checked by
-    `parse(body, chat)` (a `parse_request` with the server's limits; in a thread, as a chat template takes a while
-    to render) and its model against `names`. Returns the `ParsedRequest`, or the error response to send (400
-    naming the field, 404 for another model)."""
+    `parse(body, chat)` (a `parse_request` with the server's limits; in a thread, as a chat template takes a
+    while to render) and its model against `names`. Returns the `ParsedRequest`, or the error response to send
+    (400 naming the field, 404 for another model)."""
     chat = request.url.path.endswith("/chat/completions")
     try:
         body = await request.json()
