@@ -11,6 +11,7 @@ import re
 import click
 
 from dapo_suite import __version__
+from dapo_suite.core.cli_options import folder_option
 from dapo_suite.core.errors import UserError
 
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
@@ -166,13 +167,7 @@ def main(debug: bool) -> None:
 
 
 @main.command()
-@click.option(
-    "--out",
-    default="runs/demo",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Run directory (data/, eval/, train/, report.md); a rerun resumes it.",
-)
+@folder_option("runs/demo", "Run directory (data/, eval/, train/, report.md); a rerun resumes it.")
 @click.option("--max-steps", type=int, help="Training steps (default: the tiny-cpu preset's).")
 @click.option(
     "--seed",

@@ -21,11 +21,11 @@ from dapo_suite.train.verl.keys import (
     VERL_KEYS,
     Hardware,
     VerlConfigError,
-    build_overrides,
     overlong_filter_loss_name,
     split_gpus,
 )
 from dapo_suite.train.verl.launch import command, dry_run, launch, steps_short, stop_reason
+from dapo_suite.train.verl.overrides import build_overrides
 from dapo_suite.train.verl.validate import compose, validate
 
 __all__ = [

@@ -9,8 +9,8 @@ receiver, buckets of `bucket_size` bytes); the rollout worker then loads them in
 (`cpu_rollout`).
 
 verl imports it where it builds engines, through its hook for engine plugins
-(`actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module`; `keys.cpu_overrides` sets it for async
-runs).
+(`actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module`; `cpu_keys.cpu_overrides` sets it for
+async runs).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
-from dapo_suite.train.verl.keys import CPU_CHECKPOINT_ENGINE
+from dapo_suite.train.verl.cpu_keys import CPU_CHECKPOINT_ENGINE
 
 SEND, IDLE, RECEIVE = "send", "idle", "receive"
 # A bucket not taken or not arriving in this long means the other side is gone (a rollout server killed by

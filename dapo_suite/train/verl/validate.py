@@ -23,9 +23,9 @@ from dapo_suite.train.verl.keys import (
     ROLLOUT_CORRECTION,
     Hardware,
     VerlConfigError,
-    hydra_value,
     split_gpus,
 )
+from dapo_suite.train.verl.overrides import hydra_value
 
 # verl types these as unions: a "lower_upper" threshold is a string where verl's default is a number (str |
 # float), target_modules a list where its default is "all-linear"

@@ -18,7 +18,8 @@ from dapo_suite.core.ports import free_port
 from dapo_suite.train import verl as vb
 from dapo_suite.train.config import resolve_config
 from dapo_suite.train.tasks import train_and_heldout
-from dapo_suite.train.verl.keys import STOP_FILE, cpu_environment
+from dapo_suite.train.verl.cpu_keys import cpu_environment
+from dapo_suite.train.verl.keys import STOP_FILE
 from dapo_suite.train.verl.launch import missing_python, run_environment
 
 

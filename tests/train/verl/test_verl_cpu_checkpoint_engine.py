@@ -10,7 +10,7 @@ import asyncio
 import torch
 from verl.checkpoint_engine.base import CheckpointEngineRegistry
 
-from dapo_suite.train.verl.keys import CPU_CHECKPOINT_ENGINE, CPU_CHECKPOINT_ENGINE_MODULE
+from dapo_suite.train.verl.cpu_keys import CPU_CHECKPOINT_ENGINE, CPU_CHECKPOINT_ENGINE_MODULE
 
 
 def test_weights_reach_every_rollout_worker_in_buckets():

@@ -224,8 +224,8 @@ def verl_actor_config(config: TrainConfig, padding_idx: int):
     """verl's composed `actor_rollout_ref` for the run: the project's override list for a one-"GPU" CPU run,
     and the step count verl's trainer fills in from the data. Two of its keys are what the same numbers need:
 
-    - float32 FSDP mixed precision (`keys.cpu_overrides`, autocast off): verl's FSDP actor otherwise computes
-      in bf16 (its default param_dtype), whatever `dtype` / `autocast_dtype` say;
+    - float32 FSDP mixed precision (`cpu_keys.cpu_overrides`, autocast off): verl's FSDP actor otherwise
+      computes in bf16 (its default param_dtype), whatever `dtype` / `autocast_dtype` say;
     - the model's own pad token id (`keys.model_overrides`): verl replaces the model config's pad_token_id
       with the tokenizer's, and the embedded tokenizer (converted from GGUF) has no pad token and eos
       <|im_start|> (id 1), so verl would take 1 where config.json says 2 (<|im_end|>). The id becomes
