@@ -306,11 +306,6 @@ class TrainConfig:
             problems.append(f"tool_response_truncate_side must be one of {', '.join(TRUNCATE_SIDES)}")
         if self.tool_isolation not in ISOLATIONS:
             problems.append(f"tool_isolation must be one of {', '.join(ISOLATIONS)}")
-        if self.multi_turn and self.backend == "verl":
-            problems.append(
-                "multi_turn runs on the embedded trainer only for now: verl's agent loop is not wired "
-                "(without it verl would train single-turn silently); drop --backend verl"
-            )
         if self.multi_turn and self.backend == "embedded" and self.rollout_engine == "vllm":
             problems.append(
                 "multi_turn on the embedded trainer samples with the hf engine: set rollout_engine=hf "

@@ -78,6 +78,20 @@ def model_path(model: str) -> str:
     return registered_id(model) or model  # a short name (Qwen2.5-32B) as its hub id
 
 
+# verl 0.9.1's agent loops by name: multi-turn runs the tool loop, one turn the single-turn loop
+AGENT_LOOPS = {True: "tool_agent", False: "single_turn_agent"}
+# the sandbox as verl's tool (dapo_suite.train.verl.sandbox_tool.SandboxTool), the default tool config
+PYTHON_TOOL_CONFIG = PACKAGE_DIR / "core" / "sandbox" / "python_tool.yaml"
+
+
+def tool_config(path: str | None, config: TrainConfig) -> str | None:
+    """The tool config verl's agent loop reads: the user's YAML, else the shipped sandbox tool; None (no
+    tools) for a single-turn run."""
+    if not config.multi_turn:
+        return None
+    return str(Path(path).resolve()) if path else str(PYTHON_TOOL_CONFIG)
+
+
 @dataclass(frozen=True)
 class VerlKey:
     """One row of the table: a TrainConfig field, the verl key(s) it sets, and how its value converts."""
@@ -160,6 +174,17 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("lora_alpha", (f"{MODEL}.lora_alpha",), lambda v, c: int(v) if float(v).is_integer() else v),
     VerlKey("lora_targets", (f"{MODEL}.target_modules",), lambda v, c: c.lora_target_list),
     # budget, validation, checkpoints
+    # multi-turn with tools: verl's agent loop runs its tool_agent loop (Hermes calls) over the tool config;
+    # without these verl trains single-turn silently (verl #2966, #2986), which validate refuses
+    VerlKey("multi_turn", (f"{ROLLOUT}.multi_turn.enable",)),
+    VerlKey("multi_turn", (f"{ROLLOUT}.agent.default_agent_loop",), lambda v, c: AGENT_LOOPS[bool(v)]),
+    # what the agent loop needs besides, verl 0.9.1's defaults, pinned
+    VerlKey("multi_turn", (f"{ROLLOUT}.mode",), lambda v, c: "async"),
+    VerlKey("multi_turn", ("data.return_raw_chat",), lambda v, c: True),
+    VerlKey("max_assistant_turns", (f"{ROLLOUT}.multi_turn.max_assistant_turns",)),
+    VerlKey("max_tool_response_length", (f"{ROLLOUT}.multi_turn.max_tool_response_length",)),
+    VerlKey("tool_response_truncate_side", (f"{ROLLOUT}.multi_turn.tool_response_truncate_side",)),
+    VerlKey("tool_config_path", (f"{ROLLOUT}.multi_turn.tool_config_path",), lambda v, c: tool_config(v, c)),
     VerlKey("max_steps", ("trainer.total_training_steps",)),
     VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 and c.heldout_eval else -1),
     VerlKey("heldout_eval", ("trainer.val_before_train",)),
@@ -201,19 +226,7 @@ NOT_MAPPED = {
     "async_mode": "selects the trainer: ASYNC_TRAINERS (verl/experimental/<package>, its config and keys)",
     "staleness_threshold": "async=fully: async_training.staleness_threshold (fully_async_keys)",
     "partial_rollout": "async=fully: async_training.partial_rollout (fully_async_keys)",
-    # verl's agent loop (rollout.multi_turn.*, rollout.mode=async, the tool_agent loop) is not wired yet: the
-    # config refuses multi_turn on --backend verl rather than let verl run single-turn silently.
-    **{
-        name: "multi-turn on verl: refused by TrainConfig until the agent loop is wired"
-        for name in (
-            "multi_turn",
-            "max_assistant_turns",
-            "max_tool_response_length",
-            "tool_response_truncate_side",
-            "tool_config_path",
-            "tool_isolation",
-        )
-    },
+    "tool_isolation": "verl: the tool config YAML's config.isolation (the shipped python_tool.yaml: bwrap)",
 }
 
 # The paper's run, fixed whatever the preset (reference doc section 2).

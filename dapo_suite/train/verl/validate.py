@@ -267,7 +267,7 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     trainer = ASYNC_TRAINERS.get(config.async_mode)
     if not problems and (trainer is None or trainer.verl_validates):
         problems += _verl_validate(cfg)
-    problems += lora_problems(config, hw, cfg)
+    problems += lora_problems(config, hw, cfg) + tool_problems(config, cfg)
     if (
         cfg.reward.reward_manager.name == "dapo"
         and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None
@@ -279,6 +279,36 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
     if problems:
         raise VerlConfigError("verl config is not runnable:\n  - " + "\n  - ".join(problems))
     return cfg, warnings_for(config, cfg)
+
+
+def tool_problems(config: TrainConfig, cfg) -> list[str]:
+    """What would make a tool run train single-turn without a word (verl #2966, #2986): multi_turn on but
+    another agent loop, another rollout mode, no raw chat or no tool; or tools on with multi_turn off."""
+    rollout = cfg.actor_rollout_ref.rollout
+    multi_turn = rollout.multi_turn
+    if not (config.multi_turn or multi_turn.enable):
+        return []
+    needs = {
+        "actor_rollout_ref.rollout.multi_turn.enable": (multi_turn.enable, True),
+        "actor_rollout_ref.rollout.agent.default_agent_loop": (
+            rollout.agent.default_agent_loop,
+            "tool_agent",
+        ),
+        "actor_rollout_ref.rollout.mode": (rollout.mode, "async"),
+        "data.return_raw_chat": (cfg.data.return_raw_chat, True),
+    }
+    problems = [
+        f"a tool run needs {key}={expected} (it is {actual!r}); verl would train it single-turn"
+        for key, (actual, expected) in needs.items()
+        if actual != expected
+    ]
+    if not (multi_turn.tool_config_path or multi_turn.get("function_tool_path")):
+        problems.append(
+            "a tool run needs actor_rollout_ref.rollout.multi_turn.tool_config_path (the shipped sandbox "
+            "tool "
+            "is the default): without a tool the model's calls go nowhere"
+        )
+    return problems
 
 
 def lora_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:

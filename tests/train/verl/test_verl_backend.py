@@ -667,3 +667,54 @@ def test_set_async_names_the_field_and_its_choices():
         resolve_config([], {"backend": "verl"}, {"async_mode": "full"})
     with pytest.raises(UserError, match="async=one_step runs verl's async trainers: add --backend verl"):
         resolve_config([], {}, {"async_mode": "one_step"})
+
+
+def test_a_tool_preset_runs_verls_agent_loop_with_the_sandbox_tool(data, tmp_path):
+    config = _config(data, tmp_path, presets=("dapo-tool",))
+    for nnodes, gpus in ((1, 8), (16, 8)):
+        hw = vb.Hardware(nnodes=nnodes, gpus_per_node=gpus)
+        cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
+        rollout = cfg.actor_rollout_ref.rollout
+        assert rollout.multi_turn.enable is True and rollout.agent.default_agent_loop == "tool_agent"
+        assert rollout.mode == "async" and cfg.data.return_raw_chat is True
+        assert rollout.multi_turn.max_assistant_turns == config.max_assistant_turns == 4
+        tools = OmegaConf.load(rollout.multi_turn.tool_config_path).tools
+        assert [tool.class_name for tool in tools] == ["dapo_suite.train.verl.sandbox_tool.SandboxTool"]
+    # a single-turn preset keeps verl's single-turn loop and no tool
+    plain = vb.validate(
+        _config(data, tmp_path), vb.Hardware(), vb.build_overrides(_config(data, tmp_path), vb.Hardware())
+    )
+    assert plain[0].actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+    assert plain[0].actor_rollout_ref.rollout.multi_turn.tool_config_path is None
+
+
+@pytest.mark.parametrize(
+    "passthrough",
+    [
+        "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",
+        "actor_rollout_ref.rollout.multi_turn.enable=False",
+        "data.return_raw_chat=False",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=null",
+    ],
+)
+def test_a_tool_run_that_verl_would_train_single_turn_is_refused_naming_the_key(passthrough, data, tmp_path):
+    config = _config(data, tmp_path, presets=("dapo-tool",))
+    hw = vb.Hardware(nnodes=1, gpus_per_node=8)
+    with pytest.raises(vb.VerlConfigError) as caught:
+        vb.validate(config, hw, vb.build_overrides(config, hw, [passthrough]))
+    assert passthrough.split("=")[0] in str(caught.value)
+
+
+@pytest.mark.parametrize("async_mode", ["off", "one_step", "fully"])
+def test_the_retool_preset_composes_for_qwen2_5_32b_instruct_on_16x8(async_mode, data, tmp_path):
+    config = _config(data, tmp_path, ("retool",), model="Qwen/Qwen2.5-32B-Instruct", async_mode=async_mode)
+    hw = vb.Hardware(nnodes=16, gpus_per_node=8)
+    plan = vb.dry_run(config, hw)
+    cfg = plan["config"]
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    assert rollout.multi_turn.enable and rollout.multi_turn.max_assistant_turns == 8
+    assert rollout.agent.default_agent_loop == "tool_agent" and rollout.multi_turn.format == "hermes"
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (0.2, 0.28, 10.0)
+    assert actor.optim.lr == 1e-6 and rollout.n == 16 and actor.ppo_mini_batch_size == 64
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 16384)
+    assert cfg.algorithm.adv_estimator == "grpo" and not actor.use_kl_loss
