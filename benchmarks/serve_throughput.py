@@ -67,9 +67,8 @@ IGNORES_EOS = {
 # it rewinds the request's generator, which a CPU generator cannot ("CPU Generator does not use offset")
 SEEDED = {"sampler", "transformers"}
 MIN_WINDOWS = 3  # the fewest that give a median and a range
-FAILED_PAUSE_S = (
-    1.0  # a client whose request failed waits this long before its next: a dead server is not flooded
-)
+# a client whose request failed waits this long before its next: a dead server is not flooded
+FAILED_PAUSE_S = 1.0
 
 
 class RequestFailed(Exception):

@@ -36,9 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-RESULT = (
-    "VS_VLLM_RESULT "  # a worker's answer line (vLLM and torch write their own lines to the same streams)
-)
+# a worker's answer line (vLLM and torch write their own lines to the same streams)
+RESULT = "VS_VLLM_RESULT "
 
 
 def cpu_seconds() -> float:

@@ -40,12 +40,10 @@ class BuildConfig:
         # root of the raw sets for named sources; default $DAPO_SUITE_DATA, else ~/.cache/dapo-suite/data
         None
     )
-    problem_field: str | None = (
-        None  # dotted path of the problem (default: problem/question/prompt.0.content)
-    )
-    answer_field: str | None = (
-        None  # dotted path of the answer (default: answer/reward_model.ground_truth/...)
-    )
+    # dotted path of the problem (default: problem/question/prompt.0.content)
+    problem_field: str | None = None
+    # dotted path of the answer (default: answer/reward_model.ground_truth/...)
+    answer_field: str | None = None
     limit: int | None = None  # first N rows of each source (for trials)
     # duplicates: Jaccard of word 5-shingles, MinHash num_perm with `near_dup_bands` LSH bands
     near_dup_threshold: float = 0.8
@@ -65,20 +63,16 @@ class BuildConfig:
     model: str | None = None  # model name sent to the endpoint
     api_key: str = "EMPTY"
     concurrency: int = 8  # requests in flight at once
-    max_retries: int = (
-        5  # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
-    )
-    request_timeout_s: float = (
-        600.0  # --request-timeout; a request queued behind 7 others on a CPU server waits
-    )
+    # per request, on 429 / 5xx / timeouts / dropped connections, with exponential backoff
+    max_retries: int = 5
+    # --request-timeout; a request queued behind 7 others on a CPU server waits
+    request_timeout_s: float = 600.0
     temperature: float = 0.0
     max_tokens: int = 1024
-    max_failed_fraction: float = (
-        0.0  # LLM requests that may fail for good (their rows are rejected) before the build stops
-    )
-    allow_unverified: bool = (
-        False  # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
-    )
+    # LLM requests that may fail for good (their rows are rejected) before the build stops
+    max_failed_fraction: float = 0.0
+    # keep rewrites the verifier cannot prove, flagged extra_info.verified=False
+    allow_unverified: bool = False
     # export (DAPO-Math-17K schema, reference doc section 4)
     data_source: str = "math_dapo"
     ability: str = "MATH"

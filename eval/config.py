@@ -41,19 +41,16 @@ TOOLS = (
 
 @dataclass
 class EvalConfig:
-    benchmark: str | None = (
-        "aime24"  # a shipped benchmark (aime24, amc23, math500, gsm8k); ignored with `file`
-    )
+    # a shipped benchmark (aime24, amc23, math500, gsm8k); ignored with `file`
+    benchmark: str | None = "aime24"
     file: str | None = None  # any .jsonl/.parquet with problem and answer columns
     problem_key: str = "problem"  # column of the problem text (dotted keys read nested fields)
     answer_key: str = "answer"  # column of the ground truth
     id_key: str = "id"  # column of a unique id (row number when absent)
-    model: str | None = (
-        None  # HF directory or hub id; None = the embedded SmolLM2-135M-Instruct; served name with `endpoint`
-    )
-    endpoint: str | None = (
-        None  # base URL of an OpenAI-compatible server (`vllm serve`, `transformers serve`)
-    )
+    # HF directory or hub id; None = the embedded SmolLM2-135M-Instruct; served name with `endpoint`
+    model: str | None = None
+    # base URL of an OpenAI-compatible server (`vllm serve`, `transformers serve`)
+    endpoint: str | None = None
     engine: str = "auto"  # auto: openai with an endpoint, else vllm when a GPU and vllm are present, else hf
     n: int = 32  # samples per problem (DAPO: avg@32)
     temperature: float = 1.0  # DAPO validation temperature

@@ -39,9 +39,8 @@ from typing import Any
 
 from dapo_suite.core.symbolic import SymbolicChecker
 
-ANSWER_WINDOW = (
-    300  # characters of the response's tail searched for the `Answer:` line (verl's math_dapo: 300)
-)
+# characters of the response's tail searched for the `Answer:` line (verl's math_dapo: 300)
+ANSWER_WINDOW = 300
 MAX_BOX_CHARS = 1000  # a \boxed{ whose brace does not close within this is not an answer (bounds the scan)
 MAX_SYMBOLIC_ANSWER_CHARS = 400  # the longest MATH-500 answer has 159 characters
 UNCHECKED = ("timeout", "too_complex")  # a result's fields for an answer the checker could not check, by why

@@ -52,9 +52,8 @@ MEMORY_LIMIT_BYTES = (
     2 * 1024**3
 )  # per comparison: a runaway expression is stopped before it can swap the machine
 ORPHAN_CPU_LIMIT_S = 5  # per comparison: ends a child whose worker vanished before killing it
-REPLY_MARGIN_S = (
-    1.0  # the worker answers `timeout` itself; past the wall limit + margin it is stuck and replaced
-)
+# the worker answers `timeout` itself; past the wall limit + margin it is stuck and replaced
+REPLY_MARGIN_S = 1.0
 
 # one of each construct MATH answers use (none is a MATH-500 answer: the timing measurement stays fair)
 WARM_UP = [

@@ -23,15 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 THREADS_VARIABLE = "DAPO_SUITE_THREADS"
-CHECK_SECONDS = (
-    0.5  # how often the load is read: reading /proc/stat is cheap next to the decode steps in between
-)
+# how often the load is read: reading /proc/stat is cheap next to the decode steps in between
+CHECK_SECONDS = 0.5
 TAKEN_SHARE = (
     1 / 3
 )  # another program using this much of a core takes that core: a thread there would wait on it
-KEEP_SECONDS = (
-    5.0  # a sampling block this soon after the last one starts at the thread count that one ended with
-)
+# a sampling block this soon after the last one starts at the thread count that one ended with
+KEEP_SECONDS = 5.0
 
 
 def usable_cores() -> set[int]:
@@ -81,12 +79,10 @@ class FreeCores:
 
     def __init__(self) -> None:
         self.cores = usable_cores()
-        self.last: tuple[float, float, float] | None = (
-            None  # (wall, machine busy, own CPU) at the last reading
-        )
-        self.rising = (
-            False  # the last reading asked for more threads: the next must too (the load may come in bursts)
-        )
+        # (wall, machine busy, own CPU) at the last reading
+        self.last: tuple[float, float, float] | None = None
+        # the last reading asked for more threads: the next must too (the load may come in bursts)
+        self.rising = False
         self.threads: int | None = None  # the count the last block ended with
 
     def read(self) -> tuple[float, float, float] | None:

@@ -48,9 +48,8 @@ class GenerationJob:
     seed: int | None = None
     emit: Callable[[Event], None] = field(default=lambda event: None, repr=False)
     top_logprobs: int | None = None
-    ignore_eos: bool = (
-        False  # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
-    )
+    # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
+    ignore_eos: bool = False
     cancelled: bool = False
     logprobs: list[TokenLogProb] = field(default_factory=list, repr=False)
     produced: int = 0

@@ -291,9 +291,8 @@ class LeanStepper:
             slots = end + max(self.kv.shape[4] - self.length, max_new_tokens) + JOIN_HEADROOM_SLOTS
             rows = max(running + added, capacity_rows or 2 * (running + added))
             store = self.kv.new_empty(2, len(self.layers), rows, self.kv_heads, slots, self.head_dim)
-            store[:, :, :running, :, : end - kept] = (
-                0.0  # padding is read (masked): it must hold finite values
-            )
+            # padding is read (masked): it must hold finite values
+            store[:, :, :running, :, : end - kept] = 0.0
             store[:, :, :running, :, end - kept : end] = self.kv[:, :, :, :, trim : self.length]
             bias = self.bias.new_full((running, 1, 1, slots), float("-inf"))
             bias[:, :, :, end - kept : end] = self.bias[:, :, :, trim : self.length]

@@ -40,9 +40,8 @@ class Endpoint:
     process: subprocess.Popen | None = None  # None for an endpoint someone else runs
     engine: str = "external"
     log_path: Path | None = field(default=None, repr=False)
-    model_path: str | None = (
-        None  # what the server loaded (a directory or hub id); None for an external endpoint
-    )
+    # what the server loaded (a directory or hub id); None for an external endpoint
+    model_path: str | None = None
 
     def exit_code(self) -> int | None:
         """The child's exit status once it has died, else None (also None for an external endpoint)."""

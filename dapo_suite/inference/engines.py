@@ -48,9 +48,8 @@ class Sampling:
     top_p: float
     max_tokens: int
     chat_template: bool = True
-    seed: int | None = (
-        None  # one random stream through the whole call, for requests without a seed of their own
-    )
+    # one random stream through the whole call, for requests without a seed of their own
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

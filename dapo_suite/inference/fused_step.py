@@ -64,9 +64,8 @@ def cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-STALE_LOCK_SECONDS = (
-    600  # far longer than a build takes, even on a busy machine: a lock this old was left by a killed one
-)
+# far longer than a build takes, even on a busy machine: a lock this old was left by a killed one
+STALE_LOCK_SECONDS = 600
 
 
 def clear_stale_lock(lock: Path) -> None:

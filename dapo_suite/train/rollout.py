@@ -37,14 +37,12 @@ class Rollout:
     advantage: float = 0.0
     rollout_log_prob: torch.Tensor | None = None  # (T,) the sampler's own log-probs, kept when the trainer
     #   recomputes old_log_prob for rollout correction (they come from another dtype or engine)
-    response_mask: torch.Tensor | None = (
-        None  # (T,) 1 on the model's tokens, 0 on a tool's; None: all the model's
-    )
+    # (T,) 1 on the model's tokens, 0 on a tool's; None: all the model's
+    response_mask: torch.Tensor | None = None
     tool_calls: tuple = ()  # tool_loop.ToolCall records of a multi-turn response
     model_text: str | None = None  # the model's own text, what is graded; None: `text`
-    sampled_entropy: torch.Tensor | None = (
-        None  # (T,) the sampler's entropy at each token (0 on a tool's); HF only
-    )
+    # (T,) the sampler's entropy at each token (0 on a tool's); HF only
+    sampled_entropy: torch.Tensor | None = None
 
     @property
     def length(self) -> int:

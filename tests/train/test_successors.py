@@ -317,9 +317,8 @@ def outcome_batch(seed: int, size: int = 24, length: int = 9):
     lengths = torch.randint(1, length + 1, (size,), generator=gen)
     mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
     token_rewards = torch.zeros(size, length)
-    token_rewards[torch.arange(size), lengths - 1] = (
-        scores  # verl puts the outcome on the last response token
-    )
+    # verl puts the outcome on the last response token
+    token_rewards[torch.arange(size), lengths - 1] = scores
     return scores, group_ids, lengths, mask, token_rewards
 
 

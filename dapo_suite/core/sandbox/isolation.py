@@ -23,9 +23,8 @@ from dapo_suite.core.errors import UserError
 
 ISOLATIONS = ("bwrap", "unsafe-none")
 SITE = "/sandbox/site"  # where numpy and sympy appear inside the sandbox
-WORK_DIR = (
-    "/tmp"  # inside the sandbox: its private tmpfs, the only writable place, and the call's working folder
-)
+# inside the sandbox: its private tmpfs, the only writable place, and the call's working folder
+WORK_DIR = "/tmp"
 PACKAGES = ("numpy", "numpy.libs", "sympy", "mpmath")  # numpy.libs: a numpy wheel's own OpenBLAS
 SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")
 SANDBOX_ENV = {

@@ -37,9 +37,8 @@ ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
 ROLLOUT = "actor_rollout_ref.rollout"
 OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
-WORKER_ENV = (
-    "+ray_kwargs.ray_init.runtime_env.env_vars"  # environment variables Ray gives every worker of the job
-)
+# environment variables Ray gives every worker of the job
+WORKER_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 
 
 class VerlConfigError(ValueError):
@@ -463,9 +462,8 @@ def async_overrides(config: TrainConfig, hw: Hardware) -> list[tuple[str, Any]]:
     ]
 
 
-VERL_METRICS_FILE = (
-    "verl_metrics.jsonl"  # verl's "file" logger: {"step": N, "data": {metric: value}} per step
-)
+# verl's "file" logger: {"step": N, "data": {metric: value}} per step
+VERL_METRICS_FILE = "verl_metrics.jsonl"
 
 
 def run_dir_overrides(config: TrainConfig) -> list[tuple[str, Any]]:
