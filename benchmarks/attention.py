@@ -113,8 +113,7 @@ def main() -> None:
             rate, read = nbytes / best / 1e9, source.numel() * 4 / best_read / 1e9
             print(
                 f"| {str(dtype).removeprefix('torch.')} | {name} | {best * 1e3:.1f} | {rate:.1f} | "
-                f"{read:.1f} | "
-                f"{rate / read:.2f}x |",
+                f"{read:.1f} | {rate / read:.2f}x |",
                 flush=True,
             )
 

@@ -37,15 +37,13 @@ def bench_dedup_decontam() -> None:
     work = done - loaded
     print(
         f"dedup+decontam of {len(rows)} rows: load {loaded - start:.1f} s (not counted), dedup "
-        f"{deduped - loaded:.1f} s, "
-        f"decontam vs {len(index.items)} eval problems {done - deduped:.1f} s; "
+        f"{deduped - loaded:.1f} s, decontam vs {len(index.items)} eval problems {done - deduped:.1f} s; "
         f"total {work:.1f} s (target < 30 s: {'met' if work < 30 else 'MISSED'})"
     )
     print(
         f"  identical repeats {exact['identical_text_repeats']} "
-        f"({exact['identical_text_repeats_with_other_answer']} "
-        f"with another answer); exact clusters {exact['clusters']}; near clusters {near['clusters']}; "
-        f"contaminated rows removed {len(removed)}"
+        f"({exact['identical_text_repeats_with_other_answer']} with another answer); exact clusters "
+        f"{exact['clusters']}; near clusters {near['clusters']}; contaminated rows removed {len(removed)}"
     )
     for name, c in report["per_eval_set"].items():
         print(

@@ -101,8 +101,7 @@ def main() -> None:
                 if verdict != case["expected"]:
                     print(
                         f"    {case['id']}: expected {case['expected']}, got {verdict}: gold "
-                        f"{case['gold']!r}, "
-                        f"response {case['response'][-80:]!r}"
+                        f"{case['gold']!r}, response {case['response'][-80:]!r}"
                     )
 
 

@@ -96,8 +96,7 @@ def main() -> None:
     print(
         f"{len(shapes)} projections per step, {weight_bytes / 1e6:.0f} MB of bf16 weights, "
         f"{torch.get_num_threads()} threads; in the stepper the tile unit from {fused.TILE_MIN_ROWS or 'no'} "
-        "rows, "
-        f"oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows"
+        f"rows, oneDNN from {fused.ONEDNN_MIN_ROWS or 'no'} rows"
     )
     print(
         "| rows | copy GB/s | matmul GFLOP/s | roofline ms | "

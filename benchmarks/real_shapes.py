@@ -578,8 +578,7 @@ def main() -> None:
     print(f"[real-shapes] {cpu_line()}")
     print(
         f"[real-shapes] torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} "
-        "threads "
-        f"per child, memory limit for a step {gib(limit)}"
+        f"threads per child, memory limit for a step {gib(limit)}"
     )
     common = {"seed": args.seed, "threads": args.threads}
     report: dict[str, Any] = {
@@ -613,8 +612,7 @@ def main() -> None:
                 print(
                     f"[{shape}] sampler {result['dtype']}: {result['path']}; snapshot "
                     f"{result['snapshot_seconds']:.2f} s (kernels loaded in {result['kernels_seconds']:.2f} "
-                    "s); "
-                    f"child peak RSS {gib(result['peak_rss'])}"
+                    f"s); child peak RSS {gib(result['peak_rss'])}"
                 )
                 for row in result["rows"]:
                     print(

@@ -67,8 +67,7 @@ def ratio_line(
     per_repeat = sorted(t / o for o, t in zip(ours_s, theirs_s, strict=True))
     print(
         f"{label:<24} {ours / theirs:.{digits}f}x (repeats "
-        f"{per_repeat[0]:.{digits}f}-{per_repeat[-1]:.{digits}f}x)"
-        f"{f'   (target {target})' if target else ''}"
+        f"{per_repeat[0]:.{digits}f}-{per_repeat[-1]:.{digits}f}x){f'   (target {target})' if target else ''}"
     )
 
 

@@ -166,8 +166,7 @@ def main() -> None:
     embed_params = model.model.embed_tokens.weight.numel()
     print(
         f"{cpu_line()}; {torch.get_num_threads()} threads; copy bandwidth measured before each row (on a "
-        "shared "
-        "host it moves within an hour)"
+        f"shared host it moves within an hour)"
     )
     batches = [int(b) for b in args.batches.split(",")]
     problems = load_problems("gsm8k", limit=max(batches + [8]))
@@ -187,8 +186,7 @@ def main() -> None:
     measured = []
     print(
         "| dtype | batch (prompts x G) | copy GB/s | sampler tok/s | bound tok/s | % of bound | generate "
-        "tok/s | "
-        "sampler / generate |"
+        "tok/s | sampler / generate |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
@@ -253,16 +251,14 @@ def main() -> None:
                 generate_cell, ratio_cell = f"{generate_rate:.1f}", f"{rate / generate_rate:.2f}x"
             print(
                 f"| {dtype_name} | {batch} ({batch // group} x {group}) | {bandwidth / 1e9:.1f} | {rate:.1f} "
-                "| "
-                f"{bound:.1f} | {100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |",
+                f"| {bound:.1f} | {100 * rate / bound:.0f} % | {generate_cell} | {ratio_cell} |",
                 flush=True,
             )
             if group == 1:
                 max_gap, mean_gap = logprob_gap(model, encoded, sampled)
                 print(
                     f"<!-- {dtype_name} sampler vs float32 trainer log-probs, batch {batch}: max "
-                    f"{max_gap:.2e}, "
-                    f"mean {mean_gap:.2e} -->",
+                    f"{max_gap:.2e}, mean {mean_gap:.2e} -->",
                     flush=True,
                 )
     # On a shared host the copy bandwidth and the matmul rate move within one run while the sampler's speed

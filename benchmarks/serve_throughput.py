@@ -544,8 +544,7 @@ def main() -> None:
             )
     print(
         "tok/s and TTFT: the median window; per window: the lowest and highest ratio of the windows run in "
-        "turn; "
-        "failed: requests over all windows"
+        "turn; failed: requests over all windows"
     )
     print(f"command: {command}")
     print(cpu_line())
@@ -613,8 +612,7 @@ def fates(
     kinds = f" ({', '.join(f'{n} {kind}' for kind, n in sorted(failures.items()))})" if failed else ""
     return (
         f"{requests} requests: {completed} completed, {cut} cut by the window's end ({waiting} without a "
-        "first "
-        f"token), {failed} FAILED{kinds}"
+        f"first token), {failed} FAILED{kinds}"
     )
 
 
@@ -654,20 +652,17 @@ def row_line(row: dict) -> str:
     if row.get("failed"):
         return (
             f"{row['engine']:<13} {row['clients']:>3} clients: FAILED: {row['failed']} (server log: "
-            f"{row['log']}); "
-            f"over the windows {counted}"
+            f"{row['log']}); over the windows {counted}"
         )
     low, high = row["tokens_per_s_range"]
     return (
         f"{row['engine']:<13} {row['clients']:>3} clients, median of {len(row['windows'])} windows: first "
-        "token "
-        f"p50 {row['ttft_p50_s']:6.2f} s, p95 {row['ttft_p95_s']:6.2f} s (range "
-        f"{row['ttft_p95_s_range'][0]:.2f}-"
-        f"{row['ttft_p95_s_range'][1]:.2f}); inter-token p95 {1000 * row['inter_token_p95_s']:6.1f} ms; "
-        f"{row['tokens_per_s']:6.1f} tokens/s (range {low:.1f}-{high:.1f}; windows: "
-        f"{', '.join(f'{t:.1f}' for t in row['windows_tokens_per_s'])}); median window {row['completed']}/"
-        f"{row['requests']} requests completed, {row['no_first_token']} without a first token, "
-        f"{row['failed_requests']} failed; over all windows {counted}"
+        f"token p50 {row['ttft_p50_s']:6.2f} s, p95 {row['ttft_p95_s']:6.2f} s (range "
+        f"{row['ttft_p95_s_range'][0]:.2f}-{row['ttft_p95_s_range'][1]:.2f}); inter-token p95 "
+        f"{1000 * row['inter_token_p95_s']:6.1f} ms; {row['tokens_per_s']:6.1f} tokens/s (range "
+        f"{low:.1f}-{high:.1f}; windows: {', '.join(f'{t:.1f}' for t in row['windows_tokens_per_s'])}); "
+        f"median window {row['completed']}/{row['requests']} requests completed, {row['no_first_token']} "
+        f"without a first token, {row['failed_requests']} failed; over all windows {counted}"
     )
 
 

@@ -310,14 +310,12 @@ def main() -> None:
         tokens = sum(r.prompt_ids.numel() + r.length for r in flat)
         print(
             f"[train-step] torch {torch.__version__}, transformers {transformers.__version__}, trl "
-            f"{trl.__version__}"
-            f", {torch.get_num_threads()} threads; {cpu_line()}"
+            f"{trl.__version__}, {torch.get_num_threads()} threads; {cpu_line()}"
         )
         print(
             f"[train-step] {args.prompts} prompts x {args.group_size} responses = {total}; {tokens} tokens "
-            f"(prompt ~{args.prompt_len}, response <= {args.response_len}, "
-            f"{sum(r.truncated for r in flat)} truncated), micro-batch {args.micro_batch}, one optimizer "
-            "update, "
+            f"(prompt ~{args.prompt_len}, response <= {args.response_len}, {sum(r.truncated for r in flat)} "
+            f"truncated), micro-batch {args.micro_batch}, one optimizer update, "
             f"{'bf16 autocast' if args.bf16 else 'float32'}"
         )
 
@@ -358,8 +356,7 @@ def main() -> None:
     ratio = rates["ours"] / rates["TRL"]
     print(
         f"[train-step] ratio ours / TRL = {ratio:.3f}x (target >= 1.5x): "
-        f"{'PASS' if ratio >= 1.5 else 'FAIL'}; "
-        f"load average now {os.getloadavg()[0]:.2f}"
+        f"{'PASS' if ratio >= 1.5 else 'FAIL'}; load average now {os.getloadavg()[0]:.2f}"
     )
 
 

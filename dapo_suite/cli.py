@@ -99,8 +99,7 @@ class StageGroup(click.Group):
                 ) from None
             raise click.ClickException(
                 f"unexpected {type(error).__name__}: {error}\nThis is a bug in dapo-suite, not in your "
-                "input: rerun "
-                "with `dapo-suite --debug ...` for the traceback and report it."
+                f"input: rerun with `dapo-suite --debug ...` for the traceback and report it."
             ) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -148,9 +148,8 @@ def build(config_path: str | None, **flags) -> None:
     except (ValueError, UserError) as error:  # SourceError and unreadable files alike
         raise click.ClickException(str(error)) from None
     click.echo(
-        f"exported {stats['exported_rows']} rows to {Path(config.out) / 'train.parquet'}; "
-        f"rejected {stats['ledger']['dropped_rows']} (each with its reason in "
-        f"{Path(config.out) / 'rejected.jsonl'})"
+        f"exported {stats['exported_rows']} rows to {Path(config.out) / 'train.parquet'}; rejected "
+        f"{stats['ledger']['dropped_rows']} (each with its reason in {Path(config.out) / 'rejected.jsonl'})"
     )
 
 

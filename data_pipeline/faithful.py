@@ -80,8 +80,7 @@ _UNITS = {
     w: i
     for i, w in enumerate(
         "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-        "sixteen "
-        "seventeen eighteen nineteen".split()
+        "sixteen seventeen eighteen nineteen".split()
     )
 }
 _TENS = {

@@ -56,8 +56,7 @@ FEW_SHOT = [
     ),
     (
         "A fair coin is flipped 3 times. What is the probability of exactly two heads? Express your answer "
-        "as a "
-        "common fraction.",
+        "as a common fraction.",
         "\\frac{3}{8}",
         "1. The answer 3/8 has the form m/n with m=3, n=8 relatively prime.\n2. Ask for m+n.\n"
         "3. Drop the instruction about a common fraction and append the AIME sentence.\n4. 3+8 = 11.\n"

@@ -69,8 +69,7 @@ def _rational(info: AnswerInfo, letters):
     form = f"{sign}{m}/{n}"
     wording = (
         f"The answer can be written as ${sign}\\frac{{{m}}}{{{n}}}$, where ${m}$ and ${n}$ are relatively "
-        "prime "
-        f"positive integers. Find ${m}+{n}$."
+        f"prime positive integers. Find ${m}+{n}$."
     )
     return form, params, f"{m}+{n}", wording
 
@@ -133,8 +132,7 @@ def _pi_multiple(info: AnswerInfo, letters):
         )
     wording = (
         f"The answer can be written as ${sign}\\frac{{{m}\\pi}}{{{n}}}$, where ${m}$ and ${n}$ are "
-        "relatively "
-        f"prime positive integers. Find ${m}+{n}$."
+        f"relatively prime positive integers. Find ${m}+{n}$."
     )
     return f"{sign}{m}*pi/{n}", {m: abs(int(ratio.p)), n: int(ratio.q)}, f"{m}+{n}", wording
 

@@ -72,10 +72,8 @@ def resolve_source(spec: str, data_root: Path | None = None) -> tuple[str, str |
         if not path.is_file():
             raise SourceError(
                 f"--input {spec}: {path} not found. Put the file there, or point --data-root or ${DATA_ENV} "
-                "at "
-                f"the folder that holds {NAMED_SOURCES[spec]}; with network access, --input "
-                f"{HUB_SOURCES[spec]} "
-                f"reads the same set from the Hugging Face hub."
+                f"at the folder that holds {NAMED_SOURCES[spec]}; with network access, --input "
+                f"{HUB_SOURCES[spec]} reads the same set from the Hugging Face hub."
             )
         return "named", path
     if spec.startswith("hf:"):
@@ -168,8 +166,7 @@ def load_source(
                     "row": number,
                     "keys": keys,
                     "reason": f"missing_{'_and_'.join(m[0] for m in missing)}: {detail}; the row has keys "
-                    f"{keys} "
-                    f"(pass {' and '.join(m[1] for m in missing)} to name the right one)",
+                    f"{keys} (pass {' and '.join(m[1] for m in missing)} to name the right one)",
                 }
             )
             continue

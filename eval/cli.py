@@ -246,9 +246,8 @@ def _print_summary(results: dict, run_dir: Path) -> None:
     click.echo(
         f"avg@{n} = {100 * results['avg@k']:.1f} %{ci}, pass@{n} = {100 * results['pass@k'][str(n)]:.1f} %, "
         f"maj@{n} = {100 * results['maj@k'][str(n)]:.1f} %, no answer "
-        f"{100 * results['format_failure_rate']:.1f} %, "
-        f"truncated {100 * results['truncated_fraction']:.1f} %, mean length "
-        f"{results['response_len']['mean']:.0f} tokens"
+        f"{100 * results['format_failure_rate']:.1f} %, truncated {100 * results['truncated_fraction']:.1f} "
+        f"%, mean length {results['response_len']['mean']:.0f} tokens"
         + (f", {results['tokens_per_s']:.1f} tokens/s" if results.get("tokens_per_s") else "")
     )
     if tools := results.get("tools"):

@@ -48,8 +48,7 @@ def load_problems(
         except KeyError as missing:
             raise UserError(
                 f"Row {index + 1} of {file or benchmark} has no field {missing}; its fields are "
-                f"{sorted(row)}. "
-                "Pass --problem-key and --answer-key."
+                f"{sorted(row)}. Pass --problem-key and --answer-key."
             ) from None
         if isinstance(text, list):  # a verl chat prompt: take the last user message
             text = [m["content"] for m in text if m.get("role") == "user"][-1]

@@ -128,12 +128,10 @@ class OpenAIEngine:
                     kind = f"HTTP {status}" if status is not None else type(error).__name__
                     raise UserError(
                         f"--endpoint {self.base_url}: the request for sample {request.sample_index} of "
-                        "problem "
-                        f"{request.problem_id} (model {self.model}) failed after {attempt + 1} attempt(s): "
-                        f"{kind}: "
+                        f"problem {request.problem_id} (model {self.model}) failed after {attempt + 1} "
+                        f"attempt(s): {kind}: "
                         f"{str(error).splitlines()[0] if str(error) else '(no message)'}. Finished samples "
-                        "are on "
-                        "disk: rerun the same command to resume."
+                        f"are on disk: rerun the same command to resume."
                     ) from error
             await asyncio.sleep(min(self.backoff * 2**attempt, 60.0) * (0.5 + random.random()))
             attempt += 1

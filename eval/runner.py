@@ -42,8 +42,7 @@ def prepare_run_dir(config: EvalConfig) -> Path:
             lines = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
             raise ValueError(
                 f"{run_dir} holds a run with other settings ({lines}). Rerun with the saved settings to "
-                "resume, "
-                "or pass --out NEW_DIR for a new run."
+                f"resume, or pass --out NEW_DIR for a new run."
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     if not saved_path.is_file():

@@ -93,8 +93,7 @@ def main() -> None:
         )
         print(
             f"| {name} | {100 * formatted / len(rollouts):.1f} % | {100 * sum(right) / len(rollouts):.1f} % "
-            "| "
-            f"{mixed} of {len(problems)} | {time.monotonic() - start:.0f} |",
+            f"| {mixed} of {len(problems)} | {time.monotonic() - start:.0f} |",
             flush=True,
         )
 

@@ -169,9 +169,8 @@ def render_table(rows: list[dict], machine: str, table_dir: Path) -> None:
     lines = [
         f"Machine: {machine}.",
         "",
-        "| arm | seed | held-out before | after | rise | target | early signal | updates | first mixed step "
-        "| "
-        f"format rate, step 1 -> {EARLY_STEPS} -> last | train acc, step 1 -> {EARLY_STEPS} -> last |",
+        f"| arm | seed | held-out before | after | rise | target | early signal | updates | first mixed step "
+        f"| format rate, step 1 -> {EARLY_STEPS} -> last | train acc, step 1 -> {EARLY_STEPS} -> last |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

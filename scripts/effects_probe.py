@@ -55,8 +55,7 @@ def main() -> None:
     )
     print(
         "| task | limit (tokens) | cut by the limit | right | Answer: line | mixed groups | all-wrong groups "
-        "| "
-        "mean length | seconds |\n|---|---|---|---|---|---|---|---|---|"
+        "| mean length | seconds |\n|---|---|---|---|---|---|---|---|---|"
     )
     for task in args.tasks.split(","):
         train, _ = builtin_task(task, heldout_size=100, seed=args.seed)

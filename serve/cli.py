@@ -253,8 +253,7 @@ def api(
             def ready() -> None:
                 click.echo(
                     f"OpenAI-compatible endpoint ready ({endpoint.engine}):\n  base URL: "
-                    f"http://{host}:{port}/v1\n"
-                    f"  model:    {name}\nCtrl-C stops it."
+                    f"http://{host}:{port}/v1\n  model:    {name}\nCtrl-C stops it."
                 )
 
             serve_front(

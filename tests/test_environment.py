@@ -10,15 +10,12 @@ def test_verl_hydra_and_latex_parser_import_together():
     # One fresh interpreter, as a user's script would be: a latex2sympy2 that pins antlr 4.7.2 breaks hydra
     # here.
     code = (
-        "import verl, hydra, omegaconf, latex2sympy2_extended, math_verify\n"
-        "from importlib.metadata import version\n"
-        "from latex2sympy2_extended import latex2sympy\n"
-        "from hydra import compose, initialize_config_module\n"
-        "assert str(latex2sympy(r'\\frac{1}{2}')) == '1/2'\n"
-        "with initialize_config_module(config_module='verl.trainer.config', version_base=None):\n"
-        "    cfg = compose(config_name='ppo_trainer')\n"
-        "assert cfg.algorithm.adv_estimator == 'gae'\n"
-        "print(version('verl'), version('antlr4-python3-runtime'))\n"
+        "import verl, hydra, omegaconf, latex2sympy2_extended, math_verify\nfrom importlib.metadata import "
+        "version\nfrom latex2sympy2_extended import latex2sympy\nfrom hydra import compose, "
+        "initialize_config_module\nassert str(latex2sympy(r'\\frac{1}{2}')) == '1/2'\nwith "
+        "initialize_config_module(config_module='verl.trainer.config', version_base=None):\n    cfg = "
+        "compose(config_name='ppo_trainer')\nassert cfg.algorithm.adv_estimator == "
+        "'gae'\nprint(version('verl'), version('antlr4-python3-runtime'))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -28,8 +28,7 @@ def faithful_rewrite(body: dict) -> str:
     )
     rewritten = problem.replace(" Express your answer as a common fraction.", "") + (
         " The answer can be written as $\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive "
-        "integers. "
-        "Find $m+n$."
+        "integers. Find $m+n$."
     )
     return json.dumps(
         {"problem": rewritten, "answer": 3, "form": "m/n", "params": {"m": 1, "n": 2}, "target": "m+n"}

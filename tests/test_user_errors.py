@@ -326,9 +326,8 @@ def test_a_rust_librarys_os_error_is_a_failure_of_the_machine_not_a_bug(tmp_path
     read as the errno it carries."""
     script = (
         "import torch; from safetensors.torch import save_file; from dapo_suite.cli import "
-        "environment_errno\n"
-        "try:\n    save_file({'x': torch.zeros(2**23)}, 'big.safetensors')\n"
-        "except Exception as error:\n    print(type(error).__name__, environment_errno(error))\n"
+        "environment_errno\ntry:\n    save_file({'x': torch.zeros(2**23)}, 'big.safetensors')\nexcept "
+        "Exception as error:\n    print(type(error).__name__, environment_errno(error))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],

@@ -53,9 +53,8 @@ from dapo_suite.train.studies_cli import effects, ladder
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue from the run directory's last checkpoint, with the run's own "
-    "settings (OUT/config.yaml; --preset, --set and flags given now apply "
-    "on top).",
+    help="Continue from the run directory's last checkpoint, with the run's own settings (OUT/config.yaml; "
+    "--preset, --set and flags given now apply on top).",
 )
 @click.option(
     "--set",

@@ -453,14 +453,12 @@ def effects_markdown(results: dict) -> str:
     study = STUDIES[results.get("study", "dapo-effects")]
     ours, theirs = study.baseline_label, study.arm_label
     lines = [
-        f"Seeds {', '.join(map(str, results['seeds']))}; {study.comparison}, paired by "
-        f"seed. Shown: paired t-test p < {SIGNIFICANCE} with the difference in the paper's direction; the "
-        "exact "
-        "sign-flip p is beside it (with 5 seeds it cannot go below 0.0625).",
+        f"Seeds {', '.join(map(str, results['seeds']))}; {study.comparison}, paired by seed. Shown: paired "
+        f"t-test p < {SIGNIFICANCE} with the difference in the paper's direction; the exact sign-flip p is "
+        f"beside it (with 5 seeds it cannot go below 0.0625).",
         "",
         f"| technique | pre-registered figure | {ours}, median (range) | {theirs} | {ours} - {theirs} (mean) "
-        "| "
-        "p (t-test / sign-flip) | seeds | verdict |",
+        f"| p (t-test / sign-flip) | seeds | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for technique, result in results["techniques"].items():
@@ -516,8 +514,7 @@ def _row(
     last = f"**{result['verdict']}** ({direction} expected)" if bold else direction
     return (
         f"| {technique} | {figure['label']} | {_cell(figure['dapo'])} | {_cell(figure['arm'])} | {delta} | "
-        f"{p} | "
-        f"{len(result['seeds'])} | {last} |"
+        f"{p} | {len(result['seeds'])} | {last} |"
     )
 
 

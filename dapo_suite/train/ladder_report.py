@@ -261,14 +261,12 @@ def ladder_markdown(results: dict[str, Any]) -> str:
     )
     lines = [
         f"Presets {', '.join(results['rungs'])}; seeds {', '.join(map(str, seeds))} (N = {len(seeds)}) "
-        "shared by "
-        f"every rung; {settings} ({scale}).",
+        f"shared by every rung; {settings} ({scale}).",
         "",
         f"Mean ± sample std (N-1) across seeds. Held-out acc: avg@n on the held-out split after training; "
         f"the other figures are each run's mean over its last {results['last_steps']} steps (train samples, "
-        "before filtering for the zero-advantage share); a run whose last steps made no update has no "
-        "entropy or "
-        "clip fraction and is left out of those. Minutes: training steps per run.",
+        f"before filtering for the zero-advantage share); a run whose last steps made no update has no "
+        f"entropy or clip fraction and is left out of those. Minutes: training steps per run.",
         "",
         "| rung | seeds | held-out acc (%) before -> after | change (points) | "
         + " | ".join(MEASURES[name].label for name in list(MEASURES)[1:])
@@ -279,8 +277,7 @@ def ladder_markdown(results: dict[str, Any]) -> str:
         before, after = row["before"], row["heldout_acc"]
         lines.append(
             f"| {row['rung']} | {len(row['seeds'])} | {_number(before, acc)} -> **{_mean_std(after, acc)}** "
-            "| "
-            f"{_number(after['mean'] - before, acc, signed=True)} | "
+            f"| {_number(after['mean'] - before, acc, signed=True)} | "
             + " | ".join(_mean_std(row[name], MEASURES[name]) for name in list(MEASURES)[1:])
             + f" | {row['minutes']['mean']:.1f} |"
         )
@@ -293,13 +290,11 @@ def ladder_markdown(results: dict[str, Any]) -> str:
         "",
         "### Paired tests across seeds (B against A, seed by seed)",
         "",
-        "For each seed, d = B - A; N = the seeds both finished. **Paired t-test**: t = mean d / (s_d / sqrt "
-        "N) "
-        "on N-1 degrees of freedom, two-sided, with the 95 % interval of mean d (assumes normal "
-        "differences). "
-        "**Exact sign-flip permutation test**: the share of the 2^N sign patterns of d whose |mean| is at "
-        f"least the observed one (no normality assumed). With N = {len(seeds)} the sign-flip p cannot go "
-        f"below {smallest:.3g}"
+        f"For each seed, d = B - A; N = the seeds both finished. **Paired t-test**: t = mean d / (s_d / sqrt "
+        f"N) on N-1 degrees of freedom, two-sided, with the 95 % interval of mean d (assumes normal "
+        f"differences). **Exact sign-flip permutation test**: the share of the 2^N sign patterns of d whose "
+        f"|mean| is at least the observed one (no normality assumed). With N = {len(seeds)} the sign-flip p "
+        f"cannot go below {smallest:.3g}"
         + (", so it cannot reach 5 %" if smallest > 0.05 else "")
         + "; a difference is only called a finding when both tests agree.",
         "",

@@ -143,11 +143,9 @@ class MemoryEstimate:
         return (
             f"{mode} of {self.parameters / 1e9:,.2f} B parameters needs about {_gib(self.peak)} GiB: weights "
             f"{_gib(self.weights)}, gradients {_gib(self.gradients)}, AdamW state {_gib(self.optimizer)}, "
-            "the "
-            f"sampler's copy of the weights {_gib(self.snapshot)}, runtime {_gib(RUNTIME_BYTES)}, and the "
-            "larger "
-            f"of a micro-batch's activations ({self.tokens:,} tokens: {_gib(self.activations)}) and a "
-            f"rollout batch's KV cache ({_gib(self.kv_cache)})"
+            f"the sampler's copy of the weights {_gib(self.snapshot)}, runtime {_gib(RUNTIME_BYTES)}, and "
+            f"the larger of a micro-batch's activations ({self.tokens:,} tokens: {_gib(self.activations)}) "
+            f"and a rollout batch's KV cache ({_gib(self.kv_cache)})"
         )
 
 

@@ -146,10 +146,9 @@ def training_section(train_dir: Path, run_dir: Path) -> list[str]:
         "",
         f"Presets {', '.join(config.get('presets') or [])}; model `{config['model']}`; {len(steps)} of "
         f"{config['max_steps']} steps; {config['train_batch_size']} prompts x {config['group_size']} "
-        "responses "
-        f"per step; clip ({config['clip_low']}, {config['clip_high']}); loss `{config['loss_agg']}`; "
-        f"dynamic sampling {'on' if config['dynamic_sampling'] else 'off'}; overlong penalty "
-        f"{'on' if config['overlong_penalty'] else 'off'}, overlong filter "
+        f"responses per step; clip ({config['clip_low']}, {config['clip_high']}); loss "
+        f"`{config['loss_agg']}`; dynamic sampling {'on' if config['dynamic_sampling'] else 'off'}; overlong "
+        f"penalty {'on' if config['overlong_penalty'] else 'off'}, overlong filter "
         f"{'on' if config['overlong_filter'] else 'off'}; lr {config['lr']}.",
         "",
     ]
@@ -213,9 +212,8 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     is_ladder = (run_dir / PLAN_FILE).is_file()
     if train_dir is None and not has_evals and not is_ladder:
         raise FileNotFoundError(
-            f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no "
-            f"{PLAN_FILE}: pass the directory of `dapo-suite demo`, `train --out` or "
-            "`train ladder`."
+            f"{run_dir} holds no training run (metrics.jsonl), no eval/*/results.json and no {PLAN_FILE}: "
+            f"pass the directory of `dapo-suite demo`, `train --out` or `train ladder`."
         )
     train_config = yaml.safe_load((train_dir / "config.yaml").read_text()) if train_dir else {}
     lines = [
@@ -260,9 +258,8 @@ def _html(markdown_text: str, base: Path) -> str:
     body = re.sub(r'src="([^"]+\.png)"', inline, body)
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 "
-        "1em;line-height:1.45}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}img{max-width:100%}"
-        "code{background:#f3f3f3;padding:1px 4px}"
+        "1em;line-height:1.45}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px "
+        "8px}img{max-width:100%}code{background:#f3f3f3;padding:1px 4px}"
     )
     return (
         "<!doctype html><meta charset='utf-8'><title>dapo-suite "

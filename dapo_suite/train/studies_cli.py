@@ -44,10 +44,9 @@ workers_option = click.option(
     show_default=True,
     metavar="N",
     help="Runs trained at once, each by a process of its own taking the next run no other holds. On a CPU "
-    "each gets "
-    "an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 cores). On one GPU they "
-    "share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); 25 workers of the effects study "
-    "ran on one H200 at 6-9 s a step each.",
+    "each gets an equal share of the cores, pinned, a torch thread per core (--workers 2 on 2 cores). On one "
+    "GPU they share it: start the CUDA MPS daemon first (nvidia-cuda-mps-control -d); 25 workers of the "
+    "effects study ran on one H200 at 6-9 s a step each.",
 )
 
 

@@ -100,8 +100,7 @@ def product_problems(count: int, low: int, high: int, seed: int = 0) -> list[Pro
         groups, each = rng.randint(low, high), rng.randint(low, high)
         text = (
             f"{name} has {groups} {container}. Each of them holds {each} {thing}. How many {thing} does "
-            f"{name} "
-            "have?"
+            f"{name} have?"
         )
         if text not in seen:
             seen.add(text)

@@ -449,9 +449,8 @@ class DAPOTrainer:
             weights = load_file(checkpoint / file)
         except (SafetensorError, OSError) as error:
             raise UserError(
-                f"--resume: {checkpoint / file} cannot be read ({error}); move "
-                f"{checkpoint.name} out of {checkpoint.parent} and rerun with --resume to continue from "
-                "the checkpoint before it"
+                f"--resume: {checkpoint / file} cannot be read ({error}); move {checkpoint.name} out of "
+                f"{checkpoint.parent} and rerun with --resume to continue from the checkpoint before it"
             ) from None
         require_finite(checkpoint, file, weights)
         own = adapter_state(self.adapters) if self.adapters else self.model.state_dict()

@@ -27,10 +27,8 @@ def test_busy_seconds_reads_the_busy_ticks_of_the_given_cores_from_proc_stat(tmp
     stat = tmp_path / "stat"
     # user nice system idle iowait irq softirq steal (guest fields after them are inside user already)
     stat.write_text(
-        "cpu  300 0 100 900 50 0 0 0 0 0\n"
-        "cpu0 100 0 50 400 20 0 0 10 0 0\n"
-        "cpu1 200 0 50 500 30 0 0 0 0 0\n"
-        "intr 12345\n"
+        "cpu  300 0 100 900 50 0 0 0 0 0\ncpu0 100 0 50 400 20 0 0 10 0 0\ncpu1 200 0 50 500 30 0 0 0 0 "
+        "0\nintr 12345\n"
     )
     hz = os.sysconf("SC_CLK_TCK")
     assert busy_seconds({0}, stat) == pytest.approx(160 / hz)

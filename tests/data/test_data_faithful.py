@@ -24,24 +24,21 @@ from data_pipeline.forms import Rewrite
 PROBLEMS = [
     (
         "A bag holds 3 red and 5 blue marbles. Two marbles are drawn without replacement. What is the "
-        "probability "
-        "that both are red? Express your answer as a common fraction.",
+        "probability that both are red? Express your answer as a common fraction.",
         "\\frac{3}{28}",
         3,
         28,
     ),
     (
         "A fair coin is flipped 3 times. Each flip lands heads or tails with equal chance. What is the "
-        "probability "
-        "of exactly two heads? Express your answer as a common fraction.",
+        "probability of exactly two heads? Express your answer as a common fraction.",
         "\\frac{3}{8}",
         3,
         8,
     ),
     (
         "A rectangle has width 2 and length 5. A square has side 3. What is the ratio of the rectangle's "
-        "area to "
-        "the square's area? Express your answer as a common fraction.",
+        "area to the square's area? Express your answer as a common fraction.",
         "\\frac{10}{9}",
         10,
         9,
@@ -52,16 +49,14 @@ PROBLEMS = [
 WORD_PROBLEMS = [
     (
         "If two fair dice are rolled, what is the probability that the sum is seven? Express your answer as "
-        "a common "
-        "fraction.",
+        "a common fraction.",
         "\\frac{1}{6}",
         1,
         6,
     ),
     (
         "A jar holds twelve marbles, and one third of them are green. Two marbles are drawn at random. What "
-        "is the "
-        "probability that both are green? Express your answer as a common fraction.",
+        "is the probability that both are green? Express your answer as a common fraction.",
         "\\frac{1}{11}",
         1,
         11,
@@ -304,8 +299,7 @@ PROBABILITY_BODY = "A box holds three red balls and four green balls. One ball i
         ),
         (
             "A box holds 3 red balls and 4 green balls. 1 ball is drawn at random. The probability that it "
-            "is red is "
-            "$\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive integers. Find $m+n$.",
+            "is red is $\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive integers. Find $m+n$.",
             "ok",
         ),
         # still asks for the probability: the original word for word, its instruction kept, the form itself
@@ -322,20 +316,17 @@ PROBABILITY_BODY = "A box holds three red balls and four green balls. One ball i
         # numbers changed, in words, in digits, or swapped between their places
         (
             "A box holds five red balls and two green balls. One ball is drawn at random. The probability "
-            "that it is red "
-            "is m/n in lowest terms; find m+n.",
+            "that it is red is m/n in lowest terms; find m+n.",
             "rewrite_numbers_changed",
         ),
         (
             "A box holds 3 red balls and 5 green balls. One ball is drawn at random. The probability that it "
-            "is red is "
-            "m/n in lowest terms; find m+n.",
+            "is red is m/n in lowest terms; find m+n.",
             "rewrite_numbers_changed",
         ),
         (
             "A box holds four red balls and three green balls. One ball is drawn at random. The probability "
-            "that it is "
-            "red is m/n in lowest terms; find m+n.",
+            "that it is red is m/n in lowest terms; find m+n.",
             "rewrite_numbers_changed",
         ),
     ],
@@ -356,8 +347,7 @@ FRACTION = (
     [
         (
             "What is $\\frac{1}{2}$ of $\\dfrac{3}{5}$ of one half of 10? The answer is $\\frac{p}{q}$ in "
-            "lowest terms. "
-            "Find $p+q$.",
+            "lowest terms. Find $p+q$.",
             "ok",
         ),
         (
@@ -368,8 +358,7 @@ FRACTION = (
         (FRACTION, "rewrite_asks_for_non_integer"),
         (
             "What is $\\frac{1}{3}$ of $\\dfrac{3}{4}$ of one third of 12? The answer is $\\frac{p}{q}$ in "
-            "lowest terms. "
-            "Find $p+q$.",
+            "lowest terms. Find $p+q$.",
             "rewrite_numbers_changed",
         ),
     ],
@@ -386,8 +375,7 @@ RADICAL = "Simplify $\\sqrt{50}+\\sqrt{18}$. Express your answer in simplest rad
     [
         (
             "Simplify $\\sqrt{50}+\\sqrt{18}$. The answer is of the form $a\\sqrt{b}$, where $a$ and $b$ are "
-            "positive "
-            "integers and $b$ is not divisible by the square of any prime; find $a+b$.",
+            "positive integers and $b$ is not divisible by the square of any prime; find $a+b$.",
             "ok",
         ),
         (
@@ -402,8 +390,7 @@ RADICAL = "Simplify $\\sqrt{50}+\\sqrt{18}$. Express your answer in simplest rad
         ),
         (
             "Simplify $\\sqrt{32}+\\sqrt{8}$. The answer is of the form $a\\sqrt{b}$, where $a$ and $b$ are "
-            "positive "
-            "integers and $b$ is square-free; find $a+b$.",
+            "positive integers and $b$ is square-free; find $a+b$.",
             "rewrite_numbers_changed",
         ),
     ],

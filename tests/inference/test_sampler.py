@@ -569,18 +569,14 @@ def test_bfloat16_sampling_without_a_cxx_compiler_falls_back_to_torch_ops_and_sa
     import sys
 
     script = (
-        "import warnings, torch\n"
-        "from dapo_suite.inference.models import load_model_and_tokenizer\n"
-        "from dapo_suite.inference.sampling import sample_tokens\n"
-        "model, tok = load_model_and_tokenizer(None); model.eval()\n"
-        "enc = tok(['Say hi.'] * 4, return_tensors='pt', padding=True)\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    s = sample_tokens(model, enc['input_ids'], enc['attention_mask'], 6, 1.0, 0.9, "
-        "{tok.eos_token_id},\n"
-        "                      tok.pad_token_id, dtype=torch.bfloat16)\n"
-        "print('ROWS', len(s.lengths), 'ALL GENERATED', bool((s.lengths >= 1).all()))\n"
-        "print('WARNINGS', [str(w.message) for w in caught if 'fused decode kernels' in str(w.message)])\n"
+        "import warnings, torch\nfrom dapo_suite.inference.models import load_model_and_tokenizer\nfrom "
+        "dapo_suite.inference.sampling import sample_tokens\nmodel, tok = load_model_and_tokenizer(None); "
+        "model.eval()\nenc = tok(['Say hi.'] * 4, return_tensors='pt', padding=True)\nwith "
+        "warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    s = "
+        "sample_tokens(model, enc['input_ids'], enc['attention_mask'], 6, 1.0, 0.9, {tok.eos_token_id},\n    "
+        "                  tok.pad_token_id, dtype=torch.bfloat16)\nprint('ROWS', len(s.lengths), 'ALL "
+        "GENERATED', bool((s.lengths >= 1).all()))\nprint('WARNINGS', [str(w.message) for w in caught if "
+        "'fused decode kernels' in str(w.message)])\n"
     )
     env = {
         **os.environ,

@@ -176,8 +176,7 @@ def test_a_model_the_lean_stepper_does_not_implement_falls_back_with_one_warning
         assert not decoding.lean_supported(model) and not decoding.lean_supported(model)
     assert [str(w.message) for w in caught].count(
         "LlamaForCausalLM decodes with transformers' step (slower), not the lean stepper: model_type 'olmo' "
-        "is not "
-        "one of the lean stepper's llama, qwen2, qwen3"
+        "is not one of the lean stepper's llama, qwen2, qwen3"
     ) == 1
 
 

@@ -81,10 +81,9 @@ def bwrap_problem() -> str | None:
         reason = trial.stderr.decode(errors="replace").strip() or f"exit status {trial.returncode}"
         return (
             f"bwrap could not create the sandbox's namespaces ({reason}); unprivileged user namespaces may "
-            "be "
-            "disabled (sysctl kernel.unprivileged_userns_clone=1, or Ubuntu's "
-            "kernel.apparmor_restrict_unprivileged_userns=0), or the interpreter's files are not readable "
-            "by this user"
+            f"be disabled (sysctl kernel.unprivileged_userns_clone=1, or Ubuntu's "
+            f"kernel.apparmor_restrict_unprivileged_userns=0), or the interpreter's files are not readable "
+            f"by this user"
         )
     return None
 

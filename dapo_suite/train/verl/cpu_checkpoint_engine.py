@@ -133,8 +133,6 @@ class ZMQCheckpointEngine(CheckpointEngine):
         except TimeoutError:
             raise WeightSyncStalled(
                 f"weight sync stalled: {what} no bucket of weights in {self.timeout_s:.0f} s. The other side "
-                "is gone: "
-                "look in the run's log for a process Ray killed (its memory monitor, when the machine runs "
-                "out of "
-                "memory), free memory or lower the rollout's, and continue with --resume"
+                f"is gone: look in the run's log for a process Ray killed (its memory monitor, when the "
+                f"machine runs out of memory), free memory or lower the rollout's, and continue with --resume"
             ) from None

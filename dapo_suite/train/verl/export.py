@@ -83,6 +83,5 @@ def record_export(actor_dir: Path, target_dir: Path) -> str:
     written = ", ".join(f"{count} tensors in {dtype}" for dtype, count in sorted(dtypes.items()))
     return (
         f"exported {written}: verl's model merger writes bfloat16 (the FSDP shards keep the trainer's "
-        "float32 "
-        f"master weights; load them with verl to keep that precision)"
+        f"float32 master weights; load them with verl to keep that precision)"
     )

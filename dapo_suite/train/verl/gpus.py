@@ -74,10 +74,8 @@ class GpuPlan:
     def describe(self) -> str:
         return (
             f"{self.hardware.gpus} GPUs of {GPU_BYTES / 1e9:.0f} GB, each holding "
-            f"{self.state_per_gpu / 2**30:,.1f} "
-            f"GiB of sharded weights, gradients and AdamW state and {self.rollout_per_gpu / 2**30:,.1f} GiB "
-            "of "
-            "vLLM's weights"
+            f"{self.state_per_gpu / 2**30:,.1f} GiB of sharded weights, gradients and AdamW state and "
+            f"{self.rollout_per_gpu / 2**30:,.1f} GiB of vLLM's weights"
         )
 
 

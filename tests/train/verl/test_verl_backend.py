@@ -330,8 +330,7 @@ BAD_INPUTS = [
         {},
         [],
         "model path 'Qwen2.5-33B' does not exist (give a local HF directory or a hub id like "
-        "Qwen/Qwen2.5-32B; short "
-        "names resolve for Qwen2.5-*",
+        "Qwen/Qwen2.5-32B; short names resolve for Qwen2.5-*",
     ),
     (
         "train file missing",
@@ -565,8 +564,7 @@ def test_async_dapo_composes_for_16x8_with_its_split_filter_and_correction(mode,
     assert plan["argv"][2:4] == ["dapo_suite.train.verl.async_entry", mode]
     assert (
         "# GPUs: 128 = generation 8 x 8 = 64 (vLLM TP 4: 16 servers) + training 8 x 8 = 64 (FSDP, Ulysses SP "
-        "8: "
-        "data-parallel 8)" in plan["script"]
+        "8: data-parallel 8)" in plan["script"]
     )
     assert cfg.actor_rollout_ref.hybrid_engine is False
     assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
