@@ -20,6 +20,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from dapo_suite.inference.decoding import lean_supported, make_stepper
 from dapo_suite.inference.prefill import PrefixCache
 from dapo_suite.inference.sampling import TokenLogProb, next_tokens, row_uniforms, scored_tokens
 from dapo_suite.inference.weights import StepperWeights
+
+if TYPE_CHECKING:
+    from dapo_suite.inference.structured import Constraint
 
 # (kind, value): ("token", id) for every sampled token (the end-of-sequence token included), then one
 # ("end", "stop" | "length" | "cancelled") or ("error", message)
@@ -51,6 +55,8 @@ class GenerationJob:
     # run to max_tokens through end-of-sequence tokens (benchmarks: equal work per request)
     ignore_eos: bool = False
     cancelled: bool = False
+    # structured outputs: the grammar each next token must follow (dapo_suite.inference.structured)
+    constraint: Constraint | None = field(default=None, repr=False)
     logprobs: list[TokenLogProb] = field(default_factory=list, repr=False)
     produced: int = 0
     generator: torch.Generator = field(init=False, repr=False)
@@ -154,6 +160,9 @@ class BatchDecoder:
         """Each row's next token with its own settings: rows that share (temperature, top_p) sample together,
         each from its own stream."""
         sampled = torch.empty(len(jobs), dtype=torch.long)
+        for row, job in enumerate(jobs):
+            if job.constraint is not None:
+                job.constraint.mask(logits[row])
         settings: dict[tuple[float, float], list[int]] = collections.defaultdict(list)
         for row, job in enumerate(jobs):
             settings[(job.temperature, job.top_p)].append(row)
@@ -172,6 +181,9 @@ class BatchDecoder:
             )
             for row, token_log_prob in zip(scored, found, strict=True):
                 jobs[row].logprobs.append(token_log_prob)
+        for row, job in enumerate(jobs):
+            if job.constraint is not None:
+                job.constraint.accept(int(sampled[row]))
         return sampled
 
     def score_prompt(self, prompt_ids: list[int], temperature: float, top: int) -> list[TokenLogProb]:

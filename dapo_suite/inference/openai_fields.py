@@ -8,7 +8,7 @@ list of such lists); the sampling fields `n`, `temperature` (0-2), `top_p` (0-1)
 `max_completion_tokens` against the model's context; `stop`; vLLM's `ignore_eos` (exactly max_tokens tokens);
 `logprobs` and `top_logprobs` (chat: a bool and 0-20; completions: an int 0-5 and `echo`); and every other
 field: one this server does not implement gets 400 unless it is one that cannot change the reply (`user`,
-`metadata`, ...) or has its neutral value (`presence_penalty: 0`, `tools: []`, ...).
+`metadata`, ...) or has its neutral value (`presence_penalty: 0`, `response_format: text`, ...).
 
 top_p 0 keeps only the most likely token (as OpenAI and vLLM read it: greedy), temperature 0 is greedy.
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dapo_suite.inference.structured import ResponseFormat
     from dapo_suite.inference.tool_calls import ToolCalling
 
 MAX_CHOICES = 128  # the most choices (`n`) one request may ask for, OpenAI's own limit
@@ -145,6 +146,9 @@ class ParsedRequest:
     continue_final: bool = False  # chat: the reply continues the last (assistant) message
     prompt: Any = None  # completions: the prompt as given (text or token ids), checked
     tool_calling: ToolCalling | None = None  # chat with tools: how the reply's calls are read (tool_calls.py)
+    response_format: ResponseFormat | None = (
+        None  # structured outputs: the grammar of the reply (structured.py)
+    )
 
     def child_body(self, model: str) -> dict:
         """This request as another OpenAI server gets it (serve api's child): the fields as read here,
@@ -164,6 +168,13 @@ class ParsedRequest:
             body["stop"] = self.stop
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.response_format is not None:
+            kind, schema = self.response_format
+            body["response_format"] = (
+                {"type": kind}
+                if schema is None
+                else {"type": kind, "json_schema": {"name": "reply", "schema": schema}}
+            )
         if self.chat:
             body["messages"] = self.messages
             if self.continue_final:
@@ -326,6 +337,7 @@ def parse_request(
     max_prompt_tokens: int | None = None,
     token_engine: bool = True,
     function_calling: bool = False,
+    structured_outputs: bool = False,
 ) -> ParsedRequest:
     """`body` of /v1/chat/completions (`chat`) or /v1/completions, checked and tokenized; RequestFieldError
     (400, naming the field) for anything OpenAI would refuse or this server cannot honour. `context`: the
@@ -333,7 +345,9 @@ def parse_request(
     refused. `token_engine`: the engine behind the server samples token by token (the sampler, vLLM), so
     log-probs, echo and ignore_eos are there; False for `transformers serve`. `function_calling`: the server
     reads calls out of the reply (serve api), so a chat may carry `tools`, `tool_choice`, assistant
-    `tool_calls` and `tool` messages: they are written into the messages (`tool_calls.plain_request`)."""
+    `tool_calls` and `tool` messages: they are written into the messages (`tool_calls.plain_request`).
+    `structured_outputs`: the engine decodes under a grammar (the sampler, vLLM), so `response_format`
+    json_object and json_schema are taken (`structured.read_response_format`)."""
     from dapo_suite.core.prompts import render_chat
     from dapo_suite.inference.tool_calls import plain_request
 
@@ -342,6 +356,10 @@ def parse_request(
     tool_calling = None
     if chat and function_calling:
         body, tool_calling = plain_request(body)
+    response_format = None
+    if structured_outputs and body.get("response_format") is not None:
+        response_format = _response_format(body["response_format"], tool_calling is not None)
+        body = {key: value for key, value in body.items() if key != "response_format"}
     check_fields(body, chat)
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise RequestFieldError(f"model={body['model']!r}: must be a string", "model")
@@ -425,7 +443,22 @@ def parse_request(
         continue_final=continue_final,
         prompt=None if chat else body["prompt"],
         tool_calling=tool_calling,
+        response_format=response_format,
     )
+
+
+def _response_format(value: Any, with_tools: bool):
+    from dapo_suite.inference.structured import read_response_format
+
+    try:
+        read = read_response_format(value)
+    except ValueError as error:
+        raise RequestFieldError(str(error), "response_format") from None
+    if read is not None and with_tools:
+        raise RequestFieldError(
+            "response_format json_* cannot be combined with tools: leave one out", "response_format"
+        )
+    return read
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None):

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from dapo_suite.inference.openai_fields import ParsedRequest, parse_request, rea
 
 if TYPE_CHECKING:
     from dapo_suite.inference.sampling import TokenLogProb
+    from dapo_suite.inference.structured import Grammars
 
 
 class IncrementalText:
@@ -195,6 +197,7 @@ class Reply:
         shapes: LogProbShapes,
         model_name: str,
         echoes: list[tuple[str, list]],
+        grammars: Callable[[], Grammars] | None = None,
     ) -> None:
         from dapo_suite.inference.batching import GenerationJob  # torch: only where a server runs
 
@@ -213,6 +216,7 @@ class Reply:
                 None if fields.seed is None else fields.seed + choice,
                 top_logprobs=parsed.top_logprobs,
                 ignore_eos=parsed.ignore_eos,
+                constraint=grammars().constraint(parsed.response_format) if parsed.response_format else None,
                 emit=lambda event, index=prompt * n + choice: loop.call_soon_threadsafe(
                     self.events.put_nowait, (index, event)
                 ),
@@ -395,6 +399,12 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
     names = (model_name, *([model_path] if model_path else []))
     shapes = LogProbShapes(tokenizer)
 
+    @functools.cache
+    def grammars() -> Grammars:  # built at the first structured request: it reads the whole vocabulary
+        from dapo_suite.inference.structured import Grammars
+
+        return Grammars(tokenizer, decoder.model.config.vocab_size)
+
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -408,11 +418,14 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
 
     async def generate(request: Request) -> Response:
         parsed = await read_request(
-            request, names, lambda body, chat: parse_request(body, chat, tokenizer, context)
+            request,
+            names,
+            lambda body, chat: parse_request(body, chat, tokenizer, context, structured_outputs=True),
         )
         if not isinstance(parsed, ParsedRequest):
             return parsed
-        reply = Reply(parsed, tokenizer, shapes, model_name, await echoed_prompts(decoder, tokenizer, parsed))
+        echoes = await echoed_prompts(decoder, tokenizer, parsed)
+        reply = Reply(parsed, tokenizer, shapes, model_name, echoes, grammars)
         # The n choices are submitted together, so they start in one batch: a repeated request with a seed
         # meets the same batch (and, its prompt now cached, the same prompt cache) and gets the same choices.
         if parsed.max_tokens:

@@ -74,7 +74,14 @@ BAD_CHATS = [  # (request fields, the param OpenAI names)
     ({"extra_body": {"frobnicate": True}}, "frobnicate"),
     ({"tools": [{"type": "function", "function": {"name": "add two"}}]}, "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "reply"}}}, "response_format"),
+    (
+        {
+            "response_format": {"type": "json_object"},
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        "response_format",
+    ),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
@@ -421,6 +428,56 @@ def test_the_openai_agents_sdk_runs_its_tool_loop_against_the_endpoint(api, requ
     assert answered.raw_item["call_id"] == called.raw_item.call_id
     assert isinstance(result.final_output, str) and result.final_output
     assert len(ran) <= 1  # run only when the arguments validate
+
+
+FRUIT = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}, "unit": {"type": "string", "enum": ["apples", "pears"]}},
+    "required": ["answer", "unit"],
+    "additionalProperties": False,
+}
+APPLES = [{"role": "user", "content": "Tom has 2 apples and gets 3 more. How many apples? Reply in JSON."}]
+
+
+def test_a_json_schema_reply_is_json_that_follows_the_schema_whole_and_streamed(api, request):
+    """Constrained decoding (llguidance) on the sampler: the 135M model's reply parses and validates against
+    the schema, streamed or not; `transformers serve` cannot constrain, and says so (400)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    base_url, model, _ = api
+    asked = {
+        "model": model,
+        "messages": APPLES,
+        "max_tokens": 60,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "fruit", "schema": FRUIT}},
+    }
+    client = _client(base_url)
+    if request.node.callspec.params["api"] == "transformers":
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**asked)
+        assert caught.value.body["param"] == "response_format"
+        return
+    whole = client.chat.completions.create(**asked)
+    assert whole.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(whole.choices[0].message.content), FRUIT)
+    streamed = client.chat.completions.create(**asked, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == (
+        whole.choices[0].message.content
+    )
+    # json_object: a JSON object, sampled (a seed: the same reply on a rerun)
+    free = client.chat.completions.create(
+        **{
+            **asked,
+            "response_format": {"type": "json_object"},
+            "temperature": 1.0,
+            "seed": 3,
+            "max_tokens": 200,
+        }
+    )
+    text = free.choices[0].message.content
+    assert text.startswith("{") and (
+        free.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict)
+    )
 
 
 def _cpu_seconds(pid: int) -> float:
