@@ -30,8 +30,8 @@ what the child lacks:
 - OpenAI function calling (`tools`, `tool_choice`, `tool_calls`, `tool` messages) for every child, in the
   Hermes format: the tools are written into the messages the child gets, and the calls read out of its reply,
   whole or streamed (dapo_suite/inference/tool_calls.py);
-- structured outputs (`response_format` json_object, json_schema) through the child's constrained decoding (the
-  sampler's, vLLM's); `transformers serve` has none, and the field gets 400;
+- structured outputs (`response_format` json_object, json_schema) through the child's constrained decoding
+  (the sampler's, vLLM's); `transformers serve` has none, and the field gets 400;
 - a request naming a model this server does not serve gets 404 `model_not_found` before any stream starts, and
   every error, the child's included, has OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 """
