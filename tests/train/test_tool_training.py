@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -232,3 +233,120 @@ def test_lora_trains_on_multi_turn_trajectories(tmp_path):
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["tool/calls_per_response"] > 0 and record["actor/updates"] >= 1
     assert (out / "checkpoint-last" / "adapter_model.safetensors").is_file()
+
+
+# ---- the same trajectory through verl's tool path (dapo_suite.train.verl.tool_trajectories) ----------------
+
+
+def verl_reward(trainer, response: Rollout, answer: str, manager_cls) -> float:
+    """`response` as verl's tool agent loop returns it, its bookkeeping recorded, then scored by `manager_cls`
+    with the batch verl's agent loop builds for the reward loop (experimental/agent_loop/agent_loop.py,
+    `_compute_score`)."""
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from dapo_suite.core.reward import compute_score
+    from dapo_suite.train.verl.tool_trajectories import record_model_tokens
+
+    config = trainer.config
+    output = AgentLoopOutput(
+        prompt_ids=response.prompt_ids.tolist(),
+        response_ids=response.response_ids.tolist(),
+        response_mask=[int(m) for m in response.mask.tolist()],
+        num_turns=3,
+        metrics=AgentLoopMetrics(),
+    )
+    record_model_tokens(output, config.max_response_length, overlong_filter=True)
+    prompts, responses = torch.tensor(output.prompt_ids), torch.tensor(output.response_ids)
+    input_ids = torch.cat([prompts, responses])
+    batch = TensorDict(
+        {
+            "prompts": prompts[None],
+            "responses": responses[None],
+            "input_ids": input_ids[None],
+            "attention_mask": torch.ones_like(input_ids)[None],
+        },
+        batch_size=1,
+    )
+    non_tensor = {
+        "data_source": np.array(["dapo-suite"]),
+        "reward_model": np.array([{"ground_truth": answer}], dtype=object),
+        "tool_extra_fields": np.array([output.extra_fields], dtype=object),
+    }
+    reward_config = OmegaConf.create(
+        {
+            "reward": {
+                "reward_kwargs": {
+                    "max_resp_len": config.max_response_length,
+                    "overlong_buffer_cfg": {
+                        "enable": True,
+                        "len": config.overlong_buffer_len,
+                        "penalty_factor": config.overlong_penalty_factor,
+                        "log": False,
+                    },
+                }
+            }
+        }
+    )
+    manager = manager_cls(reward_config, trainer.tokenizer, compute_score)
+    # verl's managers run on the event loop they were built with
+    result = manager.loop.run_until_complete(
+        manager.run_single(DataProto(batch=batch, non_tensor_batch=non_tensor))
+    )
+    return result["reward_score"]
+
+
+def test_both_backends_grade_and_penalise_a_tool_trajectory_on_the_model_s_tokens(trainer):
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+
+    from dapo_suite.train.verl.tool_trajectories import ModelTokenRewardManager
+
+    config = trainer.config
+    budget = config.max_response_length - config.overlong_buffer_len
+    problem = dataclasses.replace(trainer.train_problems[0], answer="811")
+    # the model's own tokens a few into the penalty's zone, the tool's output on top of them up to the limit,
+    # ending in an answer line the model never wrote
+    reasoning, closing = "Let me add.", "\nI am done."
+    while len(ids(trainer, reasoning + CODE)) + len(ids(trainer, closing)) <= budget + 2:
+        reasoning += " Add them."
+    model_tokens = len(ids(trainer, reasoning + CODE)) + len(ids(trainer, closing))
+    assert model_tokens <= config.max_response_length - 16
+    tool_part = "\n```output\nAnswer: 811\n```\n"
+    while (
+        model_tokens + len(ids(trainer, tool_part.replace("Answer", "1\nAnswer")))
+        <= config.max_response_length
+    ):
+        tool_part = tool_part.replace("Answer", "1\nAnswer")
+    response = rollout(trainer, [(reasoning + CODE, True), (tool_part, False), (closing, True)], 0.0)
+    response.model_text = reasoning + CODE + closing
+    assert response.model_length == model_tokens and response.length <= config.max_response_length
+    trainer.score([response], [problem])
+    assert response.acc is False and -1.5 < response.reward < -1.0  # wrong, and a small penalty
+    assert verl_reward(trainer, response, "811", ModelTokenRewardManager) == pytest.approx(response.reward)
+    # verl's own manager grades the tool's answer line and counts the tool's tokens toward the penalty
+    verls = verl_reward(trainer, response, "811", DAPORewardManager)
+    assert verls == pytest.approx(1.0 + (budget - response.length) / config.overlong_buffer_len)
+
+
+def test_on_verl_a_truncated_tool_trajectory_carries_no_loss_under_overlong_filtering(trainer):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from dapo_suite.train.verl.tool_trajectories import MODEL_MASK, TRUNCATED, record_model_tokens
+
+    limit = 24
+    mask = [1] * 8 + [0] * 10 + [1] * 6  # model, tool, model: the limit reached with 14 of the model's tokens
+    for overlong_filter, length in ((True, limit), (False, limit), (True, limit - 1)):
+        output = AgentLoopOutput(
+            prompt_ids=[1, 2],
+            response_ids=list(range(length)),
+            response_mask=mask[:length],
+            num_turns=3,
+            metrics=AgentLoopMetrics(),
+        )
+        record_model_tokens(output, limit, overlong_filter)
+        truncated = length >= limit
+        assert output.extra_fields[TRUNCATED] is truncated
+        assert output.extra_fields[MODEL_MASK] == mask[:length]
+        assert sum(output.response_mask) == (0 if truncated and overlong_filter else sum(mask[:length]))

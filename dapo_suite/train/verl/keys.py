@@ -77,8 +77,19 @@ def model_path(model: str) -> str:
     return registered_id(model) or model  # a short name (Qwen2.5-32B) as its hub id
 
 
-# verl 0.9.1's agent loops by name: multi-turn runs the tool loop, one turn the single-turn loop
-AGENT_LOOPS = {True: "tool_agent", False: "single_turn_agent"}
+# verl 0.9.1's agent loops by name: multi-turn runs verl's tool loop with the model's own tokens kept apart
+# (tool_trajectories, registered by AGENT_LOOP_CONFIG), one turn verl's single-turn loop
+AGENT_LOOPS = {True: "dapo_tool_agent", False: "single_turn_agent"}
+AGENT_LOOP_CONFIG = PACKAGE_DIR / "train" / "verl" / "agent_loops.yaml"
+# verl's DAPO reward manager, by name; on a tool run the same over the model's own tokens, by module
+REWARD_MANAGERS = {
+    False: {"source": "register", "name": "dapo"},
+    True: {
+        "source": "importlib",
+        "name": "ModelTokenRewardManager",
+        "module.path": "pkg://dapo_suite.train.verl.tool_trajectories",
+    },
+}
 # the sandbox as verl's tool (dapo_suite.train.verl.sandbox_tool.SandboxTool), the default tool config
 PYTHON_TOOL_CONFIG = PACKAGE_DIR / "core" / "sandbox" / "python_tool.yaml"
 
@@ -177,6 +188,25 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # without these verl trains single-turn silently (verl #2966, #2986), which validate refuses
     VerlKey("multi_turn", (f"{ROLLOUT}.multi_turn.enable",)),
     VerlKey("multi_turn", (f"{ROLLOUT}.agent.default_agent_loop",), lambda v, c: AGENT_LOOPS[bool(v)]),
+    VerlKey(
+        "multi_turn",
+        (f"{ROLLOUT}.agent.agent_loop_config_path",),
+        lambda v, c: str(AGENT_LOOP_CONFIG) if v else None,
+    ),
+    # the grade and the overlong penalty over the model's own tokens, as on the embedded path
+    *(
+        VerlKey(
+            "multi_turn",
+            (f"reward.reward_manager.{key}",),
+            lambda v, c, key=key: REWARD_MANAGERS[bool(v)][key],
+        )
+        for key in ("source", "name")
+    ),
+    VerlKey(
+        "multi_turn",
+        ("reward.reward_manager.module.path",),
+        lambda v, c: REWARD_MANAGERS[True]["module.path"] if v else None,
+    ),
     # what the agent loop needs besides, verl 0.9.1's defaults, pinned
     VerlKey("multi_turn", (f"{ROLLOUT}.mode",), lambda v, c: "async"),
     VerlKey("multi_turn", ("data.return_raw_chat",), lambda v, c: True),
@@ -243,7 +273,6 @@ PAPER_CONSTANTS: tuple[tuple[str, Any], ...] = (
     (f"{ROLLOUT}.val_kwargs.do_sample", True),
     (f"{ROLLOUT}.val_kwargs.top_k", -1),
     (f"{ROLLOUT}.top_k", -1),
-    ("reward.reward_manager.name", "dapo"),
     ("reward.custom_reward_function.path", REWARD_MODULE),
     ("reward.custom_reward_function.name", "compute_score"),
     (f"{OVERLONG}.log", False),

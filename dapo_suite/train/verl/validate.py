@@ -17,9 +17,11 @@ from dapo_suite.inference.hub import registered_id, unknown_model_message
 from dapo_suite.train.config import TrainConfig
 from dapo_suite.train.verl.gpus import layout_problems
 from dapo_suite.train.verl.keys import (
+    AGENT_LOOPS,
     ASYNC_TRAINERS,
     BASE_CONFIG_SEARCHPATH,
     MODEL,
+    REWARD_MANAGERS,
     ROLLOUT_CORRECTION,
     Hardware,
     VerlConfigError,
@@ -269,7 +271,7 @@ def validate(config: TrainConfig, hw: Hardware, overrides: list[str], check_inpu
         problems += _verl_validate(cfg)
     problems += lora_problems(config, hw, cfg) + tool_problems(config, cfg)
     if (
-        cfg.reward.reward_manager.name == "dapo"
+        cfg.reward.reward_manager.name in {m["name"] for m in REWARD_MANAGERS.values()}
         and OmegaConf.select(cfg, "reward_model.overlong_buffer") is not None
     ):
         problems.append(
@@ -292,7 +294,7 @@ def tool_problems(config: TrainConfig, cfg) -> list[str]:
         "actor_rollout_ref.rollout.multi_turn.enable": (multi_turn.enable, True),
         "actor_rollout_ref.rollout.agent.default_agent_loop": (
             rollout.agent.default_agent_loop,
-            "tool_agent",
+            AGENT_LOOPS[True],
         ),
         "actor_rollout_ref.rollout.mode": (rollout.mode, "async"),
         "data.return_raw_chat": (cfg.data.return_raw_chat, True),
@@ -302,6 +304,12 @@ def tool_problems(config: TrainConfig, cfg) -> list[str]:
         for key, (actual, expected) in needs.items()
         if actual != expected
     ]
+    if cfg.reward.reward_manager.name != REWARD_MANAGERS[True]["name"]:
+        problems.append(
+            f"a tool run needs reward.reward_manager.name={REWARD_MANAGERS[True]['name']} (it is "
+            f"{cfg.reward.reward_manager.name!r}): verl's own managers grade the tool's output as the "
+            "model's text and count its tokens toward the overlong penalty"
+        )
     if not (multi_turn.tool_config_path or multi_turn.get("function_tool_path")):
         problems.append(
             "a tool run needs actor_rollout_ref.rollout.multi_turn.tool_config_path (the shipped sandbox "

@@ -673,7 +673,12 @@ def test_a_tool_preset_runs_verls_agent_loop_with_the_sandbox_tool(data, tmp_pat
         hw = vb.Hardware(nnodes=nnodes, gpus_per_node=gpus)
         cfg, _ = vb.validate(config, hw, vb.build_overrides(config, hw))
         rollout = cfg.actor_rollout_ref.rollout
-        assert rollout.multi_turn.enable is True and rollout.agent.default_agent_loop == "tool_agent"
+        assert rollout.multi_turn.enable is True and rollout.agent.default_agent_loop == "dapo_tool_agent"
+        loops = OmegaConf.load(rollout.agent.agent_loop_config_path)
+        assert [loop.name for loop in loops] == ["dapo_tool_agent"]
+        manager = cfg.reward.reward_manager
+        assert (manager.source, manager.name) == ("importlib", "ModelTokenRewardManager")
+        assert manager.module.path == "pkg://dapo_suite.train.verl.tool_trajectories"
         assert rollout.mode == "async" and cfg.data.return_raw_chat is True
         assert rollout.multi_turn.max_assistant_turns == config.max_assistant_turns == 4
         tools = OmegaConf.load(rollout.multi_turn.tool_config_path).tools
@@ -684,6 +689,7 @@ def test_a_tool_preset_runs_verls_agent_loop_with_the_sandbox_tool(data, tmp_pat
     )
     assert plain[0].actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
     assert plain[0].actor_rollout_ref.rollout.multi_turn.tool_config_path is None
+    assert plain[0].reward.reward_manager.name == "dapo"
 
 
 @pytest.mark.parametrize(
@@ -693,6 +699,7 @@ def test_a_tool_preset_runs_verls_agent_loop_with_the_sandbox_tool(data, tmp_pat
         "actor_rollout_ref.rollout.multi_turn.enable=False",
         "data.return_raw_chat=False",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=null",
+        "reward.reward_manager.name=dapo",
     ],
 )
 def test_a_tool_run_that_verl_would_train_single_turn_is_refused_naming_the_key(passthrough, data, tmp_path):
@@ -711,7 +718,7 @@ def test_the_retool_preset_composes_for_qwen2_5_32b_instruct_on_16x8(async_mode,
     cfg = plan["config"]
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     assert rollout.multi_turn.enable and rollout.multi_turn.max_assistant_turns == 8
-    assert rollout.agent.default_agent_loop == "tool_agent" and rollout.multi_turn.format == "hermes"
+    assert rollout.agent.default_agent_loop == "dapo_tool_agent" and rollout.multi_turn.format == "hermes"
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (0.2, 0.28, 10.0)
     assert actor.optim.lr == 1e-6 and rollout.n == 16 and actor.ppo_mini_batch_size == 64
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 16384)
