@@ -130,8 +130,9 @@ def _default(name: str):
     "--tools",
     type=click.Choice(["python"]),
     default=None,
-    help="Let the model run ```python blocks in the sandbox between its turns (hf engine); each call "
-    "is recorded in generations.jsonl and tool statistics are reported beside avg@k.",
+    help="Let the model run ```python blocks in the sandbox between its turns: in process (hf engine), or "
+    "over --endpoint with each call run here, client-side; each call is recorded in generations.jsonl and "
+    "tool statistics are reported beside avg@k.",
 )
 @click.option(
     "--batch-size",

@@ -94,10 +94,10 @@ class EvalConfig:
             )
         if self.tools is not None and self.tools not in TOOLS:
             raise ValueError(f"--tools {self.tools!r}: the tools are {', '.join(TOOLS)}.")
-        if self.tools and (self.endpoint or self.engine in ("vllm", "openai")):
+        if self.tools and self.engine == "vllm":
             raise ValueError(
                 "--tools python runs with the hf engine (the tool loop continues the model's own "
-                "tokens); drop --endpoint / --engine, or use --engine hf."
+                "tokens) or over --endpoint (a vLLM server among them); use --engine hf or --endpoint URL."
             )
         if self.file is None and self.benchmark is None:
             raise ValueError("Name a benchmark (aime24, amc23, math500, gsm8k) or pass --file PATH.")

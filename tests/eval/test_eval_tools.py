@@ -1,5 +1,6 @@
 """`dapo-suite eval --tools python`: the tool loop with the sandbox on a benchmark; each call is recorded in
-generations.jsonl, tool statistics sit beside avg@k, and a rerun resumes; the endpoint refuses it clearly."""
+generations.jsonl, tool statistics sit beside avg@k, and a rerun resumes; over an endpoint the calls run
+client-side and give what the embedded engine gives."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from toy import serve_api
 
 from dapo_suite.core.sandbox import isolation
 
@@ -59,16 +61,51 @@ def test_eval_with_the_python_tool_records_calls_and_reports_them(tmp_path):
     assert again.returncode == 0 and "All 12 samples are on disk" in again.stdout
 
 
-def test_tools_with_an_endpoint_are_refused_with_what_to_do(tmp_path):
+def test_tools_with_the_vllm_engine_are_refused_with_what_to_do(tmp_path):
     result = dapo_suite(
-        "eval",
-        "aime24",
-        "--tools",
-        "python",
-        "--endpoint",
-        "http://127.0.0.1:9/v1",
-        "--out",
-        str(tmp_path / "x"),
+        "eval", "aime24", "--tools", "python", "--engine", "vllm", "--out", str(tmp_path / "x")
     )
     assert result.returncode != 0 and "--tools python runs with the hf engine" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "--endpoint URL" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_eval_over_the_endpoint_runs_the_tool_client_side_as_the_embedded_engine_does(tmp_path):
+    """Greedy, float32 on both sides: `serve api` with the embedded model, eval's openai engine running each
+    call in the sandbox here, and eval's hf engine in process give the same responses, calls and avg@k."""
+    if isolation.bwrap_problem():
+        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
+    problems = tmp_path / "sums.jsonl"
+    # phrasings under which the untrained model, greedy, writes code blocks (one, two, or a broken one)
+    asks = [
+        "Use Python to compute {} * {}.",
+        "Write a ```python block that prints {} * {}, then give the answer.",
+    ]
+    asks.append("Compute {} * {} with a python code block.")
+    pairs = [(ask, a, b) for ask in asks for a, b in [(23, 41), (17, 19)]]
+    problems.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "problem": ask.format(a, b), "answer": str(a * b)}) + "\n"
+            for i, (ask, a, b) in enumerate(pairs)
+        )
+    )
+    common = ["--file", str(problems), "--tools", "python", "--n", "1", "--temperature", "0"]
+    common += ["--max-tokens", "160", "--dtype", "float32"]
+    results = {}
+    with serve_api("--dtype", "float32") as served:
+        endpoint = dapo_suite("eval", *common, "--endpoint", served.base_url, "--out", str(tmp_path / "api"))
+    assert endpoint.returncode == 0, endpoint.stderr[-3000:]
+    embedded = dapo_suite("eval", *common, "--engine", "hf", "--out", str(tmp_path / "hf"))
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    for name in ("api", "hf"):
+        records = [
+            json.loads(line) for line in (tmp_path / name / "generations.jsonl").read_text().splitlines()
+        ]
+        results[name] = (
+            {r["problem_id"]: (r["text"], [c["output"] for c in r["tool_calls"]]) for r in records},
+            json.loads((tmp_path / name / "results.json").read_text()),
+        )
+    (api_texts, api_results), (hf_texts, hf_results) = results["api"], results["hf"]
+    assert any(calls for _, calls in hf_texts.values()), "the model called no tool: nothing was compared"
+    assert api_texts == hf_texts
+    assert api_results["tools"] == hf_results["tools"]
+    assert api_results["avg@k"] == hf_results["avg@k"]
