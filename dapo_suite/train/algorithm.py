@@ -544,6 +544,21 @@ def soft_overlong_penalty(
     return ((max_len - buffer_len - lengths) / buffer_len).clamp(min=-1.0, max=0.0) * factor
 
 
+def tool_call_shaping(
+    scores: torch.Tensor, correct: torch.Tensor, calls: torch.Tensor, bonus: float, cap: float
+) -> torch.Tensor:
+    """ReTool's reward for tool use (arXiv 2504.11536; its verl recipe's `compute_score`): a wrong answer's
+    score gains `bonus` per tool call, and stays at most `cap`; a right answer's is unchanged:
+
+        R(y) = R_correct(y)                              if y is right
+             = min(cap, R_correct(y) + bonus * calls(y)) otherwise
+
+    The recipe writes calls as (num_turns - 2) / 2 over verl's turn count, with bonus 0.1 and cap -0.6.
+    `scores`, `correct` (bool) and `calls` are (B,); returns (B,) float."""
+    shaped = torch.clamp(scores + bonus * calls.to(scores.dtype), max=cap)
+    return torch.where(correct.bool(), scores, shaped)
+
+
 def mixed_groups(acc: torch.Tensor, group_ids: Sequence | torch.Tensor) -> torch.Tensor:
     """Dynamic sampling's constraint (eq. 11): 0 < |{o_i correct}| < G. Returns a (B,) keep-mask that is True
     for every response whose group is neither all correct nor all wrong."""

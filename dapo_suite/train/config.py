@@ -103,6 +103,8 @@ RANGES: dict[str, tuple[str, str]] = {
     "lora_alpha": ("(0, inf)", "adapter scale = lora_alpha / lora_rank"),
     "max_assistant_turns": ("[1, inf)", "model turns; tool calls are at most one fewer"),
     "max_tool_response_length": ("[1, inf)", "characters of a tool output the model sees"),
+    "tool_call_bonus": ("[0, inf)", "0 = off; ReTool: 0.1 per call for a wrong answer"),
+    "tool_call_bonus_cap": ("[-1, 1]", "the most a wrong answer earns with the bonus (ReTool: -0.6)"),
 }
 
 
@@ -191,6 +193,9 @@ class TrainConfig:
     # a tool config YAML in verl 0.9's shape; null: the shipped sandbox tool
     tool_config_path: str | None = None
     tool_isolation: str = "bwrap"  # "unsafe-none" runs model-written code unsandboxed, as this user
+    # ReTool's shaping (algorithm.tool_call_shaping): a wrong answer gains this per tool call, up to the cap
+    tool_call_bonus: float = 0.0
+    tool_call_bonus_cap: float = -0.6
 
     # Optimisation
     lr: float = 1e-6
@@ -301,6 +306,8 @@ class TrainConfig:
             )
         if self.tool_config_path and not Path(self.tool_config_path).is_file():
             problems.append(f"tool_config_path {self.tool_config_path}: no such file")
+        if self.tool_call_bonus and not self.multi_turn:
+            problems.append("tool_call_bonus rewards tool calls, which need multi_turn=true")
         return problems
 
     def _objective_problems(self) -> list[str]:

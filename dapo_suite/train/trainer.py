@@ -41,6 +41,7 @@ from dapo_suite.train.algorithm import (
     compute_advantages,
     mixed_groups,
     soft_overlong_penalty,
+    tool_call_shaping,
 )
 from dapo_suite.train.checkpoint import (
     latest_checkpoint,
@@ -219,6 +220,16 @@ class DAPOTrainer:
             if config.overlong_penalty
             else torch.zeros(len(rollouts))
         )
+        if config.tool_call_bonus:
+            shaped = tool_call_shaping(
+                torch.tensor([r.score for r in rollouts]),
+                torch.tensor([r.acc for r in rollouts]),
+                torch.tensor([len(r.tool_calls) for r in rollouts]),
+                config.tool_call_bonus,
+                config.tool_call_bonus_cap,
+            )
+            for rollout, score in zip(rollouts, shaped.tolist(), strict=True):
+                rollout.score = score
         rewards = torch.tensor([r.score for r in rollouts]) + penalty
         for rollout, reward in zip(rollouts, rewards.tolist(), strict=True):
             rollout.reward = reward

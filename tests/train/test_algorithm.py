@@ -19,6 +19,7 @@ from dapo_suite.train.algorithm import (
     policy_loss,
     soft_overlong_penalty,
     token_log_probs,
+    tool_call_shaping,
 )
 from dapo_suite.train.loss_hyperparameters import LossHyperparameters
 
@@ -237,6 +238,21 @@ def test_overlong_penalty_matches_verl_dapo_reward_manager_formula():
     lengths = torch.arange(0, max_len + 1, 97)
     expected = torch.clamp(-(lengths - (max_len - buffer_len)) / buffer_len * factor, max=0.0)
     torch.testing.assert_close(soft_overlong_penalty(lengths, max_len, buffer_len, factor), expected.float())
+
+
+def test_tool_call_shaping_is_retool_s_bonus_for_a_wrong_answer_capped():
+    # ReTool's recipe: a wrong answer scores min(-0.6, -1 + 0.1 (num_turns - 2) / 2), k calls making 2k + 2
+    # turns; a right one is unchanged
+    scores = torch.tensor([1.0, -1.0, -1.0, -1.0, -1.0, 1.0])
+    correct = torch.tensor([True, False, False, False, False, True])
+    calls = torch.tensor([3, 0, 1, 3, 7, 0])
+    shaped = tool_call_shaping(scores, correct, calls, bonus=0.1, cap=-0.6)
+    recipe = [
+        s if c else min(-0.6, s + 0.1 * ((2 * k + 2) - 2) / 2)
+        for s, c, k in zip(scores.tolist(), correct.tolist(), calls.tolist(), strict=True)
+    ]
+    assert shaped.tolist() == pytest.approx(recipe)
+    assert shaped.tolist() == pytest.approx([1.0, -1.0, -0.9, -0.7, -0.6, 1.0])
 
 
 def test_mixed_groups_keeps_only_groups_with_both_outcomes():

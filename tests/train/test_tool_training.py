@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dapo_suite.core.sandbox import isolation
+from dapo_suite.inference.tool_loop import ToolCall
 from dapo_suite.train.config import resolve_config
 from dapo_suite.train.rollout import Rollout
 from dapo_suite.train.trainer import DAPOTrainer, tool_metrics
@@ -238,7 +239,7 @@ def test_lora_trains_on_multi_turn_trajectories(tmp_path):
 # ---- the same trajectory through verl's tool path (dapo_suite.train.verl.tool_trajectories) ----------------
 
 
-def verl_reward(trainer, response: Rollout, answer: str, manager_cls) -> float:
+def verl_reward(trainer, response: Rollout, answer: str, manager_cls, bonus: float = 0.0) -> float:
     """`response` as verl's tool agent loop returns it, its bookkeeping recorded, then scored by `manager_cls`
     with the batch verl's agent loop builds for the reward loop (experimental/agent_loop/agent_loop.py,
     `_compute_score`)."""
@@ -274,12 +275,15 @@ def verl_reward(trainer, response: Rollout, answer: str, manager_cls) -> float:
         "data_source": np.array(["dapo-suite"]),
         "reward_model": np.array([{"ground_truth": answer}], dtype=object),
         "tool_extra_fields": np.array([output.extra_fields], dtype=object),
+        "__num_turns__": np.array([2 * len(response.tool_calls) + 2]),  # verl's count: prompt, 2 a call, last
     }
     reward_config = OmegaConf.create(
         {
             "reward": {
                 "reward_kwargs": {
                     "max_resp_len": config.max_response_length,
+                    "tool_call_bonus": bonus,
+                    "tool_call_bonus_cap": config.tool_call_bonus_cap,
                     "overlong_buffer_cfg": {
                         "enable": True,
                         "len": config.overlong_buffer_len,
@@ -328,6 +332,17 @@ def test_both_backends_grade_and_penalise_a_tool_trajectory_on_the_model_s_token
     # verl's own manager grades the tool's answer line and counts the tool's tokens toward the penalty
     verls = verl_reward(trainer, response, "811", DAPORewardManager)
     assert verls == pytest.approx(1.0 + (budget - response.length) / config.overlong_buffer_len)
+    # ReTool's shaping (the retool preset's tool_call_bonus) on both: the wrong answer gains 0.1 for its call
+    response.tool_calls = (ToolCall(CODE, "ok", "Answer: 811", 12, 0.01),)
+    penalty = response.reward - response.score
+    trainer.config = dataclasses.replace(config, tool_call_bonus=0.1)
+    try:
+        trainer.score([response], [problem])
+    finally:
+        trainer.config = config
+    assert response.reward == pytest.approx(-0.9 + penalty)
+    shaped = verl_reward(trainer, response, "811", ModelTokenRewardManager, bonus=0.1)
+    assert shaped == pytest.approx(response.reward)
 
 
 def test_on_verl_a_truncated_tool_trajectory_carries_no_loss_under_overlong_filtering(trainer):

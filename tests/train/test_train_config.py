@@ -108,6 +108,7 @@ def test_bad_overrides_name_the_problem(assignment, message):
         ({"clip_c": 0.5}, "clip_c"),
         ({"overlong_buffer_len": 30000}, "overlong_buffer_len"),
         ({"dtype": "bf16"}, "dtype 'bf16' must be auto, float32, bfloat16 or float16"),
+        ({"tool_call_bonus": 0.1}, "tool_call_bonus rewards tool calls, which need multi_turn=true"),
     ],
 )
 def test_impossible_configs_say_what_to_set(values, message):

@@ -36,7 +36,8 @@ MAX_RESPONSE_LENGTH_ENV = "DAPO_SUITE_MAX_RESPONSE_LENGTH"
 ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
 ROLLOUT = "actor_rollout_ref.rollout"
-OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
+REWARD_KWARGS = "+reward.reward_kwargs"
+OVERLONG = f"{REWARD_KWARGS}.overlong_buffer_cfg"
 # environment variables Ray gives every worker of the job
 WORKER_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 
@@ -150,6 +151,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("overlong_penalty", (f"{OVERLONG}.enable",)),
     VerlKey("overlong_buffer_len", (f"{OVERLONG}.len",)),
     VerlKey("overlong_penalty_factor", (f"{OVERLONG}.penalty_factor",)),
+    # ReTool's shaping, read by tool_trajectories.ModelTokenRewardManager
+    VerlKey("tool_call_bonus", (f"{REWARD_KWARGS}.tool_call_bonus",)),
+    VerlKey("tool_call_bonus_cap", (f"{REWARD_KWARGS}.tool_call_bonus_cap",)),
     # the objective; with overlong filtering, the `extensions` wrapper of the same loss
     VerlKey(
         "loss_mode",

@@ -12,7 +12,8 @@ the reward loop no `response_mask`, only each trajectory's `extra_fields`. So:
   overlong filtering, masks a truncated trajectory out of the loss (verl's loss sees only `response_mask`,
   whose sum is the model's tokens, so the single-turn filter's "sum reached L_max" cannot see a cut that a
   tool's tokens took part in);
-- `ModelTokenRewardManager` is verl's DAPO reward manager given the model's own tokens only.
+- `ModelTokenRewardManager` is verl's DAPO reward manager given the model's own tokens only, with ReTool's
+  shaping of a wrong answer by its tool calls when `tool_call_bonus` is set.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 
+from dapo_suite.train.algorithm import tool_call_shaping
 from dapo_suite.train.verl.keys import OVERLONG_FILTER_LOSS
 
 MODEL_MASK = "dapo_suite_model_mask"  # extra field: 1 at each of the model's own response positions
@@ -84,10 +86,33 @@ def model_tokens_only(data: DataProto) -> DataProto:
     )
 
 
+def tool_calls(data: DataProto) -> int:
+    """Tool calls of the trajectory, from verl's turn count (user prompt, then a model turn and a tool
+    response per call, then the last model turn), as the ReTool recipe counts them."""
+    turns = data.non_tensor_batch.get("__num_turns__")
+    return 0 if turns is None else max(int(turns[-1]) - 2, 0) // 2
+
+
 class ModelTokenRewardManager(DAPORewardManager):
     """verl's DAPO reward manager (`dapo`: correctness by `compute_score`, the soft overlong penalty on the
     response's length) over the model's own tokens: what it grades and what it measures leave a tool's
-    output out."""
+    output out. With `reward_kwargs.tool_call_bonus`, ReTool's shaping of a wrong answer's score
+    (`algorithm.tool_call_shaping`), as the embedded trainer applies it."""
 
     async def run_single(self, data: DataProto) -> dict:
-        return await super().run_single(model_tokens_only(data))
+        result = await super().run_single(model_tokens_only(data))
+        kwargs = self.config.reward.get("reward_kwargs", {})
+        bonus = float(kwargs.get("tool_call_bonus", 0.0))
+        info = result["reward_extra_info"]
+        if bonus and not info.get("acc"):
+            score = torch.tensor([float(info["score"])])
+            shaped = tool_call_shaping(
+                score,
+                torch.tensor([False]),
+                torch.tensor([tool_calls(data)]),
+                bonus,
+                float(kwargs.get("tool_call_bonus_cap", -0.6)),
+            )
+            result["reward_score"] += float(shaped - score)
+            info["score"] = float(shaped)
+        return result

@@ -723,3 +723,7 @@ def test_the_retool_preset_composes_for_qwen2_5_32b_instruct_on_16x8(async_mode,
     assert actor.optim.lr == 1e-6 and rollout.n == 16 and actor.ppo_mini_batch_size == 64
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 16384)
     assert cfg.algorithm.adv_estimator == "grpo" and not actor.use_kl_loss
+    # the recipe's reward for tool use, read by ModelTokenRewardManager
+    reward_kwargs = cfg.reward.reward_kwargs
+    assert (reward_kwargs.tool_call_bonus, reward_kwargs.tool_call_bonus_cap) == (0.1, -0.6)
+    assert cfg.reward.reward_manager.name == "ModelTokenRewardManager"
