@@ -109,6 +109,8 @@ def test_bad_overrides_name_the_problem(assignment, message):
         ({"overlong_buffer_len": 30000}, "overlong_buffer_len"),
         ({"dtype": "bf16"}, "dtype 'bf16' must be auto, float32, bfloat16 or float16"),
         ({"tool_call_bonus": 0.1}, "tool_call_bonus rewards tool calls, which need multi_turn=true"),
+        ({"multi_turn": True, "tool_format": "hermes"}, "set tool_format=python_block or --backend verl"),
+        ({"tool_format": "json"}, "tool_format must be one of python_block, hermes"),
     ],
 )
 def test_impossible_configs_say_what_to_set(values, message):

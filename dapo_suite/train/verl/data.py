@@ -11,9 +11,12 @@ from dapo_suite.core.problems import Problem, benchmark_path
 from dapo_suite.train.config import TrainConfig
 
 
-def write_parquet(problems: list[Problem], path: Path, data_source: str, shots: int = 0) -> Path:
+def write_parquet(
+    problems: list[Problem], path: Path, data_source: str, shots: int = 0, tools: bool = False
+) -> Path:
     """Problems in verl's DAPO-Math schema (prompt as chat messages, with `shots` worked examples before the
-    problem as the embedded trainer renders them; ground truth in reward_model)."""
+    problem as the embedded trainer renders them, the Python tool's instructions and examples with `tools`;
+    ground truth in reward_model)."""
     import pandas as pd
 
     from dapo_suite.core.prompts import chat_messages
@@ -21,7 +24,7 @@ def write_parquet(problems: list[Problem], path: Path, data_source: str, shots: 
     rows = [
         {
             "data_source": data_source,
-            "prompt": chat_messages(problem.problem, shots=shots),
+            "prompt": chat_messages(problem.problem, shots=shots, tools=tools),
             "ability": "MATH",
             "reward_model": {"ground_truth": str(problem.answer), "style": "rule-lighteval/MATH_v2"},
             "extra_info": {"index": index, "id": problem.id},
@@ -56,14 +59,16 @@ def prepare(config: TrainConfig) -> TrainConfig:
         if value and "://" not in value:
             changes[name] = str(Path(value).expanduser().resolve())
     data_dir = Path(config.out).resolve() / "data"
+    # python_block calls are asked for in the prompt (as the embedded trainer asks), hermes by the template
+    blocks = config.multi_turn and config.tool_format == "python_block"
     if not config.train_file:
         train, heldout = train_and_heldout(config)
         changes["train_file"] = str(
-            write_parquet(train, data_dir / "train.parquet", config.task, config.prompt_shots)
+            write_parquet(train, data_dir / "train.parquet", config.task, config.prompt_shots, blocks)
         )
         if not config.val_file:
             changes["val_file"] = str(
-                write_parquet(heldout, data_dir / "heldout.parquet", config.task, config.prompt_shots)
+                write_parquet(heldout, data_dir / "heldout.parquet", config.task, config.prompt_shots, blocks)
             )
     elif not config.val_file:
         changes["val_file"] = str(write_aime24_parquet(data_dir / "aime24.parquet"))

@@ -217,6 +217,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("max_assistant_turns", (f"{ROLLOUT}.multi_turn.max_assistant_turns",)),
     VerlKey("max_tool_response_length", (f"{ROLLOUT}.multi_turn.max_tool_response_length",)),
     VerlKey("tool_response_truncate_side", (f"{ROLLOUT}.multi_turn.tool_response_truncate_side",)),
+    VerlKey("tool_format", (f"{ROLLOUT}.multi_turn.format",)),  # python_block: tool_trajectories' parser
     VerlKey("tool_config_path", (f"{ROLLOUT}.multi_turn.tool_config_path",), lambda v, c: tool_config(v, c)),
     VerlKey("max_steps", ("trainer.total_training_steps",)),
     VerlKey("eval_every", ("trainer.test_freq",), lambda v, c: v if v > 0 and c.heldout_eval else -1),

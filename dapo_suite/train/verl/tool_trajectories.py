@@ -12,12 +12,15 @@ the reward loop no `response_mask`, only each trajectory's `extra_fields`. So:
   overlong filtering, masks a truncated trajectory out of the loss (verl's loss sees only `response_mask`,
   whose sum is the model's tokens, so the single-turn filter's "sum reached L_max" cannot see a cut that a
   tool's tokens took part in);
+- `PythonBlockToolParser` (`multi_turn.format=python_block`) reads the embedded loop's ```python blocks as
+  calls of the sandbox tool, so a model calls the tool the same way on both backends;
 - `ModelTokenRewardManager` is verl's DAPO reward manager given the model's own tokens only, with ReTool's
   shaping of a wrong answer by its tool calls when `tool_call_bonus` is set.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +29,21 @@ from tensordict import TensorDict
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+from verl.tools.schemas import OpenAIFunctionToolSchema
 
+from dapo_suite.inference.tool_loop import CODE_BLOCK
 from dapo_suite.train.algorithm import tool_call_shaping
 from dapo_suite.train.verl.keys import OVERLONG_FILTER_LOSS
 
 MODEL_MASK = "dapo_suite_model_mask"  # extra field: 1 at each of the model's own response positions
 TRUNCATED = "dapo_suite_truncated"  # extra field: the trajectory reached the response length
 AGENT_LOOP_CONFIG = Path(__file__).with_name("agent_loops.yaml")
+PYTHON_BLOCK = (
+    "python_block"  # multi_turn.format of the embedded loop's ```python blocks (config.TOOL_FORMATS)
+)
+OUTPUT_FENCE = "```output"  # where the tool's turn begins (tool_loop.tool_turn_text)
 
 
 def record_model_tokens(
@@ -50,10 +60,32 @@ def record_model_tokens(
     return output
 
 
+@ToolParser.register(PYTHON_BLOCK)
+class PythonBlockToolParser(ToolParser):
+    """The embedded loop's tool format on verl (`multi_turn.format=python_block`): the last ```python block
+    of a model turn is a call of the config's one tool with that code (`{"code": ...}`, the sandbox tool's
+    schema). The turn's text stays the model's content, block included, as the embedded loop keeps it."""
+
+    async def extract_tool_calls(
+        self, responses_ids: list[int], tools: list[OpenAIFunctionToolSchema] | None = None
+    ) -> tuple[str, list[FunctionCall]]:
+        text = self.tokenizer.decode(responses_ids, skip_special_tokens=True)
+        blocks = CODE_BLOCK.findall(text)
+        if not blocks:
+            return text, []
+        name = tools[0].function.name if tools else "code_interpreter"
+        return text, [FunctionCall(name=name, arguments=json.dumps({"code": blocks[-1]}))]
+
+
 class DAPOToolAgentLoop(ToolAgentLoop):
-    """verl's tool agent loop with the model's own tokens recorded (`record_model_tokens`)."""
+    """verl's tool agent loop with the model's own tokens recorded (`record_model_tokens`); with the
+    python_block format, a model turn stops where the tool's ```output block would begin, which the prompt's
+    worked example puts right after the code, so the model cannot go on to invent its own output (the embedded
+    loop stops at the block's end)."""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        if self.tool_parser_name == PYTHON_BLOCK:
+            sampling_params = {**sampling_params, "stop": [*sampling_params.get("stop", []), OUTPUT_FENCE]}
         output = await super().run(sampling_params, **kwargs)
         loss_mode = self.config.actor_rollout_ref.actor.policy_loss.loss_mode
         return record_model_tokens(output, self.response_length, loss_mode.startswith(OVERLONG_FILTER_LOSS))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -683,6 +684,7 @@ def test_a_tool_preset_runs_verls_agent_loop_with_the_sandbox_tool(data, tmp_pat
         assert rollout.multi_turn.max_assistant_turns == config.max_assistant_turns == 4
         tools = OmegaConf.load(rollout.multi_turn.tool_config_path).tools
         assert [tool.class_name for tool in tools] == ["dapo_suite.train.verl.sandbox_tool.SandboxTool"]
+    assert rollout.multi_turn.format == "python_block"  # the embedded loop's ```python blocks
     # a single-turn preset keeps verl's single-turn loop and no tool
     plain = vb.validate(
         _config(data, tmp_path), vb.Hardware(), vb.build_overrides(_config(data, tmp_path), vb.Hardware())
@@ -727,3 +729,44 @@ def test_the_retool_preset_composes_for_qwen2_5_32b_instruct_on_16x8(async_mode,
     reward_kwargs = cfg.reward.reward_kwargs
     assert (reward_kwargs.tool_call_bonus, reward_kwargs.tool_call_bonus_cap) == (0.1, -0.6)
     assert cfg.reward.reward_manager.name == "ModelTokenRewardManager"
+
+
+def test_the_python_block_format_reads_the_embedded_loop_s_calls_on_verl():
+    """verl's agent loop with `multi_turn.format=python_block` (tool_trajectories' parser, in verl's
+    ToolParser registry): a turn's last ```python block is a call of the sandbox tool with its code; a turn
+    without one calls nothing; the text stays the model's."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    from dapo_suite.inference.models import embedded_model_path
+    from dapo_suite.train.verl.keys import PYTHON_TOOL_CONFIG
+    from dapo_suite.train.verl.tool_trajectories import PYTHON_BLOCK
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    parser = ToolParser.get_tool_parser(PYTHON_BLOCK, tokenizer)
+    schema = OpenAIFunctionToolSchema(
+        **OmegaConf.to_container(OmegaConf.load(PYTHON_TOOL_CONFIG).tools[0].tool_schema)
+    )
+    turn = "Let me check.\n```python\nx = 3\n```\nand then\n```python\nprint(237 + 574)\n```\n"
+    content, calls = asyncio.run(parser.extract_tool_calls(tokenizer(turn)["input_ids"], [schema]))
+    assert content == turn
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("code_interpreter", {"code": "print(237 + 574)\n"})
+    ]
+    assert asyncio.run(parser.extract_tool_calls(tokenizer("Answer: 811")["input_ids"], [schema]))[1] == []
+
+
+def test_a_python_block_tool_run_on_verl_asks_for_the_tool_in_its_prompt(tmp_path):
+    from dapo_suite.core.prompts import TOOL_INSTRUCTIONS
+
+    config = resolve_config(["dapo-tool"], {"backend": "verl", "out": str(tmp_path / "run")})
+    prepared = vb.prepare(config)
+    prompts = pd.read_parquet(prepared.train_file)["prompt"]
+    assert all(TOOL_INSTRUCTIONS in turns[-1]["content"] for turns in prompts)
+    text = vb.prepare(resolve_config(["dapo"], {"backend": "verl", "out": str(tmp_path / "text")}))
+    assert not any(
+        TOOL_INSTRUCTIONS in turns[-1]["content"] for turns in pd.read_parquet(text.train_file)["prompt"]
+    )
