@@ -132,10 +132,18 @@ class ModelTokenRewardManager(DAPORewardManager):
     (`algorithm.tool_call_shaping`), as the embedded trainer applies it."""
 
     async def run_single(self, data: DataProto) -> dict:
-        result = await super().run_single(model_tokens_only(data))
+        own = model_tokens_only(data)
+        result = await super().run_single(own)
         kwargs = self.config.reward.get("reward_kwargs", {})
         bonus = float(kwargs.get("tool_call_bonus", 0.0))
         info = result["reward_extra_info"]
+        # per sample in verl's rollout dump (trainer.rollout_data_dir): the calls, and the tokens of each side
+        last = data[-1:]
+        info["tool_calls"] = tool_calls(last)
+        info["model_tokens"] = int(own.batch["responses"].shape[-1])
+        info["response_tokens"] = int(
+            last.batch["attention_mask"][0, last.batch["prompts"].shape[-1] :].sum()
+        )
         if bonus and not info.get("acc"):
             score = torch.tensor([float(info["score"])])
             shaped = tool_call_shaping(

