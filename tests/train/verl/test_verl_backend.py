@@ -770,3 +770,32 @@ def test_a_python_block_tool_run_on_verl_asks_for_the_tool_in_its_prompt(tmp_pat
     assert not any(
         TOOL_INSTRUCTIONS in turns[-1]["content"] for turns in pd.read_parquet(text.train_file)["prompt"]
     )
+
+
+def test_verl_builds_the_sandbox_tool_from_the_shipped_config_and_runs_a_call(tmp_path):
+    """The tool config as verl's agent loop loads it (`load_all_tools`): one `code_interpreter` tool whose
+    execute runs the code in the sandbox and returns what it printed, with the call's outcome."""
+    import asyncio
+
+    from verl.tools.tool_registry import load_all_tools
+
+    from dapo_suite.core.sandbox import isolation
+    from dapo_suite.train.verl.keys import PYTHON_TOOL_CONFIG
+
+    if isolation.bwrap_problem():
+        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
+    (tool,) = load_all_tools(tool_config_path=str(PYTHON_TOOL_CONFIG), function_tool_path=None)
+    assert tool.name == "code_interpreter"
+
+    async def calls():
+        instance, _ = await tool.create()
+        shown, reward, metrics = await tool.execute(instance, {"code": "print(237 + 574)"})
+        failed, _, failure = await tool.execute(instance, {"code": "1 / 0"})
+        bad, _, malformed = await tool.execute(instance, {"program": "print(1)"})
+        await tool.release(instance)
+        return (shown, reward, metrics), (failed, failure), (bad, malformed)
+
+    (shown, reward, metrics), (failed, failure), (bad, malformed) = asyncio.run(calls())
+    assert shown.text.strip() == "811" and reward == 0.0 and metrics["outcome"] == "ok"
+    assert "ZeroDivisionError" in failed.text and failure["outcome"] != "ok"
+    assert "needs a `code` string" in bad.text and malformed["outcome"] == "bad_call"
