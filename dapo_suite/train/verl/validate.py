@@ -101,6 +101,29 @@ def _defaults(async_mode: str):
     return compose([f"{key}={hydra_value(value)}"] if async_mode in ASYNC_TRAINERS else [], async_mode)
 
 
+def _declared_float(defaults, key: str) -> bool:
+    """Whether verl's config dataclass for `key` (the `_target_` of its section) types it as a float, where
+    the YAML writes the default as an integer (rollout's `top_p: 1`)."""
+    import dataclasses
+    import importlib
+    import typing
+
+    from omegaconf import OmegaConf
+
+    section, _, field = key.rpartition(".")
+    target = OmegaConf.select(defaults, f"{section}._target_", default=None) if section else None
+    if not isinstance(target, str):
+        return False
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    except (ImportError, AttributeError, NameError, TypeError):
+        return False
+    hint = hints.get(field)
+    return hint is float or float in typing.get_args(hint)
+
+
 def _default_types(cfg, keys: list[str], async_mode: str) -> list[str]:
     """Values whose type differs from verl's default for the same key (YAML configs carry no schema)."""
     from omegaconf import OmegaConf
@@ -125,6 +148,7 @@ def _default_types(cfg, keys: list[str], async_mode: str) -> list[str]:
             and not isinstance(default, bool)
             and isinstance(value, float)
             and not value.is_integer()
+            and not _declared_float(defaults, plain)
         ):
             problems.append(f"{plain} must be an integer, got {value!r}")
         elif isinstance(default, str) and not isinstance(value, str):

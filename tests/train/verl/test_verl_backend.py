@@ -799,3 +799,11 @@ def test_verl_builds_the_sandbox_tool_from_the_shipped_config_and_runs_a_call(tm
     assert shown.text.strip() == "811" and reward == 0.0 and metrics["outcome"] == "ok"
     assert "ZeroDivisionError" in failed.text and failure["outcome"] != "ok"
     assert "needs a `code` string" in bad.text and malformed["outcome"] == "bad_call"
+
+
+def test_float_keys_that_verl_s_yaml_writes_as_integers_take_fractions(data, tmp_path):
+    """rollout.top_p is `1` in verl's YAML and a float in its RolloutConfig: 0.7 is valid (the tool preset's),
+    where an integer-typed key (LoRA's alpha) still refuses a fraction (the error table above)."""
+    config = _config(data, tmp_path, top_p=0.7)
+    cfg, _ = vb.validate(config, vb.Hardware(), vb.build_overrides(config, vb.Hardware()))
+    assert cfg.actor_rollout_ref.rollout.top_p == 0.7
