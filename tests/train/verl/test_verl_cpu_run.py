@@ -406,7 +406,7 @@ def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_expor
 
 # The dapo-tool preset on verl: the model's ```python blocks (tool_format python_block) run in the sandbox;
 # responses long enough for a call, its output and an answer.
-TOOL = ["--set", "max_response_length=128", "--set", "overlong_buffer_len=32"]
+TOOL = ["--set", "max_response_length=128", "--set", "overlong_buffer_len=32", "--set", "save_every=1"]
 
 
 @pytest.mark.budgeted
