@@ -74,7 +74,11 @@ def overlong_filtered(loss_mode: str):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         truncated = truncated_rows(response_mask, max_response_length())
         kept_mask = mask_truncated(response_mask, truncated)
-        filtered = {"actor/overlong_filtered_frac": truncated.float().mean().item()}
+        filtered = {
+            "actor/overlong_filtered_frac": truncated.float().mean().item(),
+            # the model's own tokens a response (a tool's are 0 in the mask): response_length/mean counts both
+            "actor/model_tokens_mean": response_mask.sum(dim=-1).float().mean().item(),
+        }
         if not kept_mask.any():
             # Every row was cut: nothing to learn from, and token-mean over zero tokens would be 0/0.
             zero = (log_prob * 0.0).sum()
