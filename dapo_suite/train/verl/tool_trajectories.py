@@ -137,7 +137,7 @@ class ModelTokenRewardManager(DAPORewardManager):
         kwargs = self.config.reward.get("reward_kwargs", {})
         bonus = float(kwargs.get("tool_call_bonus", 0.0))
         info = result["reward_extra_info"]
-        # per sample in verl's rollout dump (trainer.rollout_data_dir): the calls, and the tokens of each side
+        # per sample: the calls and each side's tokens (validation logs them as val-aux/<source>/<key>/mean@n)
         last = data[-1:]
         info["tool_calls"] = tool_calls(last)
         info["model_tokens"] = int(own.batch["responses"].shape[-1])
