@@ -149,7 +149,7 @@ class ModelTokenRewardManager(DAPORewardManager):
             shaped = tool_call_shaping(
                 score,
                 torch.tensor([False]),
-                torch.tensor([tool_calls(data)]),
+                torch.tensor([info["tool_calls"]]),
                 bonus,
                 float(kwargs.get("tool_call_bonus_cap", -0.6)),
             )
