@@ -32,7 +32,8 @@ LADDER = ("grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-
 SCALE_PRESETS = ("tiny-cpu", "gsm8k-cpu", "effects-cpu", "tools-cpu")
 # The scale an embedded-model run gets when no scale preset is named: tiny-cpu, or the one its preset names
 # here.
-TOOL_FORMATS = ("python_block", "hermes")  # verl's multi_turn.format names (python_block: ours)
+PYTHON_BLOCK = "python_block"  # the embedded loop's ```python blocks; on verl, tool_trajectories' parser
+TOOL_FORMATS = (PYTHON_BLOCK, "hermes")  # verl's multi_turn.format names
 DEFAULT_SCALES = {"dapo-tool": "tools-cpu"}
 SUCCESSORS = ("gspo", "cispo", "sapo", "gmpo", "clip-cov", "kl-cov")
 # "off", then verl 0.9.1's two async trainers by their package names (verl/experimental/<name>)
@@ -196,7 +197,7 @@ class TrainConfig:
     tool_isolation: str = "bwrap"  # "unsafe-none" runs model-written code unsandboxed, as this user
     # how the model calls the tool (verl: multi_turn.format): "python_block", the ```python blocks the
     # embedded loop runs (on verl through dapo-suite's parser), or "hermes", <tool_call> JSON (verl only)
-    tool_format: str = "python_block"
+    tool_format: str = PYTHON_BLOCK
     # ReTool's shaping (algorithm.tool_call_shaping): a wrong answer gains this per tool call, up to the cap
     tool_call_bonus: float = 0.0
     tool_call_bonus_cap: float = -0.6
@@ -312,7 +313,7 @@ class TrainConfig:
             problems.append(f"tool_config_path {self.tool_config_path}: no such file")
         if self.tool_format not in TOOL_FORMATS:
             problems.append(f"tool_format must be one of {', '.join(TOOL_FORMATS)}")
-        elif self.multi_turn and self.backend == "embedded" and self.tool_format != "python_block":
+        elif self.multi_turn and self.backend == "embedded" and self.tool_format != PYTHON_BLOCK:
             problems.append(
                 f"tool_format {self.tool_format} runs on verl's agent loop; the embedded trainer's tool loop "
                 "reads python_block: set tool_format=python_block or --backend verl"

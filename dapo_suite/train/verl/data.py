@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_suite.core.problems import Problem, benchmark_path
-from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.config import PYTHON_BLOCK, TrainConfig
 
 
 def write_parquet(
@@ -60,7 +60,7 @@ def prepare(config: TrainConfig) -> TrainConfig:
             changes[name] = str(Path(value).expanduser().resolve())
     data_dir = Path(config.out).resolve() / "data"
     # python_block calls are asked for in the prompt (as the embedded trainer asks), hermes by the template
-    blocks = config.multi_turn and config.tool_format == "python_block"
+    blocks = config.multi_turn and config.tool_format == PYTHON_BLOCK
     if not config.train_file:
         train, heldout = train_and_heldout(config)
         changes["train_file"] = str(

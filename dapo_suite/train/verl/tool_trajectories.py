@@ -35,14 +35,12 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 
 from dapo_suite.inference.tool_loop import CODE_BLOCK
 from dapo_suite.train.algorithm import tool_call_shaping
+from dapo_suite.train.config import PYTHON_BLOCK
 from dapo_suite.train.verl.keys import OVERLONG_FILTER_LOSS
 
 MODEL_MASK = "dapo_suite_model_mask"  # extra field: 1 at each of the model's own response positions
 TRUNCATED = "dapo_suite_truncated"  # extra field: the trajectory reached the response length
 AGENT_LOOP_CONFIG = Path(__file__).with_name("agent_loops.yaml")
-PYTHON_BLOCK = (
-    "python_block"  # multi_turn.format of the embedded loop's ```python blocks (config.TOOL_FORMATS)
-)
 OUTPUT_FENCE = "```output"  # where the tool's turn begins (tool_loop.tool_turn_text)
 
 
