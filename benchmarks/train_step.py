@@ -52,7 +52,7 @@ import time
 import torch
 
 from dapo_suite.core.provenance import cpu_line
-from dapo_suite.train.algorithm import group_advantages
+from dapo_suite.train.algorithm import ScoredGroups, group_advantages
 from dapo_suite.train.rollout import Rollout
 
 
@@ -102,7 +102,9 @@ def synthetic_groups(
             )
         groups.append(group)
     flat = [r for group in groups for r in group]
-    advantages = group_advantages(torch.tensor([r.score for r in flat]), [r.group for r in flat])
+    advantages = group_advantages(
+        ScoredGroups.of(torch.tensor([r.score for r in flat]), [r.group for r in flat])
+    )
     for rollout, advantage in zip(flat, advantages.tolist(), strict=True):
         rollout.reward, rollout.advantage = rollout.score, advantage
     return groups

@@ -11,7 +11,7 @@ import re
 import click
 
 from dapo_suite import __version__
-from dapo_suite.core.cli_options import folder_option
+from dapo_suite.core.cli_options import dtype_option, folder_option, tools_option
 from dapo_suite.core.errors import UserError
 
 # name -> (module, attribute, one-line help). A stage whose module is missing says so and exits non-zero.
@@ -178,19 +178,12 @@ def main(debug: bool) -> None:
 @click.option("--aime-n", type=int, help="Samples per AIME 2024 problem [2] (the paper: 32).")
 @click.option("--aime-max-tokens", type=int, help="Tokens per AIME sample [256] (the paper: 20480).")
 @click.option("--aime-limit", type=int, help="Only the first N AIME problems (default: all 30).")
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16"]),
-    default="auto",
-    show_default=True,
-    help="Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
+@dtype_option(
+    "Precision of every stage: auto = bf16 where the CPU has it natively (AVX-512 BF16, AMX), else "
     "float32; float32 runs as a CPU without native bf16 does.",
 )
-@click.option(
-    "--tools",
-    type=click.Choice(["python"]),
-    default=None,
-    help="Let the model run ```python blocks in the sandbox between its turns, in training (the dapo-tool "
+@tools_option(
+    "Let the model run ```python blocks in the sandbox between its turns, in training (the dapo-tool "
     "preset) and in both evaluations (docs/tools.md).",
 )
 @click.option(

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from dapo_suite.core.cli_options import config_option
+
 
 @click.group(name="data")
 def data() -> None:
@@ -42,12 +44,7 @@ def data() -> None:
     "file, or hf:OWNER/NAME[:SPLIT] (needs the hub or its cache).",
 )
 @click.option("--out", type=click.Path(file_okay=False), help="Build directory; rerunning into it resumes.")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML with BuildConfig fields; flags given here override it.",
-)
+@config_option("BuildConfig", dest="config_path")
 @click.option(
     "--rewriter",
     type=click.Choice(["rules", "llm", "rules+llm"]),

@@ -10,12 +10,20 @@ Heavy imports (torch, transformers, vllm, openai) happen inside the command that
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
+from dapo_suite.core.cli_options import (
+    DTYPE_CHOICES,
+    config_option,
+    defaults_option,
+    dtype_option,
+    tools_option,
+)
 from dapo_suite.core.problems import BENCHMARKS
 from eval.config import ENGINES, EvalConfig
 from eval.prompts import TEMPLATES
@@ -65,8 +73,8 @@ def eval_command() -> None:
     pass
 
 
-def _default(name: str):
-    return getattr(_D, name)
+# A run option with EvalConfig's default.
+_default_option = functools.partial(defaults_option, _D)
 
 
 @eval_command.command(name="run")
@@ -75,92 +83,63 @@ def _default(name: str):
     "--model", help="HF model directory or hub id (served model name with --endpoint). Default: embedded."
 )
 @click.option("--endpoint", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
-@click.option(
+@_default_option(
     "--engine",
     type=click.Choice(ENGINES),
-    default=_default("engine"),
-    show_default=True,
     help="auto = openai with --endpoint, vllm on a GPU with vLLM installed, else hf.",
 )
 @click.option("--out", help="Run directory. Default: runs/eval/<benchmark>-<model>.")
 @click.option("--file", "file", help="A .jsonl/.parquet eval set instead of a shipped benchmark.")
-@click.option(
-    "--problem-key", default=_default("problem_key"), show_default=True, help="Problem column of --file."
-)
-@click.option(
-    "--answer-key", default=_default("answer_key"), show_default=True, help="Answer column of --file."
-)
-@click.option(
-    "--id-key", default=_default("id_key"), show_default=True, help="Id column (row number if absent)."
-)
-@click.option(
-    "--n", type=int, default=_default("n"), show_default=True, help="Samples per problem (DAPO: 32)."
-)
-@click.option("--temperature", type=float, default=_default("temperature"), show_default=True)
-@click.option("--top-p", type=float, default=_default("top_p"), show_default=True)
-@click.option(
+@_default_option("--problem-key", help="Problem column of --file.")
+@_default_option("--answer-key", help="Answer column of --file.")
+@_default_option("--id-key", help="Id column (row number if absent).")
+@_default_option("--n", type=int, help="Samples per problem (DAPO: 32).")
+@_default_option("--temperature", type=float)
+@_default_option("--top-p", type=float)
+@_default_option(
     "--max-tokens",
     type=int,
-    default=_default("max_tokens"),
-    show_default=True,
     help="New tokens per sample (DAPO L_max).",
 )
-@click.option(
+@_default_option(
     "--template",
-    default=_default("template"),
-    show_default=True,
     help=f"Prompt template: {', '.join(TEMPLATES)}, or a string holding {{problem}}.",
 )
 @click.option(
     "--chat-template/--no-chat-template",
-    default=_default("chat_template"),
+    default=_D.chat_template,
     show_default=True,
     help="Wrap the prompt in the model's chat template.",
 )
-@click.option("--seed", type=int, default=_default("seed"), show_default=True)
+@_default_option("--seed", type=int)
 @click.option("--limit", type=int, help="Only the first N problems.")
-@click.option(
-    "--dtype",
-    default=_default("dtype"),
-    show_default=True,
+@dtype_option(
+    default=_D.dtype,
+    choices=(*DTYPE_CHOICES, "float16"),
     help="Weights dtype (hf, vllm): auto = bfloat16 where bf16 matmuls are native (vLLM; AVX-512 "
-    "BF16/AMX CPUs), else float32; or float32, bfloat16, float16.",
+    "BF16/AMX CPUs), else float32.",
 )
-@click.option(
-    "--tools",
-    type=click.Choice(["python"]),
-    default=None,
-    help="Let the model run ```python blocks in the sandbox between its turns: in process (hf engine), or "
+@tools_option(
+    "Let the model run ```python blocks in the sandbox between its turns: in process (hf engine), or "
     "over --endpoint with each call run here, client-side; each call is recorded in generations.jsonl and "
     "tool statistics are reported beside avg@k.",
 )
-@click.option(
+@_default_option(
     "--batch-size",
     type=int,
-    default=_default("batch_size"),
-    show_default=True,
     help="hf: sequences generated together.",
 )
-@click.option(
+@_default_option(
     "--concurrency",
     type=int,
-    default=_default("concurrency"),
-    show_default=True,
     help="openai: requests in flight.",
 )
-@click.option(
+@_default_option(
     "--max-retries",
     type=int,
-    default=_default("max_retries"),
-    show_default=True,
     help="openai: retries per request (exponential backoff).",
 )
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML of EvalConfig fields; flags given on the command line override it.",
-)
+@config_option("EvalConfig")
 @click.pass_context
 def run_command(ctx: click.Context, benchmark: str | None, config_file: str | None, **flags) -> None:
     """Generate, grade and report (resumes a run directory made with the same settings)."""

@@ -3,9 +3,12 @@ alone). Gradio, openai and the model server load only when a command runs."""
 
 from __future__ import annotations
 
+import functools
+
 import click
 from click.core import ParameterSource
 
+from dapo_suite.core.cli_options import config_option, defaults_option, dtype_option, tools_option
 from dapo_suite.core.fields import load_config
 from serve.auth import API_KEY_ENV, exposure_warning
 from serve.config import ENGINES, ServeConfig
@@ -17,6 +20,10 @@ _MODEL_HELP = (
     "Checkpoint directory (`dapo-suite train` output), hub id, or `embedded` (default: the embedded "
     "SmolLM2-135M-Instruct)."
 )
+
+
+# A chat option with ServeConfig's default.
+_default_option = functools.partial(defaults_option, _DEFAULTS)
 
 
 def _model_option(extra: str = ""):
@@ -43,13 +50,11 @@ def _engine_option(func):
     help="Use a running OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) instead of starting one.",
 )
 @_engine_option
-@click.option(
+@_default_option(
     "--host",
-    default=_DEFAULTS.host,
-    show_default=True,
     help="Address the chat binds; 0.0.0.0 exposes it to your network (then set --auth or --auth-file).",
 )
-@click.option("--port", default=_DEFAULTS.port, show_default=True, help="Port of the chat app.")
+@_default_option("--port", help="Port of the chat app.")
 @click.option(
     "--auth",
     default=None,
@@ -67,49 +72,34 @@ def _engine_option(func):
 @click.option(
     "--api-port", type=int, default=None, help="Port of the model server started for --model [default: free]."
 )
-@click.option(
-    "--temperature", default=_DEFAULTS.temperature, show_default=True, help="Initial temperature (DAPO: 1.0)."
-)
-@click.option("--top-p", default=_DEFAULTS.top_p, show_default=True, help="Initial top-p (DAPO: 0.7).")
-@click.option(
+@_default_option("--temperature", help="Initial temperature (DAPO: 1.0).")
+@_default_option("--top-p", help="Initial top-p (DAPO: 0.7).")
+@_default_option(
     "--max-tokens",
-    default=_DEFAULTS.max_tokens,
-    show_default=True,
     help="Initial reply budget, in tokens: enough for a worked answer, short enough to wait for.",
 )
-@click.option(
+@_default_option(
     "--concurrency",
     "concurrency_limit",
-    default=_DEFAULTS.concurrency_limit,
-    show_default=True,
     help="Replies generated at once; others wait in the queue.",
 )
-@click.option("--max-queue", default=_DEFAULTS.max_queue, show_default=True, help="Requests that may wait.")
-@click.option(
+@_default_option("--max-queue", help="Requests that may wait.")
+@_default_option(
     "--max-prompt-chars",
-    default=_DEFAULTS.max_prompt_chars,
-    show_default=True,
     help="Longest question accepted.",
 )
-@click.option(
+@_default_option(
     "--request-timeout",
     "request_timeout_s",
-    default=_DEFAULTS.request_timeout_s,
-    show_default=True,
     help="Seconds a reply may stream before it is cut off.",
 )
-@click.option(
+@_default_option(
     "--startup-timeout",
     "startup_timeout_s",
-    default=_DEFAULTS.startup_timeout_s,
-    show_default=True,
     help="Seconds the model server may take to become healthy.",
 )
-@click.option(
-    "--tools",
-    type=click.Choice(["python"]),
-    default=None,
-    help="Let the model run ```python blocks in the sandbox (docs/tools.md); each call and its output "
+@tools_option(
+    "Let the model run ```python blocks in the sandbox (docs/tools.md); each call and its output "
     "show folded in the reply, as Thinking does.",
 )
 @click.option(
@@ -119,12 +109,7 @@ def _engine_option(func):
     default=True,
     help="Start with the DAPO prompt checkbox off (questions are sent as typed).",
 )
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML of ServeConfig fields; flags given on the command line override it.",
-)
+@config_option("ServeConfig")
 @click.pass_context
 def serve(ctx: click.Context, config_file: str | None, **options) -> None:
     """Chat with a trained reasoner in the browser, or serve it over an OpenAI-compatible API.
@@ -186,19 +171,13 @@ def serve(ctx: click.Context, config_file: str | None, **options) -> None:
     default=None,
     help="Longest prompt accepted, in tokens [default: the model's context minus the request's max_tokens].",
 )
-@click.option(
+@_default_option(
     "--startup-timeout",
     "startup_timeout_s",
-    default=_DEFAULTS.startup_timeout_s,
-    show_default=True,
     help="Seconds the model server may take to become healthy.",
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16"]),
-    default="auto",
-    show_default=True,
-    help="Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
+@dtype_option(
+    "Precision of the model server. auto: bfloat16 where the CPU computes it natively (AVX-512 BF16), "
     "else float32; float32 gives the same greedy text on every CPU.",
 )
 @click.option(

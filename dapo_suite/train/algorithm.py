@@ -367,67 +367,71 @@ def group_index(group_ids: Sequence | torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.tensor(indices, dtype=torch.long), len(dense)
 
 
-def _group_moments(scores: torch.Tensor, group_ids: Sequence | torch.Tensor):
-    """Per-group statistics of `scores` (B,): (index (B,) of each response's group, count, mean, std (K,)).
-    std is unbiased (N-1); a group of one gets mean 0 and std 1 (verl's convention)."""
-    index, num_groups = group_index(group_ids)
-    count = torch.zeros(num_groups).index_add_(0, index, torch.ones_like(scores))
-    mean = torch.zeros(num_groups).index_add_(0, index, scores) / count
-    squared_dev = torch.zeros(num_groups).index_add_(0, index, (scores - mean[index]) ** 2)
-    std = (squared_dev / (count - 1).clamp(min=1)).sqrt()
-    singleton = count == 1
-    return index, count, torch.where(singleton, 0.0, mean), torch.where(singleton, 1.0, std)
+@dataclass(frozen=True)
+class ScoredGroups:
+    """A batch's rewards by group, what every advantage estimator reads: `scores` (B,) float32, `index` (B,)
+    each response's group 0..K-1, per group (K,) `count`, `mean` and unbiased (N-1) `std` (a group of one:
+    mean 0, std 1, verl's convention), and `lengths` (B,), response tokens, for estimators that weigh by
+    them."""
+
+    scores: torch.Tensor
+    index: torch.Tensor
+    count: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    lengths: torch.Tensor | None = None
+
+    @classmethod
+    def of(
+        cls, scores: torch.Tensor, group_ids: Sequence | torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> ScoredGroups:
+        """Group `scores` (B,) by `group_ids` (prompt uids, ints, strings; one per response)."""
+        scores = scores.to(torch.float32)
+        index, num_groups = group_index(group_ids)
+        count = torch.zeros(num_groups).index_add_(0, index, torch.ones_like(scores))
+        mean = torch.zeros(num_groups).index_add_(0, index, scores) / count
+        squared_dev = torch.zeros(num_groups).index_add_(0, index, (scores - mean[index]) ** 2)
+        std = (squared_dev / (count - 1).clamp(min=1)).sqrt()
+        singleton = count == 1
+        mean, std = torch.where(singleton, 0.0, mean), torch.where(singleton, 1.0, std)
+        return cls(scores, index, count, mean, std, lengths)
+
+    def centred(self) -> torch.Tensor:
+        """R_i - mean(R_group) (B,)."""
+        return self.scores - self.mean[self.index]
 
 
-def group_advantages(
-    scores: torch.Tensor,
-    group_ids: Sequence | torch.Tensor,
-    lengths: torch.Tensor | None = None,
-    norm: str = "group",
-    eps: float = 1e-6,
-) -> torch.Tensor:
+def group_advantages(groups: ScoredGroups, norm: str = "group", eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantage (DAPO eq. 9, GRPO): A_i = (R_i - mean(R_group)) / (std + eps), where std is
 
         "group": the std of the response's group (GRPO, DAPO);
         "batch": the std of all rewards of the batch (Lite PPO, arXiv 2508.08221: group mean, batch std);
         "none":  no division, A_i = R_i - mean (Dr. GRPO, arXiv 2503.20783).
 
-    `scores` (B,) are the rewards R_i of G responses per prompt; responses sharing a `group_ids` entry form
-    one group (groups of one: mean 0, std 1). `lengths` is not used (the shared signature's). Returns (B,).
+    `groups` holds the rewards R_i of G responses per prompt (groups of one: mean 0, std 1). Returns (B,).
     """
-    scores = scores.to(torch.float32)
-    index, _, mean, std = _group_moments(scores, group_ids)
-    centred = scores - mean[index]
-    divisors = {"group": lambda: std[index] + eps, "batch": lambda: scores.std() + eps, "none": lambda: 1.0}
-    return centred / divisors[norm]()
+    divisors = {
+        "group": lambda: groups.std[groups.index] + eps,
+        "batch": lambda: groups.scores.std() + eps,
+        "none": lambda: 1.0,
+    }
+    return groups.centred() / divisors[norm]()
 
 
-def rloo_advantages(
-    scores: torch.Tensor,
-    group_ids: Sequence | torch.Tensor,
-    lengths: torch.Tensor | None = None,
-    norm: str = "none",
-    eps: float = 1e-6,
-) -> torch.Tensor:
+def rloo_advantages(groups: ScoredGroups, norm: str = "none", eps: float = 1e-6) -> torch.Tensor:
     """RLOO (arXiv 2402.14740, eq. 6): the baseline of response i is the mean of the other G-1 of its group,
 
         A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) * (R_i - mean(R_group))
 
-    A group of one keeps A_i = R_i (verl). No std division (`norm` "none" only); `lengths`, `eps` unused.
-    (B,).
+    A group of one keeps A_i = R_i (verl). No std division (`norm` "none" only); `eps` unused. (B,).
     """
-    scores = scores.to(torch.float32)
-    index, count, mean, _ = _group_moments(scores, group_ids)
+    count = groups.count
     scale = torch.where(count > 1, count / (count - 1).clamp(min=1), 1.0)
-    return (scores - mean[index]) * scale[index]
+    return groups.centred() * scale[groups.index]
 
 
 def reinforce_pp_baseline_advantages(
-    scores: torch.Tensor,
-    group_ids: Sequence | torch.Tensor,
-    lengths: torch.Tensor | None = None,
-    norm: str = "batch",
-    eps: float = 1e-6,
+    groups: ScoredGroups, norm: str = "batch", eps: float = 1e-6
 ) -> torch.Tensor:
     """REINFORCE++-baseline (arXiv 2501.03262, sec. 3): subtract the group mean, then whiten over the batch's
     tokens (each response counts once per response token, as verl's `masked_whiten`):
@@ -435,12 +439,10 @@ def reinforce_pp_baseline_advantages(
         c_i = R_i - mean(R_group),   mu = sum_i |o_i| c_i / sum_i |o_i|,
         var = sum_i |o_i| (c_i - mu)^2 / (sum_i |o_i| - 1),   A_i = (c_i - mu) / sqrt(var + 1e-8)
 
-    `lengths` (B,) are |o_i| (at least 2 tokens in all); `norm` "batch" only; `eps` unused. Returns (B,).
+    `groups.lengths` (B,) are |o_i| (at least 2 tokens in all); `norm` "batch" only; `eps` unused. (B,).
     """
-    scores = scores.to(torch.float32)
-    index, _, mean, _ = _group_moments(scores, group_ids)
-    centred = scores - mean[index]
-    weight = lengths.to(torch.float32)
+    centred = groups.centred()
+    weight = groups.lengths.to(torch.float32)
     tokens = weight.sum()
     if tokens < 2:
         raise ValueError(
@@ -451,38 +453,30 @@ def reinforce_pp_baseline_advantages(
     return (centred - mu) * torch.rsqrt(var + 1e-8)
 
 
-def passk_advantages(
-    scores: torch.Tensor,
-    group_ids: Sequence | torch.Tensor,
-    lengths: torch.Tensor | None = None,
-    norm: str = "group",
-    eps: float = 1e-6,
-) -> torch.Tensor:
+def passk_advantages(groups: ScoredGroups, norm: str = "group", eps: float = 1e-6) -> torch.Tensor:
     """Pass@k training (arXiv 2503.19595, leave-one-out max): only each group's best response learns,
 
         A_best = (R_max - R_second_max) / (std(R_group) + eps)   (no division with `norm` "none"),  others 0.
 
-    Every group needs >= 2 responses; ties for the best give 0. `lengths` unused. Returns (B,).
+    Every group needs >= 2 responses; ties for the best give 0. Returns (B,).
     """
-    scores = scores.to(torch.float32)
-    index, count, _, std = _group_moments(scores, group_ids)
-    if (count < 2).any():
+    if (groups.count < 2).any():
         raise ValueError("grpo_passk needs at least 2 responses per group")
-    advantages = torch.zeros_like(scores)
-    for group in range(len(count)):
-        members = torch.nonzero(index == group).squeeze(-1)
-        top, position = torch.topk(scores[members], 2)
+    advantages = torch.zeros_like(groups.scores)
+    for group in range(len(groups.count)):
+        members = torch.nonzero(groups.index == group).squeeze(-1)
+        top, position = torch.topk(groups.scores[members], 2)
         gap = top[0] - top[1]
-        advantages[members[position[0]]] = gap / (std[group] + eps) if norm == "group" else gap
+        advantages[members[position[0]]] = gap / (groups.std[group] + eps) if norm == "group" else gap
     return advantages
 
 
-AdvantageFn = Callable[[torch.Tensor, Sequence, torch.Tensor | None, str, float], torch.Tensor]
+AdvantageFn = Callable[[ScoredGroups, str, float], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """A registered estimator: its function (scores (B,), group ids, lengths (B,), norm, eps) -> (B,), the
+    """A registered estimator: its function (the batch's `ScoredGroups`, norm, eps) -> (B,), the
     normalisations it is defined for (the first is its own), and its paper."""
 
     fn: AdvantageFn
@@ -523,7 +517,7 @@ def compute_advantages(
         raise ValueError(
             f"adv_estimator {name!r} normalises only as {' / '.join(estimator.norms)}, got {norm!r}"
         )
-    return estimator.fn(scores, group_ids, lengths, norm, eps)
+    return estimator.fn(ScoredGroups.of(scores, group_ids, lengths), norm, eps)
 
 
 def soft_overlong_penalty(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dapo_suite.train.algorithm import (
     LOSS_AGGREGATIONS,
+    ScoredGroups,
     entropy_from_logits,
     group_advantages,
     mask_truncated,
@@ -209,13 +210,13 @@ def test_group_advantages_equal_verl_grpo(seed, norm):
     theirs, _ = verl_core.compute_grpo_outcome_advantage(
         token_rewards, mask, group_ids, epsilon=1e-6, norm_adv_by_std_in_grpo=norm == "group"
     )
-    ours = group_advantages(scores, list(group_ids), norm=norm, eps=1e-6)
+    ours = group_advantages(ScoredGroups.of(scores, list(group_ids)), norm=norm, eps=1e-6)
     torch.testing.assert_close(ours, theirs[:, 0], atol=1e-6, rtol=0)
 
 
 def test_group_advantages_hand_computed():
     scores = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
-    adv = group_advantages(scores, [0, 0, 0, 0, 1, 1])
+    adv = group_advantages(ScoredGroups.of(scores, [0, 0, 0, 0, 1, 1]))
     std = math.sqrt(((1.5**2) + 3 * (0.5**2)) / 3)  # unbiased std of [1,-1,-1,-1] (mean -0.5)
     assert adv[0].item() == pytest.approx(1.5 / std, rel=1e-5)
     assert adv[1].item() == pytest.approx(-0.5 / std, rel=1e-5)
