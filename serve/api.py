@@ -48,7 +48,13 @@ from dataclasses import dataclass
 
 import httpx
 
-from dapo_suite.inference.openai_fields import ParsedRequest, error_response, parse_request, read_request
+from dapo_suite.inference.openai_fields import (
+    ParsedRequest,
+    error_response,
+    openai_routes,
+    parse_request,
+    read_request,
+)
 from dapo_suite.inference.tool_calls import ToolCalling, ToolCallStream, with_tool_calls
 from serve.auth import RequireApiKey
 
@@ -128,7 +134,6 @@ def make_app(
     from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
 
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     child = Upstream(client, serial=generation_defaults is not None)
@@ -191,12 +196,7 @@ def make_app(
             payload = with_tool_calls(payload, parsed.tool_calling)
         return JSONResponse(payload, status_code=status)
 
-    routes = [
-        Route("/v1/models", models),
-        Route("/health", health),
-        Route("/v1/chat/completions", generate, methods=["POST"]),
-        Route("/v1/completions", generate, methods=["POST"]),
-    ]
+    routes = openai_routes(health, models, generate)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app) -> AsyncIterator[None]:

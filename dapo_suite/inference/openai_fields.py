@@ -501,3 +501,16 @@ async def read_request(request, names: tuple[str, ...], parse: Callable[[Any, bo
         return error_response(400, str(error), error.param)
     missing = model_not_found(parsed.model, names)
     return parsed if missing is None else missing
+
+
+def openai_routes(health: Callable, models: Callable, generate: Callable) -> list:
+    """The paths an OpenAI-compatible server answers, as vLLM's: /health, /v1/models, and `generate` for both
+    chat and legacy completions (POST). Starlette `Route`s."""
+    from starlette.routing import Route
+
+    return [
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+        Route("/v1/completions", generate, methods=["POST"]),
+    ]

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dapo_suite.inference.openai_fields import ParsedRequest, parse_request, read_request
+from dapo_suite.inference.openai_fields import ParsedRequest, openai_routes, parse_request, read_request
 
 if TYPE_CHECKING:
     from dapo_suite.inference.sampling import TokenLogProb
@@ -394,7 +394,6 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
 
     names = (model_name, *([model_path] if model_path else []))
     shapes = LogProbShapes(tokenizer)
@@ -435,12 +434,7 @@ def make_app(decoder, tokenizer, model_name: str, context: int, model_path: str 
         status, payload = await reply.whole()
         return JSONResponse(payload, status_code=status)
 
-    routes = [
-        Route("/health", health),
-        Route("/v1/models", models),
-        Route("/v1/chat/completions", generate, methods=["POST"]),
-        Route("/v1/completions", generate, methods=["POST"]),
-    ]
+    routes = openai_routes(health, models, generate)
     return Starlette(routes=routes)
 
 
