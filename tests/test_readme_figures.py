@@ -39,6 +39,8 @@ def cpu_name(description: str) -> str:
         return EPYC
     if "avx512_bf16" in flags and "xeon" in flags:  # AMX: the runs before AMX was logged do not list it
         return XEON
+    if "xeon" in flags and flags.endswith("flags avx2 fma"):  # the tool study's code listed no more on Intel
+        return XEON
     return description
 
 
@@ -60,7 +62,7 @@ def check_cpu(row: dict[str, str], outputs: Iterable[Path]) -> None:
     recorded."""
     cpus = {cpu_name(description) for description in recorded_cpus(outputs)}
     if cpus:
-        assert cpus == {row["cpu"]}, (row["cpu"], cpus)
+        assert cpus == set(row["cpu"].split(", ")), (row["cpu"], cpus)
     else:
         assert row["cpu"] in (EPYC + NOT_RECORDED, XEON + NOT_RECORDED), row["cpu"]
 
@@ -93,8 +95,10 @@ def decimals(printed: str) -> int:
 
 
 def shows(printed: str, value: float) -> bool:
-    """True when `printed` is `value` rounded to the decimals printed (either neighbour at an exact half)."""
-    return abs(float(printed) - value) <= 0.5 * 10 ** -decimals(printed) + 1e-9
+    """True when `printed` is `value` rounded to the decimals printed (either neighbour at an exact half); in
+    e-notation (8.5e-06), to its mantissa's decimals."""
+    mantissa, _, exponent = printed.partition("e")
+    return abs(float(printed) - value) <= 0.5 * 10 ** (int(exponent or 0) - decimals(mantissa)) + 1e-12
 
 
 def shows_ratio(printed: str, numerator: str, denominator: str, scale: float = 1.0) -> bool:
@@ -165,20 +169,23 @@ def check_gsm8k(row: dict[str, str]) -> None:
     check_cpu(row, [*folder.glob("eval/*/config.json"), *folder.glob("train/*/config.yaml")])
 
 
-def check_effect(technique: str) -> Callable[[dict[str, str]], None]:
-    """A technique's row of the DAPO-effects study: its verdict (shown: paired t-test p < 0.05 with the mean
-    difference in the paper's direction, as pre-registered), the medians of its pre-registered figure with and
-    without it, the seeds that moved the paper's way and p, recomputed from the committed per-run metrics."""
+def check_effect(
+    technique: str, study: str = "effects", treatment: str = "dapo"
+) -> Callable[[dict[str, str]], None]:
+    """A technique's row of a paired study (the DAPO-effects study; the tool study, whose `treatment` arm is
+    dapo-tool): its verdict (shown: paired t-test p < 0.05 with the mean difference in the paper's direction,
+    as pre-registered), the medians of its pre-registered figure with and without it, the seeds that moved the
+    paper's way and p, recomputed from the committed per-run metrics."""
 
     def check(row: dict[str, str]) -> None:
         from dapo_suite.train.effects import effects_results
 
-        result = effects_results(RESULTS / "effects")["techniques"][technique]
+        result = effects_results(RESULTS / study)["techniques"][technique]
         primary = result["figures"][0]
         verdict, with_it, without, unit, agree, seeds, p = figures(
             row["result"],
             r"^\*\*(shown|not shown)\*\*: ([\d.]+) vs ([\d.]+) ?(%|nats|tokens)? \(medians\), "
-            r"(\d+) of (\d+) seeds the paper's way, p ([\d.]+)",
+            r"(\d+) of (\d+) seeds the paper's way, p ([\d.]+(?:e-\d+)?)",
         )
         scale = 100 if unit == "%" else 1
         assert shows(with_it, scale * statistics.median(primary["dapo"]))
@@ -197,8 +204,8 @@ def check_effect(technique: str) -> Callable[[dict[str, str]], None]:
             row,
             [
                 path
-                for arm in ("dapo", result["arm"])
-                for path in (RESULTS / "effects" / arm).glob("seed-*/config.yaml")
+                for arm in (treatment, result["arm"])
+                for path in (RESULTS / study / arm).glob("seed-*/config.yaml")
             ],
         )
 
@@ -528,6 +535,7 @@ CHECKS = {
     "dynamic sampling": check_effect("dynamic sampling"),
     "token-level loss": check_effect("token-level loss"),
     "overlong handling": check_effect("overlong handling"),
+    "Python tool": check_effect("Python tool", "tools", "dapo-tool"),
     "verl on a CPU": check_verl_cpu,
     "time to accuracy": check_time_to_accuracy,
     "rollout sampler": check_sampler,
