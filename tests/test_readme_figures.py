@@ -39,7 +39,7 @@ def cpu_name(description: str) -> str:
         return EPYC
     if "avx512_bf16" in flags and "xeon" in flags:  # AMX: the runs before AMX was logged do not list it
         return XEON
-    if "xeon" in flags and flags.endswith("flags avx2 fma"):  # the `machine` line lists no more on these Intel VMs
+    if "xeon" in flags and flags.endswith("flags avx2 fma"):  # machine lines on these Intel VMs stop there
         return XEON
     return description
 
