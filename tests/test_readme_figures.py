@@ -170,12 +170,13 @@ def check_gsm8k(row: dict[str, str]) -> None:
 
 
 def check_effect(
-    technique: str, study: str = "effects", treatment: str = "dapo"
+    technique: str, study: str = "effects", treatment: str = "dapo", control: str | None = None
 ) -> Callable[[dict[str, str]], None]:
     """A technique's row of a paired study (the DAPO-effects study; the tool study, whose `treatment` arm is
     dapo-tool): its verdict (shown: paired t-test p < 0.05 with the mean difference in the paper's direction,
     as pre-registered), the medians of its pre-registered figure with and without it, the seeds that moved the
-    paper's way and p, recomputed from the committed per-run metrics."""
+    paper's way and p, recomputed from the committed per-run metrics. With `control` (a study folder of the
+    same technique rerun), the row's "(control): verdict, X vs Y %, p P" is recomputed from it too."""
 
     def check(row: dict[str, str]) -> None:
         from dapo_suite.train.effects import effects_results
@@ -200,14 +201,24 @@ def check_effect(
         assert shows(p, p_value)
         shown = p_value < 0.05 and sign * statistics.fmean(differences) > 0
         assert verdict == ("shown" if shown else "not shown"), (verdict, p_value)
-        check_cpu(
-            row,
-            [
-                path
-                for arm in (treatment, result["arm"])
-                for path in (RESULTS / study / arm).glob("seed-*/config.yaml")
-            ],
-        )
+        outputs = [
+            path
+            for folder in (study, *([control] if control else []))
+            for arm in (treatment, result["arm"])
+            for path in (RESULTS / folder / arm).glob("seed-*/config.yaml")
+        ]
+        if control:
+            controlled = effects_results(RESULTS / control)["techniques"][technique]["figures"][0]
+            verdict, with_it, without, p = figures(
+                row["result"], r"\(control\): (shown|not shown), ([\d.]+) vs ([\d.]+) %, p ([\d.]+)"
+            )
+            assert shows(with_it, 100 * statistics.median(controlled["dapo"]))
+            assert shows(without, 100 * statistics.median(controlled["arm"]))
+            assert shows(p, controlled["t_test"]["p_value"])
+            mean = statistics.fmean(d - a for d, a in zip(controlled["dapo"], controlled["arm"], strict=True))
+            shown = controlled["t_test"]["p_value"] < 0.05 and mean > 0
+            assert verdict == ("shown" if shown else "not shown")
+        check_cpu(row, outputs)
 
     return check
 
@@ -532,7 +543,7 @@ CHECKS = {
     "demo": check_demo,
     "GSM8K": check_gsm8k,
     "Clip-Higher": check_effect("clip-higher"),
-    "dynamic sampling": check_effect("dynamic sampling"),
+    "dynamic sampling": check_effect("dynamic sampling", control="effects/guard-control"),
     "token-level loss": check_effect("token-level loss"),
     "overlong handling": check_effect("overlong handling"),
     "Python tool": check_effect("Python tool", "tools", "dapo-tool"),
