@@ -5,6 +5,7 @@ changes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +42,14 @@ def chat_app(config: ServeConfig) -> Iterator[str]:
     with start_endpoint(None, startup_timeout_s=300, dtype="float32") as endpoint:
         demo = build_app(config, endpoint)
         demo.queue(default_concurrency_limit=config.concurrency_limit, max_size=config.max_queue)
-        demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))
+        for attempt in range(3):
+            try:
+                demo.launch(prevent_thread_lock=True, quiet=True, **launch_kwargs(config))
+                break
+            except OSError:  # the port went to another process while the model server started: take a new one
+                if attempt == 2:
+                    raise
+                config = dataclasses.replace(config, port=free_port())
         try:
             yield f"http://127.0.0.1:{config.port}/"
         finally:
