@@ -37,17 +37,17 @@ def _shape(
     **extra: int,
 ) -> dict:
     """The config.json fields that set a model's size, under config.json's own names."""
-    fields = dict(
-        model_type=model_type,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        vocab_size=vocab,
-        tie_word_embeddings=tied,
+    fields = {
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
         **extra,
-    )
+    }
     return {**fields, "head_dim": head_dim} if head_dim else fields
 
 

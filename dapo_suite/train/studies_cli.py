@@ -209,12 +209,8 @@ def ladder(
     help="Train only these arms (default: all; e.g. --arms dapo --seeds 1 for one arm-seed); the table "
     "reads whatever has finished.",
 )
-@click.option(
-    "--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT's runs."
-)
-@click.option(
-    "--keep-checkpoints", is_flag=True, help="Keep each finished run's checkpoints (deleted by default)."
-)
+@click.option("--report-only", is_flag=True, help="Train nothing: rebuild effects.md/.json/.png from OUT.")
+@click.option("--keep-checkpoints", is_flag=True, help="Keep finished runs' checkpoints (default: delete).")
 @click.option(
     "--study",
     default="dapo-effects",

@@ -70,7 +70,7 @@ def run(code):
 
 def main():
     config = json.loads(sys.argv[1])
-    sys.path.append(config["site"])
+    sys.path.append(config["site"])  # -I -S leave the standard library only: numpy and sympy come from here
     if config["preload"]:
         for module in ("numpy", "sympy"):
             try:
