@@ -11,7 +11,8 @@ the reward loop no `response_mask`, only each trajectory's `extra_fields`. So:
   `tool_agent` loop that also records the model's own positions in the trajectory's extra fields, and, under
   overlong filtering, masks a truncated trajectory out of the loss (verl's loss sees only `response_mask`,
   whose sum is the model's tokens, so the single-turn filter's "sum reached L_max" cannot see a cut that a
-  tool's tokens took part in);
+  tool's tokens took part in); with the python_block format it writes the tool's output as the embedded loop
+  does, an ```output block in the model's own turn, where verl's would open a chat-template `tool` turn;
 - `PythonBlockToolParser` (`multi_turn.format=python_block`) reads the embedded loop's ```python blocks as
   calls of the sandbox tool, so a model calls the tool the same way on both backends;
 - `ModelTokenRewardManager` is verl's DAPO reward manager given the model's own tokens only, with ReTool's
@@ -28,12 +29,12 @@ import torch
 from tensordict import TensorDict
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
-from dapo_suite.inference.tool_loop import CODE_BLOCK
+from dapo_suite.inference.tool_loop import CODE_BLOCK, tool_turn_text
 from dapo_suite.train.algorithm import tool_call_shaping
 from dapo_suite.train.config import PYTHON_BLOCK
 from dapo_suite.train.verl.keys import OVERLONG_FILTER_LOSS
@@ -87,6 +88,35 @@ class DAPOToolAgentLoop(ToolAgentLoop):
         output = await super().run(sampling_params, **kwargs)
         loss_mode = self.config.actor_rollout_ref.actor.policy_loss.loss_mode
         return record_model_tokens(output, self.response_length, loss_mode.startswith(OVERLONG_FILTER_LOSS))
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        """With the python_block format, the tool's output continues the model's turn as an ```output block,
+        as in the prompt's worked example and the embedded loop (verl's chat-template `tool` turn would show
+        the model a format it was never prompted with); cut at the response budget, masked out of the loss."""
+        if self.tool_parser_name != PYTHON_BLOCK:
+            return await super()._handle_processing_tools_state(agent_data)
+        response, _, _ = await self._call_tool(agent_data.tool_calls[0], agent_data.tools_kwargs, agent_data)
+        model_text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        turn = tool_turn_after(model_text, response.text or "")
+        room = self.response_length - len(agent_data.response_mask)
+        ids = self.tokenizer.encode(turn, add_special_tokens=False)[: max(room, 0)]
+        agent_data.prompt_ids = [*agent_data.prompt_ids, *ids]
+        agent_data.response_mask = [*agent_data.response_mask, *[0] * len(ids)]
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = [*agent_data.response_logprobs, *[0.0] * len(ids)]
+        agent_data.user_turns += 1
+        if len(agent_data.response_mask) >= self.response_length:
+            return AgentState.TERMINATED
+        return AgentState.GENERATING
+
+
+def tool_turn_after(model_text: str, shown: str) -> str:
+    """The tool's turn as the embedded loop writes it (an ```output block in the model's own turn), less the
+    fence when the model's text already ends with it (vLLM keeps a stop string's tokens in the ids)."""
+    fence_at = model_text.rfind(OUTPUT_FENCE)
+    if fence_at != -1 and not model_text[fence_at + len(OUTPUT_FENCE) :].strip():
+        return f"\n{shown}\n```\n"
+    return tool_turn_text(shown, model_text.endswith("\n"))
 
 
 def model_tokens_only(data: DataProto) -> DataProto:

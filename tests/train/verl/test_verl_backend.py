@@ -801,6 +801,56 @@ def test_verl_builds_the_sandbox_tool_from_the_shipped_config_and_runs_a_call(tm
     assert "needs a `code` string" in bad.text and malformed["outcome"] == "bad_call"
 
 
+def test_on_verl_the_tool_s_output_continues_the_model_s_turn_as_the_embedded_loop_writes_it():
+    """DAPOToolAgentLoop's tool state with the python_block format, the embedded tokenizer and the shipped
+    sandbox tool: the tool's output follows the model's block as an ```output block in the same turn (the
+    embedded loop's tool_turn_text, no chat-template `tool` turn), masked 0, its log-probs 0; a model text
+    that already ends with the stop fence gets no second one; at the response budget the turn is cut and
+    the trajectory ends."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.tools.tool_registry import load_all_tools
+
+    from dapo_suite.core.sandbox import isolation
+    from dapo_suite.inference.models import embedded_model_path
+    from dapo_suite.inference.tool_loop import tool_turn_text
+    from dapo_suite.train.verl.keys import PYTHON_TOOL_CONFIG
+    from dapo_suite.train.verl.tool_trajectories import PYTHON_BLOCK, DAPOToolAgentLoop
+
+    if isolation.bwrap_problem():
+        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    (tool,) = load_all_tools(tool_config_path=str(PYTHON_TOOL_CONFIG), function_tool_path=None)
+    loop = object.__new__(DAPOToolAgentLoop)  # the state handler alone: no rollout server
+    loop.tokenizer, loop.tool_parser_name, loop.tools = tokenizer, PYTHON_BLOCK, {tool.name: tool}
+    loop.max_tool_response_length, loop.tool_response_truncate_side = 256, "middle"
+    parser = ToolParser.get_tool_parser(PYTHON_BLOCK, tokenizer)
+
+    def after(model_text: str, response_length: int = 128):
+        model = tokenizer.encode(model_text, add_special_tokens=False)
+        data = AgentData([], None, None, None, None, {}, "r", {})
+        data.prompt_ids, data.response_ids = [7, 8, *model], model
+        data.response_mask, data.response_logprobs = [1] * len(model), [-0.5] * len(model)
+        _, data.tool_calls = asyncio.run(parser.extract_tool_calls(model, [tool.tool_schema]))
+        loop.response_length = response_length
+        state = asyncio.run(loop._handle_processing_tools_state(data))
+        tool_ids = data.prompt_ids[2 + len(model) :]
+        assert data.response_mask == [1] * len(model) + [0] * len(tool_ids)
+        assert data.response_logprobs == [-0.5] * len(model) + [0.0] * len(tool_ids)
+        return state, tokenizer.decode(tool_ids), data.user_turns
+
+    block = "Mia has\n```python\nprint(846 + 619)\n```\n"
+    state, turn, turns = after(block)
+    assert (state, turn, turns) == (AgentState.GENERATING, tool_turn_text("1465", True), 1)
+    assert "<|im_start|>" not in turn
+    assert after(block + "```output")[1] == "\n1465\n```\n"  # vLLM kept the stop string's tokens
+    state, turn, _ = after(block, response_length=len(tokenizer.encode(block)) + 3)
+    assert state == AgentState.TERMINATED and len(tokenizer.encode(turn, add_special_tokens=False)) == 3
+
+
 def test_float_keys_that_verl_s_yaml_writes_as_integers_take_fractions(data, tmp_path):
     """rollout.top_p is `1` in verl's YAML and a float in its RolloutConfig: 0.7 is valid (the tool preset's),
     where an integer-typed key (LoRA's alpha) still refuses a fraction (the error table above)."""
