@@ -20,7 +20,13 @@ from collections.abc import Iterator
 from dapo_suite.core.problems import Problem
 from dapo_suite.core.prompts import TOOL_INSTRUCTIONS, format_prompt
 from dapo_suite.core.sandbox import RunResult
-from dapo_suite.inference.endpoint import Endpoint, EndpointError, connect_endpoint, start_endpoint
+from dapo_suite.inference.endpoint import (
+    Endpoint,
+    EndpointError,
+    connect_endpoint,
+    start_endpoint,
+    stream_errors,
+)
 from dapo_suite.inference.tool_loop import last_code_block, tool_turn_text
 from serve.auth import read_logins
 from serve.chat import Speed, check, find_problem, load_examples, split_reply
@@ -165,13 +171,12 @@ def render(
 def build_app(config: ServeConfig, endpoint: Endpoint):
     """The Gradio Blocks app for one endpoint (not launched: `launch_app` or a test launches it)."""
     import gradio as gr
-    import httpx
     import openai
 
     client = openai.OpenAI(
         base_url=endpoint.base_url,
         api_key=os.environ.get("OPENAI_API_KEY", "unused"),
-        timeout=httpx.Timeout(config.request_timeout_s, connect=10.0),
+        timeout=openai.Timeout(config.request_timeout_s, connect=10.0),
         max_retries=0,
     )
     problems = load_examples("aime24")
@@ -258,7 +263,7 @@ def build_app(config: ServeConfig, endpoint: Endpoint):
                             problem,
                             calls=tuple(calls),
                         )
-            except (openai.APIError, httpx.HTTPError) as error:
+            except stream_errors() as error:
                 note = f"The reply was cut off: {endpoint.diagnose()} ({type(error).__name__})"
             finally:
                 # on Stop too (GeneratorExit): the server sees the disconnect and stops generating

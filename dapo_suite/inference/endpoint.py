@@ -13,6 +13,7 @@ exits, and on Linux also dies with its parent if the parent is killed outright.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import signal
@@ -31,6 +32,21 @@ from dapo_suite.core.ports import free_port
 
 class EndpointError(RuntimeError):
     """The model server could not be started, or is not answering."""
+
+
+def stream_errors() -> tuple[type[Exception], ...]:
+    """What reading an openai stream raises when the server dies or goes silent mid-reply.
+
+    The SDK wraps the errors of the request it sends (`openai.APIError`) but not those of a stream being read,
+    which come from its HTTP library (`httpx` before openai 3.x, `httpx2` after): both, when installed.
+    """
+    import openai
+
+    errors: list[type[Exception]] = [openai.APIError]
+    for library in ("httpx", "httpx2"):
+        with contextlib.suppress(ImportError):
+            errors.append(importlib.import_module(library).HTTPError)
+    return tuple(errors)
 
 
 @dataclass
