@@ -11,7 +11,10 @@ step, weights + the KV cache of the rows still decoding against bandwidth, or FL
 is slower; plus the prompt pass's FLOPs), then times `sample_tokens` (the lean
 decoder) and a plain batched `model.generate` on the same GSM8K prompts. Tokens are counted only while a
 response is unfinished (generate keeps computing rows that have stopped). It also reports the log-prob gap
-between a lower sampling dtype and the float32 trainer.
+between a lower sampling dtype and the float32 trainer. `--dtypes int8` samples from the weights quantized as
+`rollout_quantization: int8` makes them (int8 per output channel, float32 activations and KV cache); its bound
+counts one byte a weight. Each dtype's weights snapshot is made once before its timed calls, as a trainer's
+engine makes one per weight sync.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ import argparse
 import time
 
 import torch
+
+# --dtypes name -> (activation and KV cache dtype, rollout_quantization of the weights)
+SAMPLING_DTYPES = {
+    "float32": (torch.float32, None),
+    "bfloat16": (torch.bfloat16, None),
+    "int8": (torch.float32, "int8"),
+}
 
 
 def best_seconds(run, repeats: int = 5) -> float:
@@ -71,6 +81,7 @@ def bound_seconds(
     dtype_bytes: int,
     bandwidth: float,
     flops: float,
+    kv_bytes: int | None = None,
 ) -> float:
     """Roofline time for producing exactly these responses: the prompt pass (its FLOPs against FLOP/s) plus,
     for every decode step, the slower of its bytes against bandwidth (all weights once, plus the KV cache of
@@ -79,7 +90,8 @@ def bound_seconds(
 
     Only rows that are still decoding count: a response that has ended needs no more work, so a step with few
     rows left is bandwidth-bound on the weights alone. lengths: (rows,) generated tokens; prompt_tokens:
-    (prompts,) real (unpadded) prompt tokens; row i belongs to prompt i // group."""
+    (prompts,) real (unpadded) prompt tokens; row i belongs to prompt i // group. dtype_bytes: a weight's;
+    kv_bytes: a cached key or value element's (default: a weight's)."""
     head_dim = config.hidden_size // config.num_attention_heads
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim  # keys + values
     attention_flops = (
@@ -98,7 +110,7 @@ def bound_seconds(
             kv_read = float(prompt_tokens[prompts_alive].sum()) + int(alive.sum()) * step
         else:
             kv_read = context
-        step_bytes = (params + kv_read * kv_per_token) * dtype_bytes
+        step_bytes = params * dtype_bytes + kv_read * kv_per_token * (kv_bytes or dtype_bytes)
         step_flops = 2 * params * int(alive.sum()) + attention_flops * context
         seconds += max(step_bytes / bandwidth, step_flops / flops)
     return seconds
@@ -140,7 +152,9 @@ def main() -> None:
     )
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--dtypes", default="float32", help="sampling dtypes to time (float32, bfloat16)")
+    parser.add_argument(
+        "--dtypes", default="float32", help=f"sampling dtypes to time ({', '.join(SAMPLING_DTYPES)})"
+    )
     parser.add_argument(
         "--groups",
         default="1",
@@ -154,6 +168,7 @@ def main() -> None:
     from dapo_suite.inference.engines import end_of_response_ids
     from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.inference.sampling import sample_tokens
+    from dapo_suite.inference.weights import StepperWeights
     from eval.data import load_problems
     from eval.prompts import format_prompt
 
@@ -190,14 +205,27 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
+        if dtype_name not in SAMPLING_DTYPES:
+            parser.error(f"--dtypes {dtype_name}: not one of {', '.join(SAMPLING_DTYPES)}")
+        dtype, quantization = SAMPLING_DTYPES[dtype_name]
+        weights = StepperWeights(model, dtype, quantization)
+        weight_bytes = 1 if quantization else dtype.itemsize
         # One short call first: it loads the fused kernels (built once per machine and source version, then
         # cached by torch.utils.cpp_extension), which every timed call below reuses, as a trainer's later
         # rollouts do.
         encoded = tokenizer(texts[:8], return_tensors="pt", padding=True, add_special_tokens=False)
         start = time.perf_counter()
         sample_tokens(
-            model, encoded["input_ids"], encoded["attention_mask"], 8, 1.0, 0.7, eos, pad, dtype=dtype
+            model,
+            encoded["input_ids"],
+            encoded["attention_mask"],
+            8,
+            1.0,
+            0.7,
+            eos,
+            pad,
+            dtype=dtype,
+            weights=weights,
         )
         print(f"<!-- {dtype_name} warm-up call (8 rows x 8 tokens): {time.perf_counter() - start:.1f} s -->")
         for batch, group in [(b, g) for b in batches for g in map(int, args.groups.split(",")) if b % g == 0]:
@@ -220,16 +248,17 @@ def main() -> None:
                 samples_per_prompt=group,
                 generator=generator,
                 dtype=dtype,
+                weights=weights,
             )
             seconds = time.perf_counter() - start
             tokens = int(sampled.lengths.sum())
             rate = tokens / seconds
             prompt_len = encoded["input_ids"].shape[1]
             prompt_tokens = encoded["attention_mask"].sum(-1)
-            shape = (config, params, embed_params, sampled.lengths, prompt_tokens, group, dtype.itemsize)
-            bound = tokens / bound_seconds(*shape, bandwidth, flops)
+            shape = (config, params, embed_params, sampled.lengths, prompt_tokens, group, weight_bytes)
+            bound = tokens / bound_seconds(*shape, bandwidth, flops, kv_bytes=dtype.itemsize)
             measured.append(
-                (dtype_name, f"{batch} ({batch // group} x {group})", rate, shape, bandwidth, flops)
+                (dtype_name, f"{batch} ({batch // group} x {group})", rate, shape, bandwidth, flops, dtype)
             )
             generate_cell, ratio_cell = "-", "-"
             if not args.skip_generate:
@@ -267,8 +296,10 @@ def main() -> None:
     best_bandwidth = max(row[4] for row in measured)
     best_flops = {name: max(row[5] for row in measured if row[0] == name) for name, *_ in measured}
     cells = []
-    for name, label, rate, shape, *_ in measured:
-        bound = int(shape[3].sum()) / bound_seconds(*shape, best_bandwidth, best_flops[name])
+    for name, label, rate, shape, _, _, dtype in measured:
+        bound = int(shape[3].sum()) / bound_seconds(
+            *shape, best_bandwidth, best_flops[name], kv_bytes=dtype.itemsize
+        )
         cells.append(f"{name} {label}: {100 * rate / bound:.0f} %")
     limits = ", ".join(f"{name} {value / 1e9:.0f} GFLOP/s" for name, value in best_flops.items())
     print(

@@ -14,11 +14,10 @@ loss, backward, the AdamW step) on synthetic rollouts of a mini-batch of the dem
 float32.
 
 Model FLOPs per mini-batch (the convention of MFU, Chowdhery et al. 2022, arXiv 2204.02311, appendix B): 6 x
-the non-embedding parameters x every token the update runs (prompt and response), plus attention (6 x 2 x
-layers x hidden x the causal context per token), plus the LM head (6 x hidden x vocab) over the response
-tokens whose log-probs the loss reads. Work the trainer skips (a shared prompt's second forward, truncated
-responses left out of the pass under overlong filtering) is not counted: a faster path shows as a higher
-share, never lower.
+the non-embedding parameters x every token the update must run, plus attention (6 x 2 x layers x hidden x each
+such token's causal context), plus the LM head (6 x hidden x vocab) over the response tokens whose log-probs
+the loss reads. A prompt its group shares counts once, as the trainer runs it (`Actor.shares_prompts`):
+counting it per response would credit the update with work it never does, and the share could pass 1.
 Target (issue #77): the update at >= 50 % of the peak in bf16 and float32.
 """
 
@@ -43,15 +42,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def model_flops(config, tokens: int, response_tokens: int, context_tokens: float) -> float:
-    """Forward + backward FLOPs of one update (arXiv 2204.02311, app. B): 6 N T + 12 L H C T + 6 H V R, with N
-    the non-embedding parameters, T all tokens run, C a token's mean causal context, R response tokens."""
+    """Forward + backward FLOPs of one update (arXiv 2204.02311, app. B): 6 N T + 12 L H C + 6 H V R, with N
+    the non-embedding parameters, T the tokens run, C the sum of their causal contexts, R response tokens."""
     hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
     per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * config.intermediate_size
     return (
         6 * layers * per_layer * tokens
-        + 12 * layers * hidden * context_tokens * tokens
+        + 12 * layers * hidden * context_tokens
         + 6 * hidden * vocab * (response_tokens)
     )
 
@@ -118,8 +117,13 @@ def update_rate(shape: str, dtype: str, reps: int, seed: int) -> tuple[list[floa
         )
         fill_old_log_probs(trainer, groups, config.micro_batch_size, 0.3, seed)
         flat = [r for group in groups for r in group]
-        tokens = sum(r.prompt_ids.numel() + r.length for r in flat)
-        context = statistics.fmean((r.prompt_ids.numel() + r.length + 1) / 2 for r in flat)
+        prompts_run = [group[:1] for group in groups] if trainer.actor.shares_prompts else [[r] for r in flat]
+        prompt_lengths = [r.prompt_ids.numel() for rows in prompts_run for r in rows]
+        tokens = sum(prompt_lengths) + sum(r.length for r in flat)
+        # causal contexts: prompt position p sees p + 1 tokens, response position t sees P + t + 1
+        context = sum(n * (n + 1) / 2 for n in prompt_lengths) + sum(
+            r.length * r.prompt_ids.numel() + r.length * (r.length + 1) / 2 for r in flat
+        )
         flops = model_flops(trainer.model.config, tokens, sum(r.length for r in flat), context)
         trainer.actor.update(groups)  # warm-up: kernels, allocator, optimizer state
         rates = []

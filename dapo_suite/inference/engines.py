@@ -136,12 +136,21 @@ class HFEngine:
     name = "hf"
 
     def __init__(
-        self, model, tokenizer, batch_size: int = 64, sampling_dtype: str | None = None, progress: bool = True
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        sampling_dtype: str | None = None,
+        progress: bool = True,
+        quantization: str | None = None,
     ) -> None:
         import torch
 
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
-        self.sampling_dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
+        # None: the model's dtype; quantized weights (`weights.QUANTIZERS`) sample in float32
+        dtype = getattr(torch, sampling_dtype) if sampling_dtype else None
+        self.sampling_dtype = torch.float32 if quantization else dtype
+        self.quantization = quantization
         self.eos_ids = end_of_response_ids(model, tokenizer)
         self._weights: StepperWeights | None = None  # the lean stepper's snapshot, made on first use
 
@@ -167,7 +176,7 @@ class HFEngine:
         from dapo_suite.inference.weights import StepperWeights
 
         if self._weights is None and lean_supported(self.model):
-            self._weights = StepperWeights(self.model, self.sampling_dtype)
+            self._weights = StepperWeights(self.model, self.sampling_dtype, self.quantization)
         return self._weights
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:

@@ -36,9 +36,21 @@ class Projection:
     `F.linear`."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: ModuleType | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        kernels: ModuleType | None = None,
+        quantization: str | None = None,
     ) -> None:
-        packed = kernels.pack_weight(weight) if kernels is not None else weight.new_empty(0)
+        self.scales = None  # a quantized weight's, where torch's op multiplies it
+        packed = weight.new_empty(0)
+        if quantization is not None:  # the sampler's copy quantized; float32 activations
+            weight, self.scales = QUANTIZERS[quantization](weight)
+            bias = None if bias is None else bias.float()
+            if kernels is not None:
+                packed = kernels.pack_weight_int8(weight, self.scales)
+        elif kernels is not None:
+            packed = kernels.pack_weight(weight)
         self.kernels = kernels if packed.numel() else None
         self.weight = packed if packed.numel() else weight
         # on an AMX CPU the bf16 weight is also kept in oneDNN's layout: from ONEDNN_MIN_ROWS rows `linear`
@@ -61,7 +73,24 @@ class Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
             return self.kernels.linear(x.contiguous(), self.weight, self.bias, self.onednn)
+        if self.scales is not None:  # no fused kernels here, or a width they cannot pack
+            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).float(), self.weight, self.scales)
+            y = y.view(*x.shape[:-1], -1)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight-only int8 per output channel, symmetric, as FlashRL's int8 rollouts (2025) and vLLM's W8A16:
+    W ~ q s with q = round(W / s) in [-127, 127], s_o = max_i |W_oi| / 127. Returns (q (O, I) int8, s (O,)
+    float32)."""
+    weight = weight.float()
+    scales = weight.abs().amax(1).clamp_min(1e-30) / 127
+    return (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8), scales
+
+
+# rollout_quantization -> how the sampler's copy of each projection is quantized (TrainConfig checks the name)
+QUANTIZERS = {"int8": quantize_int8}
 
 
 class StepperWeights:
@@ -75,9 +104,11 @@ class StepperWeights:
     (`.to(dtype)` of a tensor already in that dtype would be the model's own), so an update in place leaves a
     snapshot whole."""
 
-    def __init__(self, model, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model, dtype: torch.dtype | None = None, quantization: str | None = None) -> None:
         config, inner = model.config, model.model
-        dtype = self.dtype = dtype or model.dtype
+        # quantized projections (`QUANTIZERS`) run on float32 activations and cache
+        dtype = self.dtype = torch.float32 if quantization else dtype or model.dtype
+        self.quantization = quantization
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16
         # dot products; elsewhere SDPA and aten's ops, what transformers runs
@@ -99,7 +130,9 @@ class StepperWeights:
         )
         tied = model.lm_head.weight is inner.embed_tokens.weight
         self.lm_head = Projection(
-            self.embed if tied else own(weight(model.lm_head), dtype), kernels=self.kernels
+            self.embed if tied else own(weight(model.lm_head), dtype),
+            kernels=self.kernels,
+            quantization=quantization,
         )
         self.layers = []
         # per layer, Qwen3's q/k RMSNorm weights, one row per head the projection gives (H query heads, then
@@ -128,14 +161,17 @@ class StepperWeights:
                         torch.cat([weight(attn.q_proj), weight(attn.k_proj), weight(attn.v_proj)]).to(dtype),
                         qkv_bias,
                         self.kernels,
+                        quantization,
                     ),
-                    Projection(own(weight(attn.o_proj), dtype), kernels=self.kernels),
+                    Projection(own(weight(attn.o_proj), dtype), None, self.kernels, quantization),
                     own(layer.post_attention_layernorm.weight, torch.float32),
                     Projection(
                         torch.cat([weight(mlp.gate_proj), weight(mlp.up_proj)]).to(dtype),
-                        kernels=self.kernels,
+                        None,
+                        self.kernels,
+                        quantization,
                     ),
-                    Projection(own(weight(mlp.down_proj), dtype), kernels=self.kernels),
+                    Projection(own(weight(mlp.down_proj), dtype), None, self.kernels, quantization),
                 )
             )
         if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from dapo_suite.core.errors import UserError
 from dapo_suite.inference.models import eval_mode
-from dapo_suite.train.algorithm import entropy_from_logits, policy_loss, token_log_probs
+from dapo_suite.train.algorithm import policy_loss
 from dapo_suite.train.config import TrainConfig
+from dapo_suite.train.lm_head import head_log_probs
 from dapo_suite.train.rollout import Rollout
 from dapo_suite.train.rollout_correction import rollout_correction
 
@@ -45,6 +47,13 @@ class Actor:
     def __init__(self, model: torch.nn.Module, pad_token_id: int, config: TrainConfig) -> None:
         self.model, self.pad_token_id, self.config = model, pad_token_id, config
         self.trainable = [p for p in model.parameters() if p.requires_grad]
+        # The update runs the decoder and reads the head's weight itself (lm_head.py): a plain linear head.
+        self.decoder, self.head = model.get_decoder(), model.get_output_embeddings()
+        if type(self.head) is not torch.nn.Linear or self.head.bias is not None:
+            raise UserError(
+                f"the output head is a {type(self.head).__name__} (bias: {self.head.bias is not None}):"
+                " the update reads a bias-free torch.nn.Linear head (leave lm_head out of lora_targets)"
+            )
         self.optimizer = torch.optim.AdamW(
             self.trainable, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay, fused=True
         )
@@ -66,31 +75,30 @@ class Actor:
                     rollout.old_log_prob = log_prob[row, : rollout.length].cpu() * rollout.mask
 
     def forward_log_probs(self, rollouts: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """log pi_theta and entropy of each response token, responses right-padded.
+        """log pi_theta and entropy of each response token, responses right-padded, 0 where no loss is read
+        (a tool's tokens, padding: the head runs only on the model's own tokens, `lm_head.head_log_probs`).
         Returns (log_prob, entropy, response_mask), each (B, T)."""
         response_len = max(r.length for r in rollouts)
         autocast = self.config.autocast_dtype
-        with torch.autocast(
-            self.model.device.type, dtype=getattr(torch, autocast or "bfloat16"), enabled=autocast is not None
-        ):
+        dtype = getattr(torch, autocast) if autocast else torch.float32
+        with torch.autocast(self.model.device.type, dtype=dtype, enabled=autocast is not None):
             if self.shares_prompts:
-                logits = torch.cat(
+                hidden = torch.cat(
                     [
-                        self._shared_prompt_logits(segment, response_len)
+                        self._shared_prompt_hidden(segment, response_len)
                         for segment in prompt_segments(rollouts)
                     ]
                 )
             else:
-                logits = self._padded_logits(rollouts, response_len)
-        logits = logits.float()
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        targets = padded([r.response_ids for r in rollouts], logits.device)
-        mask = padded([r.mask for r in rollouts], logits.device)  # a tool's tokens: context, never trained
-        log_prob = token_log_probs(logits, targets)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-        return log_prob, entropy, mask
+                hidden = self._padded_hidden(rollouts, response_len)
+        mask = padded([r.mask for r in rollouts], hidden.device)  # a tool's tokens: context, never trained
+        targets = padded([r.response_ids for r in rollouts], hidden.device)
+        read = mask.bool()
+        log_prob, entropy = head_log_probs(
+            hidden[read], self.head.weight, targets[read], self.config.temperature, dtype
+        )
+        zeros = torch.zeros(read.shape, device=hidden.device)
+        return zeros.masked_scatter(read, log_prob), zeros.masked_scatter(read, entropy), mask
 
     @property
     def shares_prompts(self) -> bool:
@@ -98,34 +106,35 @@ class Actor:
         keep no cache to share a prompt through."""
         return not self.model.is_gradient_checkpointing
 
-    def _shared_prompt_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V), for rollouts that share one prompt:
-        the prompt runs once and its keys and values are repeated for every response, which is the same maths
-        as running each row whole (gradients from all responses sum into the one prompt pass) for 1/G of the
-        prompt's cost, which matters most where prompts are long against responses, as the demo's are
-        (docs/train.md)."""
+    def _shared_prompt_hidden(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
+        """Final hidden states predicting each response token, (B, response_len, H), for rollouts that share
+        one prompt: the prompt runs once and its keys and values are repeated for every response, which is
+        the same maths as running each row whole (gradients from all responses sum into the one prompt pass)
+        for 1/G of the prompt's cost, which matters most where prompts are long against responses, as the
+        demo's are (docs/train.md)."""
         device = self.model.device
         prompt = rollouts[0].prompt_ids.to(device)
-        prompt_out = self.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
+        prompt_out = self.decoder(input_ids=prompt[None], use_cache=True)
         cache = prompt_out.past_key_values
         cache.batch_repeat_interleave(len(rollouts))
         responses = padded([r.response_ids for r in rollouts], device)
         response_mask = padded([torch.ones(r.length, dtype=torch.long) for r in rollouts], device)
         attention = torch.cat([response_mask.new_ones(len(rollouts), prompt.numel()), response_mask], dim=1)
         position_ids = (prompt.numel() + torch.arange(responses.shape[1], device=device)).expand_as(responses)
-        response_logits = self.model(
+        response_hidden = self.decoder(
             input_ids=responses,
             attention_mask=attention,
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=False,
-        ).logits
+        ).last_hidden_state
         # The prompt's last position predicts response token 0; response position t predicts token t + 1.
-        logits = torch.cat([prompt_out.logits.expand(len(rollouts), 1, -1), response_logits[:, :-1]], dim=1)
-        return torch.nn.functional.pad(logits, (0, 0, 0, response_len - logits.shape[1]))
+        last = prompt_out.last_hidden_state[:, -1:].expand(len(rollouts), 1, -1)
+        hidden = torch.cat([last, response_hidden[:, :-1]], dim=1)
+        return torch.nn.functional.pad(hidden, (0, 0, 0, response_len - hidden.shape[1]))
 
-    def _padded_logits(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
-        """Logits predicting each response token, (B, response_len, V): every row whole, prompts
+    def _padded_hidden(self, rollouts: list[Rollout], response_len: int) -> torch.Tensor:
+        """Final hidden states predicting each response token, (B, response_len, H): every row whole, prompts
         left-padded."""
         pad = self.pad_token_id
         prompt_len = max(r.prompt_ids.numel() for r in rollouts)
@@ -144,14 +153,11 @@ class Actor:
         input_ids = torch.stack(rows).to(self.model.device)
         attention = torch.stack(masks).long().to(self.model.device)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
-        # Logits only where they predict response tokens: positions prompt_len-1 .. end-1.
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=position_ids,
-            logits_to_keep=response_len + 1,
-            use_cache=False,
-        ).logits[:, :-1]
+        hidden = self.decoder(
+            input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        # Positions prompt_len-1 .. end-1 predict the response tokens.
+        return hidden[:, prompt_len - 1 : prompt_len - 1 + response_len]
 
     def correction(
         self, rollouts: list[Rollout]

@@ -247,6 +247,10 @@ class TrainConfig:
     # `dtype` (verl's actor.fsdp_config.mixed_precision.param_dtype, with fp32 master weights). null = off;
     # "auto" as for sampling_dtype.
     autocast_dtype: str | None = None
+    # The sampler's copy of the weights quantized at each weight sync, the trainer's kept whole: "int8"
+    # (weight-only, per output channel: FlashRL, 2025); null = off. Rollout correction's "auto" turns on with
+    # it (the sampler's log-probs are then not the trainer's). The embedded trainer's hf sampler only.
+    rollout_quantization: str | None = None
     device: str = "auto"
 
     # The scale presets applied before this config's own values (resolved; for the record).
@@ -294,6 +298,23 @@ class TrainConfig:
         """The policy loss's knobs, built from this config in the one place they are (passed whole to the
         loss)."""
         return LossHyperparameters(**{name: getattr(self, name) for name in LOSS_KNOBS})
+
+    def _quantization_problems(self) -> list[str]:
+        from dapo_suite.inference.weights import QUANTIZERS
+
+        if self.rollout_quantization is None:
+            return []
+        if self.rollout_quantization not in QUANTIZERS:
+            return [
+                f"rollout_quantization {self.rollout_quantization!r} is not one of {', '.join(QUANTIZERS)}"
+                " (or null: off)"
+            ]
+        if self.backend != "embedded" or self.rollout_engine == "vllm":
+            return [
+                "rollout_quantization quantizes the embedded trainer's hf sampler: with --backend verl or "
+                "rollout_engine=vllm it would do nothing; leave it null there (or set rollout_engine=hf)"
+            ]
+        return []
 
     def _tool_problems(self) -> list[str]:
         from dapo_suite.core.sandbox import ISOLATIONS
@@ -363,6 +384,7 @@ class TrainConfig:
             problems.append("autocast_dtype must be null (off), auto, bfloat16 or float16")
         if self.rollout_correction not in ("auto", "on", "off"):
             problems.append("rollout_correction must be 'auto', 'on' or 'off'")
+        problems += self._quantization_problems()
         # The correction's own parsers say what is wrong with a level, criterion or threshold.
         for parse, used, args in (
             (parse_is_settings, self.rollout_is, (self.rollout_is_threshold,)),

@@ -155,4 +155,11 @@ ROLLOUT_BATCH_ROWS = 128  # sequences sampled together (whole groups): the CPU's
 
 
 def hf_engine(config, model, tokenizer) -> HFEngine:
-    return HFEngine(model, tokenizer, ROLLOUT_BATCH_ROWS, config.sampling_dtype, progress=False)
+    return HFEngine(
+        model,
+        tokenizer,
+        ROLLOUT_BATCH_ROWS,
+        config.sampling_dtype,
+        progress=False,
+        quantization=config.rollout_quantization,
+    )

@@ -334,11 +334,16 @@ class DAPOTrainer:
     def corrects_rollouts(self) -> bool:
         """Rollout correction on: `on`, or `auto` when the sampler's log-probs are not the trainer's: another
         sampling dtype, a reduced one (the sampler's bf16 kernels round otherwise than the trainer's, even
-        over a bf16 LoRA base), or vLLM's kernels."""
+        over a bf16 LoRA base), quantized rollout weights, or vLLM's kernels."""
         if self.config.rollout_correction != "auto":
             return self.config.rollout_correction == "on"
         sampling = self.config.sampling_dtype or self.config.dtype
-        return sampling != self.config.dtype or sampling in REDUCED_PRECISIONS or self.engine.name == "vllm"
+        return (
+            sampling != self.config.dtype
+            or sampling in REDUCED_PRECISIONS
+            or self.config.rollout_quantization is not None
+            or self.engine.name == "vllm"
+        )
 
     @torch.no_grad()
     def fill_old_log_probs(self, rollouts: list[Rollout]) -> None:

@@ -531,3 +531,38 @@ def test_rows_sharing_a_prompt_run_it_once_with_each_rows_own_log_probs_and_grad
     assert forward_tokens(rollouts, shared=True) == (
         sum(g[0].prompt_ids.numel() for g in groups) + sum(r.length for r in rollouts)
     )
+
+
+def test_int8_rollouts_turn_rollout_correction_on_and_report_the_mismatch(tmp_path):
+    """`rollout_quantization: int8` samples from an int8 copy of the weights while the trainer keeps float32:
+    the auto correction is on, the sampler's log-probs are kept as pi_rollout beside the trainer's recomputed
+    pi_old, and the correction's metrics say how far apart they are (near, not equal)."""
+    trainer = _tiny_trainer(tmp_path / "run", rollout_quantization="int8")
+    assert trainer.corrects_rollouts()
+    assert trainer.model.dtype == torch.float32 and trainer.engine.sampling_dtype == torch.float32
+    problems = trainer.sampler.next(2)
+    torch.manual_seed(0)
+    rollouts = sample_rollouts(
+        trainer.engine, trainer.tokenizer, [trainer.prompt_text(p) for p in problems], 3, 8, 1.0, 1.0
+    )
+    assert trainer.engine._stepper_weights().lm_head.weight.dtype == torch.int8  # the sampler's copy
+    trainer.fill_old_log_probs(rollouts)
+    assert all(r.rollout_log_prob is not None and r.old_log_prob is not None for r in rollouts)
+    _, metrics = trainer.actor.correction(rollouts)
+    assert 0 < metrics["rollout_corr/k3_kl"] < 0.05, metrics
+    assert 0 < metrics["rollout_corr/is_weight_mean"] < 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rollout_quantization": "int3"}, "rollout_quantization 'int3' is not one of int8"),
+        ({"rollout_quantization": "int8", "rollout_engine": "vllm"}, "quantizes the embedded trainer's"),
+    ],
+)
+def test_a_rollout_quantization_that_cannot_run_is_refused_with_what_to_set(settings, message):
+    from dapo_suite.core.errors import UserError
+    from dapo_suite.train.config import resolve_config
+
+    with pytest.raises(UserError, match=message):
+        resolve_config(["dapo"], {}, settings)

@@ -26,7 +26,8 @@
 //                   each row tile an outer product of bf16 pairs (faster than oneDNN's linear at every row
 //                   count), or on an AMX CPU, 8-64 rows on the tile unit over the same packed weight and more
 //                   through oneDNN; float32, an outer product of float32 vectors (FMA), tiles sized to the
-//                   CPU's vector registers
+//                   CPU's vector registers; int8 weights (`pack_weight_int8`, rollout_quantization: int8),
+//                   the float32 tile on weights widened as they are read, scaled per output at the end
 // Built on first use by torch.utils.cpp_extension (dapo_suite/inference/fused_step.py);
 // tests/inference/test_sampler.py checks each against the float32 reference.
 #pragma once
@@ -79,6 +80,8 @@ typedef float Floats __attribute__((vector_size(F32_LANES * sizeof(float))));
 // the same vector at any float's address (unaligned loads and stores)
 typedef float UnalignedFloats
     __attribute__((vector_size(F32_LANES * sizeof(float)), aligned(alignof(float))));
+// F32_LANES int8 weights at any address: one float vector's worth (`linear` on int8 weights widens them)
+typedef int8_t UnalignedBytes __attribute__((vector_size(F32_LANES), aligned(1)));
 
 // ---- bf16
 // ------------------------------------------------------------------------------------------------------ The
@@ -163,17 +166,18 @@ inline const StreamAhead* stream_ahead() {
 }
 
 // Every row tile of x through one block of `linear`'s packed weight, `tiles[r - 1]` taking r rows (up to
-// TILE), the block kept in cache between tiles; the next block (`size` elements, `steps` steps per tile)
-// prefetched in equal shares by all tiles, or, with one tile on a CPU in STREAM_AHEAD, its own stream (the
-// blocks lie one after the other, so the stream runs on into the next block).
-template <typename T, typename Tile, size_t TILE>
-void each_row_tile(const Tile (&tiles)[TILE], const T* x, int64_t rows, int64_t in, const T* block,
-                   const T* next, int64_t size, int64_t steps, const T* bias, T* y, int64_t out) {
+// TILE), the block kept in cache between tiles; the next block (`size` elements of W, `steps` steps per
+// tile) prefetched in equal shares by all tiles, or, with one tile on a CPU in STREAM_AHEAD, its own stream
+// (the blocks lie one after the other, so the stream runs on into the next block). W is x's type, or int8
+// for weights quantized per channel (`pack_weight_int8`).
+template <typename T, typename W, typename Tile, size_t TILE>
+void each_row_tile(const Tile (&tiles)[TILE], const T* x, int64_t rows, int64_t in, const W* block,
+                   const W* next, int64_t size, int64_t steps, const T* bias, T* y, int64_t out) {
   constexpr int64_t most = TILE;
-  const auto share = prefetch_share<T>(size, (rows + most - 1) / most, steps);
+  const auto share = prefetch_share<W>(size, (rows + most - 1) / most, steps);
   const StreamAhead* ahead = stream_ahead();
   if (next && rows <= most && ahead)
-    next = rows < ahead->min_rows ? nullptr : block + ahead->bytes / int64_t(sizeof(T));
+    next = rows < ahead->min_rows ? nullptr : block + ahead->bytes / int64_t(sizeof(W));
   for (int64_t r = 0, k = 0; r < rows; r += most, ++k)
     tiles[std::min(most, rows - r) - 1](x + r * in, in, block, next ? next + k * share.size : nullptr, share,
                                         bias, y + r * out, out);
@@ -193,6 +197,7 @@ void qk_rms_norm(at::Tensor qkv, const at::Tensor& weight, double eps);
 std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature, double top_p,
                                        torch::Tensor uniforms);
 torch::Tensor pack_weight(torch::Tensor weight);
+torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales);
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn);
 torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)

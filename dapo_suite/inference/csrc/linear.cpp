@@ -40,6 +40,55 @@ void linear_block(const float* x, int64_t rows, int64_t in, const float* block, 
   each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
 }
 
+// The float32 tile on int8 weights (`pack_weight_int8`): per input, V vectors of F32_LANES int8 widened to
+// float32 (sign-extend and convert: 2 instructions a vector, shared by the tile's rows), then the same outer
+// product; each output's sum times its scale (the block's float32 scales follow its weights) plus the bias.
+// At one row the weights are the only stream, at a quarter of float32's bytes.
+template <int ROWS, int V>
+void linear_tile_i8(const float* x, int64_t in, const int8_t* block, const int8_t* next, PrefetchShare share,
+                    const float* bias, float* y, int64_t out) {
+  Floats acc[ROWS][V] = {};
+  for (int64_t i = 0; i < in; ++i) {
+    const int8_t* w = block + i * V * F32_LANES;
+    prefetch_step(next, share, i);
+    Floats ws[V];
+    for (int v = 0; v < V; ++v)
+      ws[v] = __builtin_convertvector(*reinterpret_cast<const UnalignedBytes*>(w + v * F32_LANES), Floats);
+    for (int r = 0; r < ROWS; ++r) {
+      const float xs = x[r * in + i];
+      for (int v = 0; v < V; ++v) acc[r][v] += ws[v] * xs;
+    }
+  }
+  const float* scales = reinterpret_cast<const float*>(block + in * V * F32_LANES);
+  for (int v = 0; v < V; ++v) {
+    const Floats s = *reinterpret_cast<const UnalignedFloats*>(scales + v * F32_LANES);
+    Floats b = {};
+    if (bias) b = *reinterpret_cast<const UnalignedFloats*>(bias + v * F32_LANES);
+    for (int r = 0; r < ROWS; ++r)
+      *reinterpret_cast<UnalignedFloats*>(y + r * out + v * F32_LANES) = acc[r][v] * s + b;
+  }
+}
+
+template <int V, int... ROWS>
+void linear_block(const float* x, int64_t rows, int64_t in, const int8_t* block, const int8_t* next,
+                  const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile = void (*)(const float*, int64_t, const int8_t*, const int8_t*, PrefetchShare, const float*,
+                        float*, int64_t);
+  static constexpr Tile tiles[] = {linear_tile_i8<ROWS + 1, V>...};  // tiles[r - 1]: r rows
+  each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
+}
+
+// W (O, I) -> its rows in blocks of `block`, block j as its transpose (I, block) (the last one O % block
+// wide), flattened.
+at::Tensor in_blocks(const at::Tensor& weight, int64_t block) {
+  const int64_t out = weight.size(0), full = out / block * block;
+  std::vector<at::Tensor> parts;
+  if (full)
+    parts.push_back(weight.slice(0, 0, full).view({full / block, block, -1}).transpose(1, 2).flatten());
+  if (out > full) parts.push_back(weight.slice(0, full).t().flatten());
+  return torch::cat(parts);
+}
+
 }  // namespace
 
 // x W^T (+ b) in bfloat16 with float32 sums, for every projection of the decode step and the prompt pass.
@@ -212,24 +261,34 @@ void tile_linear(const BFloat16* x, int64_t rows, int64_t in, const BFloat16* pa
 // where `linear` cannot take it: bf16 with O % 16, I % 2 or no avx512_bf16; float32 with O % F32_LANES.
 torch::Tensor pack_weight(torch::Tensor weight) {
   const int64_t out = weight.size(0), in = weight.size(1);
-  // W's rows in blocks of `block` (elements of `units`, a view of W): block j as its transpose (in, block)
-  auto blocked = [out](const at::Tensor& units, int64_t block) {
-    const int64_t full = out / block * block;
-    std::vector<at::Tensor> parts;
-    if (full)
-      parts.push_back(units.slice(0, 0, full).view({full / block, block, -1}).transpose(1, 2).flatten());
-    if (out > full) parts.push_back(units.slice(0, full).t().flatten());
-    return torch::cat(parts);
-  };
   if (weight.scalar_type() == at::kFloat && out % F32_LANES == 0)
-    return blocked(weight.contiguous(), F32_BLOCK).view({out, in});
+    return in_blocks(weight.contiguous(), F32_BLOCK).view({out, in});
 #if defined(__AVX512BF16__)
   if (weight.scalar_type() == at::kBFloat16 && out % 16 == 0 && in % 2 == 0)
     // each pair of inputs as one 32-bit element: packing is a transpose of 48 x (I/2) blocks, one 4-byte copy
     // per pair instead of two 2-byte ones
-    return blocked(weight.contiguous().view(at::kInt), PAIR_BLOCK).view(at::kBFloat16).view({out, in});
+    return in_blocks(weight.contiguous().view(at::kInt), PAIR_BLOCK).view(at::kBFloat16).view({out, in});
 #endif
   return weight.new_empty({0});
+}
+
+// q (O, I) int8 and its per-output scales s (O,) float32 (`weights.quantize_int8`: W ~ q s) -> `linear`'s
+// int8 layout: blocks of F32_BLOCK outputs as the float32 layout's, each block's I x width int8 followed by
+// its width float32 scales, so a tile finds its scales beside its weights. One int8 tensor (O, I + 4); empty
+// where O % F32_LANES.
+torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "q: int8 (O, I)");
+  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == q.size(0) && scales.scalar_type() == at::kFloat,
+              "scales: float32 (O,)");
+  const int64_t out = q.size(0), in = q.size(1);
+  if (out % F32_LANES) return q.new_empty({0});
+  std::vector<at::Tensor> parts;
+  for (int64_t begin = 0; begin < out; begin += F32_BLOCK) {
+    const int64_t width = std::min(F32_BLOCK, out - begin);
+    parts.push_back(q.slice(0, begin, begin + width).t().flatten());
+    parts.push_back(scales.slice(0, begin, begin + width).contiguous().view(at::kChar));
+  }
+  return torch::cat(parts).view({out, in + 4});
 }
 
 // x (N, I) bf16 or float32, contiguous; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or
@@ -238,8 +297,13 @@ void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const tor
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kFloat),
               "x: contiguous bfloat16 or float32 (N, I)");
-  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
-              "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
+  if (packed.scalar_type() == at::kChar) {
+    TORCH_CHECK(dtype == at::kFloat && packed.dim() == 2 && packed.size(1) == x.size(1) + 4,
+                "packed int8: (O, I + 4) from pack_weight_int8, I = x.size(1), x float32");
+  } else {
+    TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
+                "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
+  }
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == packed.size(0) && bias.scalar_type() == dtype),
               "bias: (O,) or empty");
 }
@@ -324,6 +388,27 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
     });
   };
   static_assert(F32_VECTORS <= 3, "linear_block is dispatched for 1-3 vectors a block");
+  if (packed.scalar_type() == at::kChar) {  // int8 blocks: I x width weights, then width float32 scales
+    const int8_t* w_p = packed.data_ptr<int8_t>();
+    const float *x_p = x.data_ptr<float>(), *b_p = bias.numel() ? bias.data_ptr<float>() : nullptr;
+    float* y_p = y.data_ptr<float>();
+    at::parallel_for(0, (out + F32_BLOCK - 1) / F32_BLOCK, 1, [&](int64_t first, int64_t last) {
+      for (int64_t j = first; j < last; ++j) {
+        const int64_t begin = j * F32_BLOCK, width = std::min(F32_BLOCK, out - begin);
+        const int8_t *weights = w_p + begin * (in + 4),
+                     *ahead = j + 1 < last ? w_p + (begin + width) * (in + 4) : nullptr;
+        const float* b = b_p ? b_p + begin : nullptr;
+        const auto tile_rows = std::make_integer_sequence<int, F32_TILE_ROWS>();
+        if (width / F32_LANES == 3)
+          linear_block<3>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        else if (width / F32_LANES == 2)
+          linear_block<2>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        else
+          linear_block<1>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+      }
+    });
+    return y;
+  }
   if (x.scalar_type() == at::kFloat) {
     run(float(), F32_BLOCK, F32_LANES, std::make_integer_sequence<int, F32_TILE_ROWS>());
     return y;

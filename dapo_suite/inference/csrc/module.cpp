@@ -41,6 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("run_layers", &run_layers);
   module.def("qk_rms_norm", &qk_rms_norm);
   module.def("pack_weight", &pack_weight);
+  module.def("pack_weight_int8", &pack_weight_int8);
   module.def("linear", &linear);
   module.def("linear_on_vectors", &linear_on_vectors);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)

@@ -239,6 +239,7 @@ NOT_MAPPED = {
     "shots; a --train-file keeps the prompts it holds",
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
+    "rollout_quantization": "embedded trainer's sampler only (validation refuses it with --backend verl)",
     "backend": "selects this module",
     "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in "
     "metrics)",
