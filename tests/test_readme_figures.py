@@ -29,6 +29,7 @@ RESULTS = ROOT / "docs" / "results"
 # table).
 EPYC = "EPYC"  # 2-core AMD EPYC, AVX-512 BF16, no AMX
 XEON = "Xeon"  # 2-core Intel Xeon, AVX-512 BF16 and AMX
+EPYC_AVX2 = "EPYC (AVX2)"  # 2-core AMD EPYC Zen 3 (family 25 model 1), AVX2 and FMA, no AVX-512
 NOT_RECORDED = ", not recorded"  # an output from before the CPU was recorded: the folder's README names it
 LONGEST_ROW = 280  # characters a row shows (link targets not counted): one line of a wide screen, or two
 
@@ -40,6 +41,8 @@ def cpu_name(description: str) -> str:
         return EPYC
     if "avx512_bf16" in flags and "xeon" in flags:  # AMX: the runs before AMX was logged do not list it
         return XEON
+    if "epyc" in flags and "avx2" in flags and "avx512" not in flags:
+        return EPYC_AVX2
     return description
 
 
@@ -318,6 +321,51 @@ def check_sampler(row: dict[str, str]) -> None:
     check_cpu(row, [output])
 
 
+def update_shares(path: Path) -> dict[str, tuple[float, float]]:
+    """benchmarks/update_flops.py's printed rows: shape -> (update GFLOP/s, its share of the matmul peak)."""
+    found = re.findall(
+        r"^\[(\w+) float32\] update ([\d.]+) GFLOP/s .* update/peak ([\d.]+)", path.read_text(), re.M
+    )
+    return {shape: (float(rate), float(share)) for shape, rate, share in found}
+
+
+def check_update_flops(row: dict[str, str]) -> None:
+    folder = RESULTS / "update-flops"
+    before, after = (update_shares(folder / f"amd-epyc-avx2-{side}-all.txt") for side in ("before", "after"))
+    demo, effects, target, demo_gain, effects_gain = figures(
+        row["result"],
+        r"\*\*([\d.]+) / ([\d.]+)\*\* of the peak \(([\d.]+): missed\); ([\d.]+)x / ([\d.]+)x the update",
+    )
+    assert shows(demo, after["demo"][1]) and shows(effects, after["effects"][1])
+    assert max(after["demo"][1], after["effects"][1]) < float(target)
+    assert shows(demo_gain, after["demo"][0] / before["demo"][0])
+    assert shows(effects_gain, after["effects"][0] / before["effects"][0])
+    assert "2 threads" in row["measured"] and "float32" in row["measured"]
+    check_cpu(row, [folder / "amd-epyc-avx2-before-all.txt", folder / "amd-epyc-avx2-after-all.txt"])
+
+
+def check_int8_rollouts(row: dict[str, str]) -> None:
+    output = RESULTS / "quantized-rollouts" / "amd-epyc-avx2-sampler-bound.txt"
+    table = {
+        (dtype, int(rows)): (float(rate), int(share))
+        for dtype, rows, rate, share in re.findall(
+            r"^\| (\w+) \| (\d+) \(\d+ x 1\) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| (\d+) % \|",
+            output.read_text(),
+            re.M,
+        )
+    }
+    one, eight, sixty_four, share, target = figures(
+        row["result"],
+        r"\*\*([\d.]+)x\*\* / ([\d.]+)x / ([\d.]+)x; (\d+) % of the bandwidth bound at 1 row "
+        r"\((\d+) %: missed\)",
+    )
+    for shown, rows in ((one, 1), (eight, 8), (sixty_four, 64)):
+        assert shows(shown, table["int8", rows][0] / table["float32", rows][0]), rows
+    assert int(share) == table["int8", 1][1] < int(target)
+    assert "1 / 8 / 64 rows" in row["measured"] and "2 threads" in row["measured"]
+    check_cpu(row, [output])
+
+
 def tokens_per_s(side: dict) -> float:
     return side["tokens"] / side["seconds"]
 
@@ -556,6 +604,8 @@ CHECKS = {
     "endpoint": check_endpoint,
     "reward": check_reward,
     "real model shapes": check_real_shapes,
+    "DAPO update": check_update_flops,
+    "int8 rollouts": check_int8_rollouts,
 }
 
 

@@ -41,7 +41,7 @@ void linear_block(const float* x, int64_t rows, int64_t in, const float* block, 
 }
 
 // The float32 tile on int8 weights (`pack_weight_int8`): per input, V vectors of F32_LANES int8 widened to
-// float32 (sign-extend and convert: 2 instructions a vector, shared by the tile's rows), then the same outer
+// float32 (`widen_int8`: 2 instructions a vector, shared by the tile's rows), then the same outer
 // product; each output's sum times its scale (the block's float32 scales follow its weights) plus the bias.
 // At one row the weights are the only stream, at a quarter of float32's bytes.
 template <int ROWS, int V>
@@ -52,8 +52,7 @@ void linear_tile_i8(const float* x, int64_t in, const int8_t* block, const int8_
     const int8_t* w = block + i * V * F32_LANES;
     prefetch_step(next, share, i);
     Floats ws[V];
-    for (int v = 0; v < V; ++v)
-      ws[v] = __builtin_convertvector(*reinterpret_cast<const UnalignedBytes*>(w + v * F32_LANES), Floats);
+    for (int v = 0; v < V; ++v) ws[v] = widen_int8(w + v * F32_LANES);
     for (int r = 0; r < ROWS; ++r) {
       const float xs = x[r * in + i];
       for (int v = 0; v < V; ++v) acc[r][v] += ws[v] * xs;
@@ -392,19 +391,37 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
     const int8_t* w_p = packed.data_ptr<int8_t>();
     const float *x_p = x.data_ptr<float>(), *b_p = bias.numel() ? bias.data_ptr<float>() : nullptr;
     float* y_p = y.data_ptr<float>();
+    // One row tile: each weight widened as it streams past. More rows: each block widened and scaled once
+    // into float32 (I x width, in L2), which every row tile then reads, rather than widened once per tile.
+    const bool widen_block = rows > F32_TILE_ROWS;
     at::parallel_for(0, (out + F32_BLOCK - 1) / F32_BLOCK, 1, [&](int64_t first, int64_t last) {
+      std::vector<float> widened(widen_block ? in * F32_BLOCK : 0);
       for (int64_t j = first; j < last; ++j) {
         const int64_t begin = j * F32_BLOCK, width = std::min(F32_BLOCK, out - begin);
         const int8_t *weights = w_p + begin * (in + 4),
                      *ahead = j + 1 < last ? w_p + (begin + width) * (in + 4) : nullptr;
         const float* b = b_p ? b_p + begin : nullptr;
         const auto tile_rows = std::make_integer_sequence<int, F32_TILE_ROWS>();
+        auto run = [&](auto vectors) {
+          constexpr int V = decltype(vectors)::value;
+          if (!widen_block)
+            return linear_block<V>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+          const float* scales = reinterpret_cast<const float*>(weights + in * width);
+          Floats s[V];
+          for (int v = 0; v < V; ++v)
+            s[v] = *reinterpret_cast<const UnalignedFloats*>(scales + v * F32_LANES);
+          for (int64_t i = 0; i < in; ++i)
+            for (int v = 0; v < V; ++v)
+              *reinterpret_cast<UnalignedFloats*>(widened.data() + (i * V + v) * F32_LANES) =
+                  widen_int8(weights + (i * V + v) * F32_LANES) * s[v];
+          linear_block<V>(x_p, rows, in, widened.data(), nullptr, b, y_p + begin, out, tile_rows);
+        };
         if (width / F32_LANES == 3)
-          linear_block<3>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+          run(std::integral_constant<int, 3>());
         else if (width / F32_LANES == 2)
-          linear_block<2>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+          run(std::integral_constant<int, 2>());
         else
-          linear_block<1>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+          run(std::integral_constant<int, 1>());
       }
     });
     return y;
