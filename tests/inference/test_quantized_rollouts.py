@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampler import _encoded, _fused
+from test_sampler import _encoded, _fused, _sample, float32_linear_cases
 
 
 def test_int8_quantization_rounds_each_weight_to_within_half_its_channels_step():
@@ -34,20 +34,9 @@ def test_int8_linear_equals_the_dequantized_product_on_every_cpu(rows):
     from dapo_suite.inference.weights import Projection, quantize_int8
 
     fused = _fused()
-    block, lanes = fused.FLOAT32_BLOCK, fused.FLOAT32_LANES
     generator = torch.Generator().manual_seed(rows)
-    for out, width, with_bias in (
-        (960, 576, True),
-        (576, 1536, False),
-        (block + lanes, 64, True),
-        (2 * block - lanes, 48, False),
-        (lanes, 32, False),
-    ):
-        weight, x = (
-            torch.randn(out, width, generator=generator),
-            torch.randn(rows, width, generator=generator),
-        )
-        bias = torch.randn(out, generator=generator) if with_bias else None
+    for weight, x, bias in float32_linear_cases(fused, rows, generator):
+        out, width = weight.shape
         q, scales = quantize_int8(weight)
         dequantized = q.double() * scales.double()[:, None]
         expected = torch.nn.functional.linear(
@@ -70,7 +59,6 @@ def test_int8_sampling_reports_its_own_log_probs_near_the_trainers(embedded_mode
     """Samples from int8 weights carry the sampler's log-probs, which differ from the float32 model's (the
     mismatch rollout correction weighs) but stay near them: the same distribution, slightly moved."""
     from dapo_suite.inference.models import load_model_and_tokenizer
-    from dapo_suite.inference.sampling import sample_tokens
     from dapo_suite.inference.weights import StepperWeights
 
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
@@ -78,20 +66,7 @@ def test_int8_sampling_reports_its_own_log_probs_near_the_trainers(embedded_mode
     weights = StepperWeights(model, quantization="int8")
     assert weights.dtype == torch.float32
     encoded = _encoded(tokenizer)
-    sampled = sample_tokens(
-        model,
-        encoded["input_ids"],
-        encoded["attention_mask"],
-        40,
-        1.0,
-        0.9,
-        {tokenizer.eos_token_id},
-        tokenizer.pad_token_id,
-        samples_per_prompt=2,
-        generator=torch.Generator().manual_seed(7),
-        dtype=torch.float32,
-        weights=weights,
-    )
+    sampled = _sample(model, tokenizer, "auto", torch.float32, samples_per_prompt=2, weights=weights)
     mask = torch.arange(sampled.tokens.shape[1]) < sampled.lengths[:, None]
     ids = torch.cat([encoded["input_ids"].repeat_interleave(2, 0), sampled.tokens], dim=1)
     attention = torch.cat([encoded["attention_mask"].repeat_interleave(2, 0), mask.long()], dim=1)

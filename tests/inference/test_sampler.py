@@ -25,7 +25,7 @@ def _encoded(tokenizer, prompts=PROMPTS):
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
-def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
+def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3, weights=None):
     from dapo_suite.inference.sampling import sample_tokens
 
     encoded = _encoded(tokenizer)
@@ -43,6 +43,7 @@ def _sample(model, tokenizer, decoder, dtype=None, samples_per_prompt=3):
         generator=generator,
         dtype=dtype,
         decoder=decoder,
+        weights=weights,
     )
 
 
@@ -306,8 +307,24 @@ def test_float32_linear_equals_aten_on_every_cpu(rows):
     from dapo_suite.inference.weights import Projection
 
     fused = _fused()
-    block, lanes = fused.FLOAT32_BLOCK, fused.FLOAT32_LANES
+    lanes = fused.FLOAT32_LANES
     generator = torch.Generator().manual_seed(rows)
+    for weight, x, bias in float32_linear_cases(fused, rows, generator):
+        out = weight.shape[0]
+        projection = Projection(weight, bias, fused)
+        assert projection.packed
+        y = projection(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, out)
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    weight = torch.randn(lanes + 1, 64, generator=generator)
+    projection, x = Projection(weight, None, fused), torch.randn(rows, 64, generator=generator)
+    assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
+
+
+def float32_linear_cases(fused, rows: int, generator: torch.Generator):
+    """(weight, x, bias or None) for the float32 `linear` tests, random: the decoder's widths, widths that end
+    in a narrower block, one vector of outputs; x of `rows` rows."""
+    block, lanes = fused.FLOAT32_BLOCK, fused.FLOAT32_LANES
     for out, width, with_bias in (
         (960, 576, True),
         (576, 1536, False),
@@ -319,15 +336,7 @@ def test_float32_linear_equals_aten_on_every_cpu(rows):
             torch.randn(out, width, generator=generator),
             torch.randn(rows, width, generator=generator),
         )
-        bias = torch.randn(out, generator=generator) if with_bias else None
-        projection = Projection(weight, bias, fused)
-        assert projection.packed
-        y = projection(x)
-        assert y.dtype == torch.float32 and y.shape == (rows, out)
-        torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
-    weight = torch.randn(lanes + 1, 64, generator=generator)
-    projection, x = Projection(weight, None, fused), torch.randn(rows, 64, generator=generator)
-    assert not projection.packed and torch.equal(projection(x), torch.nn.functional.linear(x, weight))
+        yield weight, x, torch.randn(out, generator=generator) if with_bias else None
 
 
 def _fused():

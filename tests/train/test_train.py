@@ -280,7 +280,7 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
         for q in ("What is 7 + 5?", "What is 12 - 3? Explain every step carefully before answering.")
     ]
     torch.manual_seed(0)
-    config = SimpleNamespace(sampling_dtype=None)
+    config = SimpleNamespace(sampling_dtype=None, rollout_quantization=None)
     rollouts = sample_rollouts(
         hf_engine(config, model, tokenizer), tokenizer, prompts, group_size=3, max_new_tokens=12
     )
@@ -309,7 +309,7 @@ def test_rollouts_end_at_the_chat_models_end_of_turn(embedded_model_dir):
     ]
     torch.manual_seed(0)
     rollouts = sample_rollouts(
-        hf_engine(SimpleNamespace(sampling_dtype=None), model, tokenizer),
+        hf_engine(SimpleNamespace(sampling_dtype=None, rollout_quantization=None), model, tokenizer),
         tokenizer,
         prompts,
         group_size=8,

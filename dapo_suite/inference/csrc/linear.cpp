@@ -4,25 +4,37 @@
 
 namespace {
 
-// ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES)); y
-// points at the block's first output of row 0 (stride `out`). Per input: V weight loads, ROWS broadcasts,
-// ROWS x V fused multiply-adds (an outer product; no horizontal sums). `next`: this tile's share of the next
-// block to prefetch meanwhile, or null.
-template <int ROWS, int V>
-void linear_tile_f32(const float* x, int64_t in, const float* block, const float* next, PrefetchShare share,
+// F32_LANES weights at `p` as float32: float32 as stored; int8 (`pack_weight_int8`) widened (`widen_int8`: 2
+// instructions a vector, shared by a tile's rows).
+inline Floats weight_floats(const float* p) { return *reinterpret_cast<const UnalignedFloats*>(p); }
+inline Floats weight_floats(const int8_t* p) { return widen_int8(p); }
+
+// ROWS rows of x (stride `in`) against one block of V vectors of outputs (`block`: (in, V F32_LANES) of W,
+// float32 or int8); y points at the block's first output of row 0 (stride `out`). Per input: V weight loads,
+// ROWS broadcasts, ROWS x V fused multiply-adds (an outer product; no horizontal sums). An int8 block's
+// float32 scales follow its weights: each output's sum times its scale, then the bias (at one row the int8
+// weights are the only stream, at a quarter of float32's bytes). `next`: this tile's share of the next block
+// to prefetch meanwhile, or null.
+template <int ROWS, int V, typename W>
+void linear_tile_f32(const float* x, int64_t in, const W* block, const W* next, PrefetchShare share,
                      const float* bias, float* y, int64_t out) {
   Floats acc[ROWS][V] = {};
   for (int64_t i = 0; i < in; ++i) {
-    const float* w = block + i * V * F32_LANES;
+    const W* w = block + i * V * F32_LANES;
     prefetch_step(next, share, i);
     Floats ws[V];
-    for (int v = 0; v < V; ++v) ws[v] = *reinterpret_cast<const UnalignedFloats*>(w + v * F32_LANES);
+    for (int v = 0; v < V; ++v) ws[v] = weight_floats(w + v * F32_LANES);
     for (int r = 0; r < ROWS; ++r) {
       const float xs = x[r * in + i];
       for (int v = 0; v < V; ++v) acc[r][v] += ws[v] * xs;
     }
   }
   for (int v = 0; v < V; ++v) {
+    if constexpr (std::is_same_v<W, int8_t>) {
+      const float* scales = reinterpret_cast<const float*>(block + in * V * F32_LANES);
+      const Floats s = weight_floats(scales + v * F32_LANES);
+      for (int r = 0; r < ROWS; ++r) acc[r][v] *= s;
+    }
     Floats b = {};
     if (bias) b = *reinterpret_cast<const UnalignedFloats*>(bias + v * F32_LANES);
     for (int r = 0; r < ROWS; ++r)
@@ -31,49 +43,12 @@ void linear_tile_f32(const float* x, int64_t in, const float* block, const float
 }
 
 // Every tile of x through one block of V vectors of outputs (`each_row_tile`).
-template <int V, int... ROWS>
-void linear_block(const float* x, int64_t rows, int64_t in, const float* block, const float* next,
+template <int V, typename W, int... ROWS>
+void linear_block(const float* x, int64_t rows, int64_t in, const W* block, const W* next,
                   const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const float*, int64_t, const float*, const float*, PrefetchShare, const float*,
-                        float*, int64_t);
-  static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V>...};  // tiles[r - 1]: r rows
-  each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
-}
-
-// The float32 tile on int8 weights (`pack_weight_int8`): per input, V vectors of F32_LANES int8 widened to
-// float32 (`widen_int8`: 2 instructions a vector, shared by the tile's rows), then the same outer
-// product; each output's sum times its scale (the block's float32 scales follow its weights) plus the bias.
-// At one row the weights are the only stream, at a quarter of float32's bytes.
-template <int ROWS, int V>
-void linear_tile_i8(const float* x, int64_t in, const int8_t* block, const int8_t* next, PrefetchShare share,
-                    const float* bias, float* y, int64_t out) {
-  Floats acc[ROWS][V] = {};
-  for (int64_t i = 0; i < in; ++i) {
-    const int8_t* w = block + i * V * F32_LANES;
-    prefetch_step(next, share, i);
-    Floats ws[V];
-    for (int v = 0; v < V; ++v) ws[v] = widen_int8(w + v * F32_LANES);
-    for (int r = 0; r < ROWS; ++r) {
-      const float xs = x[r * in + i];
-      for (int v = 0; v < V; ++v) acc[r][v] += ws[v] * xs;
-    }
-  }
-  const float* scales = reinterpret_cast<const float*>(block + in * V * F32_LANES);
-  for (int v = 0; v < V; ++v) {
-    const Floats s = *reinterpret_cast<const UnalignedFloats*>(scales + v * F32_LANES);
-    Floats b = {};
-    if (bias) b = *reinterpret_cast<const UnalignedFloats*>(bias + v * F32_LANES);
-    for (int r = 0; r < ROWS; ++r)
-      *reinterpret_cast<UnalignedFloats*>(y + r * out + v * F32_LANES) = acc[r][v] * s + b;
-  }
-}
-
-template <int V, int... ROWS>
-void linear_block(const float* x, int64_t rows, int64_t in, const int8_t* block, const int8_t* next,
-                  const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const float*, int64_t, const int8_t*, const int8_t*, PrefetchShare, const float*,
-                        float*, int64_t);
-  static constexpr Tile tiles[] = {linear_tile_i8<ROWS + 1, V>...};  // tiles[r - 1]: r rows
+  using Tile = void (*)(const float*, int64_t, const W*, const W*, PrefetchShare, const float*, float*,
+                        int64_t);
+  static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V, W>...};  // tiles[r - 1]: r rows
   each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
 }
 
@@ -414,7 +389,9 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
             for (int v = 0; v < V; ++v)
               *reinterpret_cast<UnalignedFloats*>(widened.data() + (i * V + v) * F32_LANES) =
                   widen_int8(weights + (i * V + v) * F32_LANES) * s[v];
-          linear_block<V>(x_p, rows, in, widened.data(), nullptr, b, y_p + begin, out, tile_rows);
+          const float* block = widened.data();
+          linear_block<V>(x_p, rows, in, block, static_cast<const float*>(nullptr), b, y_p + begin, out,
+                          tile_rows);
         };
         if (width / F32_LANES == 3)
           run(std::integral_constant<int, 3>());
