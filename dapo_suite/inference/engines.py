@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm.auto import tqdm
 
+from dapo_suite.core.errors import UserError
 from dapo_suite.core.prompts import render_chat
 
 if TYPE_CHECKING:
@@ -147,9 +148,17 @@ class HFEngine:
         import torch
 
         self.model, self.tokenizer, self.batch_size, self.progress = model, tokenizer, batch_size, progress
-        # None: the model's dtype; quantized weights (`weights.QUANTIZERS`) sample in float32
-        dtype = getattr(torch, sampling_dtype) if sampling_dtype else None
-        self.sampling_dtype = torch.float32 if quantization else dtype
+        from dapo_suite.inference.decoding import lean_supported
+        from dapo_suite.inference.weights import QUANTIZED_ACTIVATIONS
+
+        # quantized weights live in the lean stepper's snapshot: another model would sample unquantized
+        if quantization and not lean_supported(model):
+            raise UserError(
+                f"rollout_quantization {quantization}: {type(model).__name__} decodes with transformers' "
+                "step, which samples from the model's own weights; leave rollout_quantization null for it"
+            )
+        dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
+        self.sampling_dtype = QUANTIZED_ACTIVATIONS if quantization else dtype
         self.quantization = quantization
         self.eos_ids = end_of_response_ids(model, tokenizer)
         self._weights: StepperWeights | None = None  # the lean stepper's snapshot, made on first use

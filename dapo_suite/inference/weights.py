@@ -91,6 +91,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # rollout_quantization -> how the sampler's copy of each projection is quantized (TrainConfig checks the name)
 QUANTIZERS = {"int8": quantize_int8}
+QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply: activations and KV cache
 
 
 class StepperWeights:
@@ -106,8 +107,7 @@ class StepperWeights:
 
     def __init__(self, model, dtype: torch.dtype | None = None, quantization: str | None = None) -> None:
         config, inner = model.config, model.model
-        # quantized projections (`QUANTIZERS`) run on float32 activations and cache
-        dtype = self.dtype = torch.float32 if quantization else dtype or model.dtype
+        dtype = self.dtype = QUANTIZED_ACTIVATIONS if quantization else dtype or model.dtype
         self.quantization = quantization
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # On a CPU: the fused kernels (`fused_step`) in float32 everywhere and in bf16 where the CPU has bf16

@@ -4,6 +4,8 @@ output channel, its kernel against the dequantized product, and its samples' log
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from test_sampler import _encoded, _fused, _sample, float32_linear_cases
@@ -78,3 +80,28 @@ def test_int8_sampling_reports_its_own_log_probs_near_the_trainers(embedded_mode
     difference = (trainer - sampled.log_probs).abs()[mask]
     assert 0 < difference.max() < 2.0, difference.max()
     assert difference.mean() < 0.1, difference.mean()
+
+
+def test_int8_rollouts_for_a_model_the_lean_stepper_cannot_run_are_refused_not_sampled_unquantized():
+    """Quantized weights live in the lean stepper's snapshot: a model that decodes through transformers' own
+    step (here a dynamic RoPE scaling) would sample from its full-precision weights, so the engine refuses."""
+    import transformers
+
+    from dapo_suite.core.errors import UserError
+    from dapo_suite.inference.engines import HFEngine
+
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    with warnings.catch_warnings():  # lean_supported says why once per process
+        warnings.simplefilter("ignore")
+        with pytest.raises(UserError, match="rollout_quantization int8: LlamaForCausalLM decodes with"):
+            HFEngine(model, tokenizer=None, quantization="int8")
