@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from test_sampler import _encoded, _fused, _sample, float32_linear_cases
+from test_stepper_models import SMALL
 
 
 def test_int8_quantization_rounds_each_weight_to_within_half_its_channels_step():
@@ -91,14 +92,7 @@ def test_int8_rollouts_for_a_model_the_lean_stepper_cannot_run_are_refused_not_s
     from dapo_suite.inference.engines import HFEngine
 
     config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=64,
-        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        **SMALL, head_dim=64, rope_scaling={"rope_type": "dynamic", "factor": 2.0}
     )
     model = transformers.LlamaForCausalLM(config).eval()
     with warnings.catch_warnings():  # lean_supported says why once per process
