@@ -321,10 +321,11 @@ def check_sampler(row: dict[str, str]) -> None:
     check_cpu(row, [output])
 
 
-def update_shares(path: Path) -> dict[str, tuple[float, float]]:
-    """benchmarks/update_flops.py's printed rows: shape -> (update GFLOP/s, its share of the matmul peak)."""
+def update_shares(path: Path, dtype: str = "float32") -> dict[str, tuple[float, float]]:
+    """benchmarks/update_flops.py's printed rows of `dtype`: shape -> (update GFLOP/s, its share of the matmul
+    peak)."""
     found = re.findall(
-        r"^\[(\w+) float32\] update ([\d.]+) GFLOP/s .* update/peak ([\d.]+)", path.read_text(), re.M
+        rf"^\[(\w+) {dtype}\] update ([\d.]+) GFLOP/s .* update/peak ([\d.]+)", path.read_text(), re.M
     )
     return {shape: (float(rate), float(share)) for shape, rate, share in found}
 
@@ -334,14 +335,22 @@ def check_update_flops(row: dict[str, str]) -> None:
     before, after = (update_shares(folder / f"amd-epyc-avx2-{side}-all.txt") for side in ("before", "after"))
     demo, effects, target, demo_gain, effects_gain = figures(
         row["result"],
-        r"\*\*([\d.]+) / ([\d.]+)\*\* of the peak \(([\d.]+): missed\); ([\d.]+)x / ([\d.]+)x the update",
+        r"\*\*([\d.]+) / ([\d.]+)\*\* of the peak \(([\d.]+): missed\); ([\d.]+)x / ([\d.]+)x before",
     )
     assert shows(demo, after["demo"][1]) and shows(effects, after["effects"][1])
     assert max(after["demo"][1], after["effects"][1]) < float(target)
     assert shows(demo_gain, after["demo"][0] / before["demo"][0])
     assert shows(effects_gain, after["effects"][0] / before["effects"][0])
+    bf16 = update_shares(folder / "amd-epyc-zen4-after-all.txt", "bfloat16")
+    bf16_demo, bf16_effects = figures(
+        row["result"], r"bf16 on the EPYC: ([\d.]+) / ([\d.]+) of its bf16 peak \(missed\)"
+    )
+    assert shows(bf16_demo, bf16["demo"][1]) and shows(bf16_effects, bf16["effects"][1])
+    assert max(bf16["demo"][1], bf16["effects"][1]) < float(target)
     assert "2 threads" in row["measured"] and "float32" in row["measured"]
-    check_cpu(row, [folder / "amd-epyc-avx2-before-all.txt", folder / "amd-epyc-avx2-after-all.txt"])
+    check_cpu(
+        row, [folder / f"amd-epyc-{name}-all.txt" for name in ("avx2-before", "avx2-after", "zen4-after")]
+    )
 
 
 def check_int8_rollouts(row: dict[str, str]) -> None:

@@ -4,11 +4,13 @@
 the vLLM-CPU rollout server, DAPO's dynamic sampling with refill, clip-higher, token-mean loss, soft overlong
 penalty, the overlong-filter loss, an FSDP2 update over gloo, validation on the held-out split, a checkpoint.
 
-Then, each one launch more (`budgeted`: CI runs those its budget leaves time for, tests/conftest.py): verl's
-one-step off-policy trainer trains a step with a weight sync and is killed after its checkpoint; that run
-resumed and exported; the sync run resumed (without validating again) and exported to a Hugging Face folder
-that transformers loads and generates with; a LoRA step; the bound on dynamic sampling stopping each trainer
-on problems the model cannot solve; the fully async trainer killed, resumed and exported.
+Then, each one launch more or two (`budgeted`: CI runs those its budget leaves time for, in this order,
+tests/conftest.py): verl's agent loop with the sandbox tool (the dapo-tool preset) killed, resumed and
+exported; verl's one-step off-policy trainer trains a step with a weight sync and is killed after its
+checkpoint; that run resumed and exported; the sync run resumed (without validating again) and exported to a
+Hugging Face folder that transformers loads and generates with; a LoRA step; the bound on dynamic
+sampling stopping each trainer on problems the model cannot solve; the fully async trainer killed, resumed
+and exported.
 """
 
 from __future__ import annotations
@@ -105,6 +107,44 @@ def test_a_verl_step_runs_dapo_on_the_cpu(verl_run):
     assert "clip_ratio_high: 0.28" in config and "loss_agg_mode: token-mean" in config
     assert (verl_run / "checkpoints" / "global_step_1" / "actor").is_dir()
     assert (verl_run / "tensorboard").is_dir()
+
+
+# The dapo-tool preset on verl: the model's ```python blocks (tool_format python_block) run in the sandbox;
+# responses long enough for a call, its output and an answer. First of the budgeted tests: CI's budget skips
+# the checks below it before this one, the only one of the agent loop's path.
+TOOL = ["--set", "max_response_length=128", "--set", "overlong_buffer_len=32", "--set", "save_every=1"]
+
+
+@pytest.mark.budgeted
+@pytest.mark.launches(2)
+@pytest.mark.timeout(3000)
+def test_a_tool_run_calls_the_sandbox_masks_the_tool_s_tokens_resumes_after_a_kill_and_exports(tmp_path):
+    """verl's agent loop (dapo_tool_agent) on the CPU with vLLM-CPU: in each of 2 steps samples call the
+    sandbox tool, and the trained tokens (response_mask) are fewer than the responses' tokens, by the tool's;
+    the weights go to the rollout server every step; killed after step 1, resumed, exported."""
+    from dapo_suite.core.sandbox import isolation
+
+    if isolation.bwrap_problem():
+        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
+    run = tmp_path / "tool-run"
+    flags = [*TOOL, *NO_VALIDATION]
+    _crash_after_step_one(run, "--max-steps", "2", *flags, preset="dapo-tool")
+    resumed = _train(run, "--max-steps", "2", "--resume", *flags, preset="dapo-tool")
+    assert resumed.exit_code == 0, resumed.output
+    steps = {r["step"]: r for r in _steps(run) if "actor/grad_norm" in r}
+    assert sorted(steps) == [1, 2]
+    for step, record in steps.items():
+        assert record["training/num_turns/max"] >= 4, step  # a call: the model's turn and the tool's
+        # the trained tokens (response_mask) fewer than the responses' (attention mask): the tool's are out
+        assert record["actor/model_tokens_mean"] < record["response_length/mean"], step
+        assert "timing_s/update_weights" in record  # the step's weights went to the rollout server
+    assert "format: python_block" in (run / "verl_config.yaml").read_text()
+
+    from dapo_suite.train.cli import train
+
+    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
+    assert export.exit_code == 0, export.output
+    assert _generates(run / "hf-export")
 
 
 def _descendants(pid: int) -> list:
@@ -401,41 +441,4 @@ def test_fully_async_dapo_resumes_after_a_kill_with_the_filters_totals_and_expor
     export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
     assert export.exit_code == 0, export.output
     assert json.loads((run / "hf-export" / "dapo_suite_export.json").read_text())["step"] == 2
-    assert _generates(run / "hf-export")
-
-
-# The dapo-tool preset on verl: the model's ```python blocks (tool_format python_block) run in the sandbox;
-# responses long enough for a call, its output and an answer.
-TOOL = ["--set", "max_response_length=128", "--set", "overlong_buffer_len=32", "--set", "save_every=1"]
-
-
-@pytest.mark.budgeted
-@pytest.mark.launches(2)
-@pytest.mark.timeout(3000)
-def test_a_tool_run_calls_the_sandbox_masks_the_tool_s_tokens_resumes_after_a_kill_and_exports(tmp_path):
-    """verl's agent loop (dapo_tool_agent) on the CPU with vLLM-CPU: in each of 2 steps samples call the
-    sandbox tool, and the trained tokens (response_mask) are fewer than the responses' tokens, by the tool's;
-    the weights go to the rollout server every step; killed after step 1, resumed, exported."""
-    from dapo_suite.core.sandbox import isolation
-
-    if isolation.bwrap_problem():
-        pytest.skip(f"no isolation on this machine: {isolation.bwrap_problem()}")
-    run = tmp_path / "tool-run"
-    flags = [*TOOL, *NO_VALIDATION]
-    _crash_after_step_one(run, "--max-steps", "2", *flags, preset="dapo-tool")
-    resumed = _train(run, "--max-steps", "2", "--resume", *flags, preset="dapo-tool")
-    assert resumed.exit_code == 0, resumed.output
-    steps = {r["step"]: r for r in _steps(run) if "actor/grad_norm" in r}
-    assert sorted(steps) == [1, 2]
-    for step, record in steps.items():
-        assert record["training/num_turns/max"] >= 4, step  # a call: the model's turn and the tool's
-        # the trained tokens (response_mask) fewer than the responses' (attention mask): the tool's are out
-        assert record["actor/model_tokens_mean"] < record["response_length/mean"], step
-        assert "timing_s/update_weights" in record  # the step's weights went to the rollout server
-    assert "format: python_block" in (run / "verl_config.yaml").read_text()
-
-    from dapo_suite.train.cli import train
-
-    export = CliRunner().invoke(train, ["export", str(run)], catch_exceptions=False)
-    assert export.exit_code == 0, export.output
     assert _generates(run / "hf-export")
