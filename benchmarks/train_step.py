@@ -33,7 +33,7 @@ tokens: the same denominator here, one process, one generation batch = one mini-
 truncation mask while generating (which this benchmark skips), so the prepared batch applies it exactly as TRL
 does (last token not EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, interleaved;
 tokens/s counts real (unpadded) prompt + response tokens, truncated responses included (both sides run them).
-Target: ours >= 1.5x TRL. --bf16: both sides compute under bf16 autocast with float32 weights and optimizer
+Target: ours >= 3x TRL (issue #77). --bf16: both sides compute under bf16 autocast with float32 weights and optimizer
 state (ours `autocast_dtype= bfloat16`, TRL `bf16=True`; run without --bf16 for the float32 figures); the loss
 check then allows --rtol 1e-1 (the two sides round differently in bf16, and the loss is a small mean of terms
 of both signs: the gaps measured are in docs/results/precision/history.md; the float32 run is the check that
@@ -54,6 +54,8 @@ import torch
 from dapo_suite.core.provenance import cpu_line
 from dapo_suite.train.algorithm import ScoredGroups, group_advantages
 from dapo_suite.train.rollout import Rollout
+
+TARGET = 3.0  # ours over TRL's update tokens/s, equal settings (issue #77)
 
 
 def synthetic_groups(
@@ -265,9 +267,10 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     model_path = str(embedded_model_path())
     with tempfile.TemporaryDirectory() as tmp:
+        # as `--set` settings: autocast_dtype None must turn off the default scale's `auto` (bf16 where native)
         config = resolve_config(
             ["dapo"],
-            {
+            settings={
                 "out": f"{tmp}/ours",
                 "seed": args.seed,
                 "train_batch_size": args.prompts,
@@ -292,6 +295,8 @@ def main() -> None:
             },
         )
         ours = DAPOTrainer(config)
+        ran = ours.actor.config.autocast_dtype
+        assert ran == ("bfloat16" if args.bf16 else None), f"ours runs autocast {ran}, not the side asked for"
         tokenizer = ours.tokenizer
         groups = synthetic_groups(
             args.prompts,
@@ -357,8 +362,8 @@ def main() -> None:
         )
     ratio = rates["ours"] / rates["TRL"]
     print(
-        f"[train-step] ratio ours / TRL = {ratio:.3f}x (target >= 1.5x): "
-        f"{'PASS' if ratio >= 1.5 else 'FAIL'}; load average now {os.getloadavg()[0]:.2f}"
+        f"[train-step] ratio ours / TRL = {ratio:.3f}x (target >= {TARGET}x): "
+        f"{'met' if ratio >= TARGET else 'missed'}; load average now {os.getloadavg()[0]:.2f}"
     )
 
 

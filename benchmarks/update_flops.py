@@ -92,9 +92,10 @@ def update_rate(shape: str, dtype: str, reps: int, seed: int) -> tuple[list[floa
 
     scale, prompts, group_size, prompt_len, response_len = SHAPES[shape]
     with tempfile.TemporaryDirectory() as tmp:
+        # as `--set` settings: autocast_dtype None must turn off the scale preset's `auto` (bf16 where native)
         config = resolve_config(
             ["dapo", scale],
-            {
+            settings={
                 "out": tmp,
                 "seed": seed,
                 "train_batch_size": prompts,
@@ -105,6 +106,8 @@ def update_rate(shape: str, dtype: str, reps: int, seed: int) -> tuple[list[floa
             },
         )
         trainer = DAPOTrainer(config)
+        ran = trainer.actor.config.autocast_dtype or "float32"
+        assert ran == dtype, f"asked for a {dtype} update, the trainer runs {ran}"
         groups = synthetic_groups(
             prompts,
             group_size,
