@@ -33,8 +33,8 @@ tokens: the same denominator here, one process, one generation batch = one mini-
 truncation mask while generating (which this benchmark skips), so the prepared batch applies it exactly as TRL
 does (last token not EOS/pad). Timing: warm-up step (the loss check), then --reps steps of each, interleaved;
 tokens/s counts real (unpadded) prompt + response tokens, truncated responses included (both sides run them).
-Target: ours >= 3x TRL (issue #77). --bf16: both sides compute under bf16 autocast with float32 weights and optimizer
-state (ours `autocast_dtype= bfloat16`, TRL `bf16=True`; run without --bf16 for the float32 figures); the loss
+Target: ours >= 3x TRL (issue #77). --bf16: both sides compute under bf16 autocast with float32 weights and
+optimizer state (ours `autocast_dtype= bfloat16`, TRL `bf16=True`; run without --bf16 for the float32 figures); the loss
 check then allows --rtol 1e-1 (the two sides round differently in bf16, and the loss is a small mean of terms
 of both signs: the gaps measured are in docs/results/precision/history.md; the float32 run is the check that
 both compute the same loss). With overlong filtering, `update` leaves truncated responses out of its forward
@@ -267,7 +267,7 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     model_path = str(embedded_model_path())
     with tempfile.TemporaryDirectory() as tmp:
-        # as `--set` settings: autocast_dtype None must turn off the default scale's `auto` (bf16 where native)
+        # as `--set` settings: autocast_dtype None turns off the default scale's `auto` (bf16 where native)
         config = resolve_config(
             ["dapo"],
             settings={
