@@ -35,10 +35,11 @@ does (last token not EOS/pad). Timing: warm-up step (the loss check), then --rep
 tokens/s counts real (unpadded) prompt + response tokens, truncated responses included (both sides run them).
 Target: ours >= 3x TRL (issue #77). --bf16: both sides compute under bf16 autocast with float32 weights and
 optimizer state (ours `autocast_dtype= bfloat16`, TRL `bf16=True`; run without --bf16 for the float32
-figures); the loss check then allows --rtol 1e-1 (the two sides round differently in bf16, and the loss is a small mean of terms
-of both signs: the gaps measured are in docs/results/precision/history.md; the float32 run is the check that
-both compute the same loss). With overlong filtering, `update` leaves truncated responses out of its forward
-and backward passes (they carry no loss and no gradient); TRL runs them and masks their loss.
+figures); the loss check then allows --rtol 1e-1 (the two sides round differently in bf16, and the loss is a
+small mean of terms of both signs: the gaps measured are in docs/results/precision/history.md; the float32 run
+is the check that both compute the same loss). With overlong filtering, `update` leaves truncated responses
+out of its forward and backward passes (they carry no loss and no gradient); TRL runs them and masks their
+loss.
 """
 
 from __future__ import annotations
