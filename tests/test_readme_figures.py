@@ -330,26 +330,32 @@ def update_shares(path: Path, dtype: str = "float32") -> dict[str, tuple[float, 
     return {shape: (float(rate), float(share)) for shape, rate, share in found}
 
 
+def trl_ratio(path: Path) -> float:
+    """benchmarks/train_step.py's printed ratio of our update's tokens/s to TRL's."""
+    return float(figures(path.read_text(), r"ratio ours / TRL = ([\d.]+)x")[0])
+
+
 def check_update_flops(row: dict[str, str]) -> None:
     folder = RESULTS / "update-flops"
-    before, after = (update_shares(folder / f"amd-epyc-avx2-{side}-all.txt") for side in ("before", "after"))
-    demo, effects, target, demo_gain, effects_gain = figures(
-        row["result"],
-        r"\*\*([\d.]+) / ([\d.]+)\*\* of the peak \(([\d.]+): missed\); ([\d.]+)x / ([\d.]+)x before",
-    )
-    assert shows(demo, after["demo"][1]) and shows(effects, after["effects"][1])
-    assert max(after["demo"][1], after["effects"][1]) < float(target)
-    assert shows(demo_gain, after["demo"][0] / before["demo"][0])
-    assert shows(effects_gain, after["effects"][0] / before["effects"][0])
+    avx2 = update_shares(folder / "amd-epyc-avx2-after-all.txt")
     bf16 = update_shares(folder / "amd-epyc-zen4-after-all.txt", "bfloat16")
-    bf16_demo, bf16_effects = figures(
-        row["result"], r"bf16 on the EPYC: ([\d.]+) / ([\d.]+) of its bf16 peak \(missed\)"
+    demo, effects, bf16_demo, bf16_effects, target = figures(
+        row["result"],
+        r"float32 \*\*([\d.]+) / ([\d.]+)\*\* of the peak, bf16 ([\d.]+) / ([\d.]+) \(([\d.]+): missed\)",
     )
+    assert shows(demo, avx2["demo"][1]) and shows(effects, avx2["effects"][1])
     assert shows(bf16_demo, bf16["demo"][1]) and shows(bf16_effects, bf16["effects"][1])
-    assert max(bf16["demo"][1], bf16["effects"][1]) < float(target)
-    assert "2 threads" in row["measured"] and "float32" in row["measured"]
+    assert max(avx2["demo"][1], avx2["effects"][1], bf16["demo"][1], bf16["effects"][1]) < float(target)
+    runs = {dtype: folder / f"amd-epyc-zen4-train-step-{dtype}.txt" for dtype in ("float32", "bf16")}
+    float32, bf16_ratio, trl_target = figures(
+        row["result"], r"\*\*([\d.]+)x\*\* TRL's tokens/s in float32, ([\d.]+)x in bf16 \(([\d.]+)x: missed\)"
+    )
+    assert shows(float32, trl_ratio(runs["float32"])) and shows(bf16_ratio, trl_ratio(runs["bf16"]))
+    assert max(trl_ratio(runs["float32"]), trl_ratio(runs["bf16"])) < float(trl_target)
+    assert "bf16 autocast" in runs["bf16"].read_text() and ", float32\n" in runs["float32"].read_text()
+    assert "2 threads" in row["measured"]
     check_cpu(
-        row, [folder / f"amd-epyc-{name}-all.txt" for name in ("avx2-before", "avx2-after", "zen4-after")]
+        row, [folder / "amd-epyc-avx2-after-all.txt", folder / "amd-epyc-zen4-after-all.txt", *runs.values()]
     )
 
 
