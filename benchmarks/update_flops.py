@@ -5,13 +5,13 @@ torch's matmuls reach at the model's own shapes, in the same run, on the same th
     .venv/bin/python -m benchmarks.update_flops --threads 1      # one thread
     .venv/bin/python -m benchmarks.update_flops --shapes demo --dtypes bfloat16 --reps 1
 
-Peak: the best rate of `torch.matmul` over the update's matmul shapes (tokens x hidden into the attention
-and MLP projections, and into the LM head's 49k vocabulary; forward and the two backward products), bf16 and
-float32, best of --reps after a warm-up. Update: one `DAPOTrainer.actor.update` (forward log-probs, the
-loss, backward, the AdamW step) on synthetic rollouts of a mini-batch of the demo's (`tiny-cpu`: 2 prompts x
-16 responses) or the effects study's (`effects-cpu`: 1 x 8) size, response lengths up to 64 tokens;
-`bfloat16` is the trainer's bf16 autocast over float32 weights (the demo on a bf16 CPU), `float32` its plain
-float32.
+Peak: the best rate of `torch.matmul` over the update's matmul shapes (tokens x hidden into the attention and
+MLP projections, and into the LM head's 49k vocabulary; forward and the two backward products), bf16 and
+float32, best of --reps after a warm-up. Update: one `DAPOTrainer.actor.update` (forward log-probs, the loss,
+backward, one AdamW step: one epoch, where the effects study makes 2) on synthetic rollouts of a mini-batch of
+the demo's (`tiny-cpu`: 2 prompts x 16 responses) or the effects study's (`effects-cpu`: 1 x 8) size, response
+lengths up to 64 tokens; `bfloat16` is the trainer's bf16 autocast over float32 weights (the demo on a bf16
+CPU), `float32` its plain float32.
 
 Model FLOPs per mini-batch (the convention of MFU, Chowdhery et al. 2022, arXiv 2204.02311, appendix B): 6 x
 the non-embedding parameters x every token the update must run, plus attention (6 x 2 x layers x hidden x each
@@ -100,6 +100,7 @@ def update_rate(shape: str, dtype: str, reps: int, seed: int) -> tuple[list[floa
                 "seed": seed,
                 "train_batch_size": prompts,
                 "mini_batch_size": prompts,
+                "ppo_epochs": 1,  # one pass, one optimiser step: the FLOPs counted are the FLOPs run
                 "dtype": "float32",
                 "autocast_dtype": "bfloat16" if dtype == "bfloat16" else None,
                 "device": "cpu",
@@ -108,6 +109,7 @@ def update_rate(shape: str, dtype: str, reps: int, seed: int) -> tuple[list[floa
         trainer = DAPOTrainer(config)
         ran = trainer.actor.config.autocast_dtype or "float32"
         assert ran == dtype, f"asked for a {dtype} update, the trainer runs {ran}"
+        assert config.updates_per_step == 1, "an update here is one optimiser step"
         groups = synthetic_groups(
             prompts,
             group_size,

@@ -50,7 +50,8 @@ def cpu_seconds() -> float:
 
 
 class SamplerSide:
-    """dapo-suite's `sample_tokens` on the embedded model, in the requested sampling dtype."""
+    """dapo-suite's `sample_tokens` on the embedded model, in the requested sampling dtype (a name of
+    `sampler_bound.SAMPLING_DTYPES`: int8 is `rollout_quantization: int8`'s weights)."""
 
     def __init__(self, path: str) -> None:
         from dapo_suite.inference.models import load_model_and_tokenizer
@@ -81,14 +82,16 @@ class SamplerSide:
     ) -> dict:
         import torch
 
+        from benchmarks.sampler_bound import SAMPLING_DTYPES
         from dapo_suite.inference.engines import end_of_response_ids
         from dapo_suite.inference.sampling import sample_tokens
         from dapo_suite.inference.weights import StepperWeights
 
+        activations, quantization = SAMPLING_DTYPES[dtype]
         if (
             dtype != self.dtype
         ):  # the weights cast and packed once per dtype, as the engines do (vLLM's: below)
-            self.weights, self.dtype = StepperWeights(self.model, getattr(torch, dtype)), dtype
+            self.weights, self.dtype = StepperWeights(self.model, activations, quantization), dtype
 
         pad = self.tokenizer.pad_token_id
         width = max(map(len, prompt_ids))
@@ -109,7 +112,7 @@ class SamplerSide:
                 pad,
                 samples_per_prompt=group,
                 generator=torch.Generator().manual_seed(0),
-                dtype=getattr(torch, dtype),
+                dtype=activations,
                 weights=self.weights,
             )
         return {

@@ -14,7 +14,8 @@ if [ -x "$DIR/bin/llama-batched-bench" ] && [ -x "$DIR/bin/llama-bench" ]; then
 fi
 mkdir -p "$DIR"
 if [ ! -f "$DIR/src/CMakeLists.txt" ]; then
-  "$PIP" download "llama-cpp-python==$VERSION" --no-deps --no-binary :all: -d "$DIR" -q
+  # the sdist only (`--no-binary :all:` would build its build dependencies from source too, recursively)
+  "$PIP" download "llama-cpp-python==$VERSION" --no-deps --no-binary llama-cpp-python -d "$DIR" -q
   tar xzf "$DIR/llama_cpp_python-$VERSION.tar.gz" -C "$DIR"
   rm -rf "$DIR/src"
   mv "$DIR/llama_cpp_python-$VERSION/vendor/llama.cpp" "$DIR/src"
