@@ -13,8 +13,8 @@ decoder) and a plain batched `model.generate` on the same GSM8K prompts. Tokens 
 response is unfinished (generate keeps computing rows that have stopped). It also reports the log-prob gap
 between a lower sampling dtype and the float32 trainer. `--dtypes int8` samples from the weights quantized as
 `rollout_quantization: int8` makes them (int8 per output channel, float32 activations and KV cache); its bound
-counts one byte a weight. Each dtype's weights snapshot is made once before its timed calls, as a trainer's
-engine makes one per weight sync.
+counts one byte a weight; `--dtypes int4` (groups of 32 with a float16 scale each) counts 0.5625. Each
+dtype's weights snapshot is made once before its timed calls, as a trainer's engine makes one per weight sync.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ SAMPLING_DTYPES = {
     "float32": (torch.float32, None),
     "bfloat16": (torch.bfloat16, None),
     "int8": (torch.float32, "int8"),
+    "int4": (torch.float32, "int4"),
 }
 
 
@@ -78,7 +79,7 @@ def bound_seconds(
     lengths: torch.Tensor,
     prompt_tokens: torch.Tensor,
     group: int,
-    dtype_bytes: int,
+    dtype_bytes: float,
     bandwidth: float,
     flops: float,
     kv_bytes: int | None = None,
@@ -168,7 +169,7 @@ def main() -> None:
     from dapo_suite.inference.engines import end_of_response_ids
     from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.inference.sampling import sample_tokens
-    from dapo_suite.inference.weights import StepperWeights
+    from dapo_suite.inference.weights import QUANTIZERS, StepperWeights
     from eval.data import load_problems
     from eval.prompts import format_prompt
 
@@ -209,7 +210,7 @@ def main() -> None:
             parser.error(f"--dtypes {dtype_name}: not one of {', '.join(SAMPLING_DTYPES)}")
         dtype, quantization = SAMPLING_DTYPES[dtype_name]
         weights = StepperWeights(model, dtype, quantization)
-        weight_bytes = 1 if quantization else dtype.itemsize
+        weight_bytes = QUANTIZERS[quantization].bytes_per_weight if quantization else dtype.itemsize
         # One short call first: it loads the fused kernels (built once per machine and source version, then
         # cached by torch.utils.cpp_extension), which every timed call below reuses, as a trainer's later
         # rollouts do.

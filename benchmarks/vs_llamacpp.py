@@ -3,14 +3,16 @@ in one run: decode and prefill tokens/s, their ratio, and each side's share of t
 
     make llamacpp                                          # llama.cpp for this CPU (scripts/llamacpp.sh)
     .venv/bin/python -m benchmarks.vs_llamacpp     # float32 and bf16; 1, 8, 64 rows and 8x8; all cores and 1
-    .venv/bin/python -m benchmarks.vs_llamacpp --dtypes int8 --no-quantized   # int8 rollouts against Q8_0
+    .venv/bin/python -m benchmarks.vs_llamacpp --dtypes int8,int4 --no-quantized  # against Q8_0 and Q4_0
     .venv/bin/python -m benchmarks.vs_llamacpp --dtypes bfloat16 --shapes 1x1 --threads 2 --max-tokens 64
 
 The peer: llama.cpp built from the tree vendored in the `llama-cpp-python` sdist (CPU only, -march=native),
 its `llama-batched-bench` (S_PP: prompt tokens/s, S_TG: generated tokens/s), its default settings (f16 KV
 cache). The weights: the embedded model's safetensors converted by llama.cpp's own `convert_hf_to_gguf.py` at
 the same precision (f32, bf16; Q8_0 against the sampler's int8 weights, `rollout_quantization: int8`, whose
-activations and KV cache are float32), made once into the llama.cpp folder; the Q4_1 file the model ships in
+activations and KV cache are float32; Q4_0 against its int4 weights, `rollout_quantization: int4`, made by
+`llama-quantize --pure` from the f32 file so that every projection, the tied LM head included, is Q4_0 as on
+the sampler's side), made once into the llama.cpp folder; the Q4_1 file the model ships in
 is an extra llama.cpp row, against the sampler's bf16. llama.cpp decodes without sampling (batched-bench feeds
 a fixed token); the sampler samples every token (T 1.0, top_p 0.7): the comparison counts that against the
 sampler.
@@ -34,18 +36,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-# sampler dtype (benchmarks.sampler_bound.SAMPLING_DTYPES) -> convert_hf_to_gguf's --outtype at the same bits:
-# int8 per output channel against llama.cpp's Q8_0 (int8 in blocks of 32 with an f16 scale each: 8.5 bits)
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
-# rows -> decode ratio over llama.cpp asked of the sampler: issue #77's for int8 (both sides stream weights at
-# the memory's pace at one row), the earlier sampler issue's for the others
+# sampler dtype (benchmarks.sampler_bound.SAMPLING_DTYPES) -> llama.cpp's type at the same bits: int8 per
+# output channel against Q8_0 (int8 in blocks of 32 with an f16 scale each: 8.5 bits); int4 in groups of 32
+# with an f16 scale each against Q4_0, the same format (4.5 bits)
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "int4": "q4_0"}
+# the types convert_hf_to_gguf.py cannot write: made by llama-quantize from the f32 file
+REQUANTIZED = {"q4_0": "Q4_0"}
+# rows -> decode ratio over llama.cpp asked of the sampler: issue #77's for int8 and int4 (both sides stream
+# weights at the memory's pace at one row), the earlier sampler issue's for the others
 TARGETS = {"int8": {1: 0.95, 8: 2.0, 64: 2.0}, "float32": {1: 1.1, 8: 2.0, 64: 2.0}}
 TARGETS["bfloat16"] = TARGETS["float32"]
+TARGETS["int4"] = TARGETS["int8"]
 
 
 def gguf_file(llamacpp: Path, model_path: str, dtype: str) -> Path:
-    """The embedded model in GGUF at `dtype`, converted once by llama.cpp's own script."""
+    """The embedded model in GGUF at `dtype`, converted once by llama.cpp's own script (or quantized from the
+    f32 file by its llama-quantize, `--pure`: every tensor at that type)."""
     target = llamacpp / "models" / f"smollm2-135m-instruct-{GGUF_TYPES[dtype]}.gguf"
+    if not target.is_file() and GGUF_TYPES[dtype] in REQUANTIZED:
+        source, partial = gguf_file(llamacpp, model_path, "float32"), target.with_suffix(".partial")
+        command = [str(llamacpp / "bin" / "llama-quantize"), "--pure", str(source), str(partial)]
+        done = subprocess.run([*command, REQUANTIZED[GGUF_TYPES[dtype]]], capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(
+                f"llama-quantize failed for {dtype} (`make llamacpp` builds it):\n{done.stderr[-3000:]}"
+            )
+        partial.rename(target)
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".partial")
@@ -168,6 +184,7 @@ def main() -> None:
     from dapo_suite.core.provenance import cpu_line
     from dapo_suite.core.threads import THREADS_VARIABLE
     from dapo_suite.inference.models import embedded_gguf_path, embedded_model_path, load_model_and_tokenizer
+    from dapo_suite.inference.weights import QUANTIZERS
 
     path = str(embedded_model_path())
     print(cpu_line())
@@ -188,8 +205,10 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             activations, quantization = SAMPLING_DTYPES[dtype]
             flops = matmul_flops(activations)
-            # the bound's bytes: a weight's as stored (int8: one), the KV cache's in the activations' dtype
-            itemsize, kv_bytes = (1 if quantization else activations.itemsize), activations.itemsize
+            # the bound's bytes: a weight's as stored (int8: one; int4: half, plus its group's scale), the KV
+            # cache's in the activations' dtype
+            itemsize = QUANTIZERS[quantization].bytes_per_weight if quantization else activations.itemsize
+            kv_bytes = activations.itemsize
             for count, group in shapes:
                 shape, rows, shared = f"{count}x{group}", count * group, group > 1
                 prompt_ids = problems[:count]

@@ -214,7 +214,8 @@ class Worker:
         self.process = subprocess.Popen(
             [
                 python,
-                __file__,
+                "-m",
+                "benchmarks.vs_vllm",  # a module run from the repository's root: it imports `benchmarks`
                 "--worker",
                 side,
                 "--model-path",
@@ -226,6 +227,7 @@ class Worker:
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, **env},
+            cwd=Path(__file__).resolve().parents[1],
         )
         if cores:
             os.sched_setaffinity(self.process.pid, cores)

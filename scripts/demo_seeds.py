@@ -1,11 +1,12 @@
-"""The demo's training stage over many seeds, in bf16, in float32 and with LoRA: docs/results/demo/ (the
-table).
+"""The demo's training stage over many seeds, in bf16, in float32, with LoRA and with int8 rollouts:
+docs/results/demo/ (the table), docs/results/quantized-rollouts/ (int8).
 
 Each run is `dapo-suite train --preset dapo --train-file <the demo's data> --seed S` (what `make demo` runs),
 plus its arm's settings (`ARMS`): none for bf16 (the default where bf16 is native),
 `--set sampling_dtype=null --set autocast_dtype=null` for float32 (the precision of a CPU without native
-bf16), LoRA adapters for lora-bf16. Finished runs are kept and skipped, unfinished ones resumed, so a rerun
-continues where it stopped.
+bf16), LoRA adapters for lora-bf16, `--set rollout_quantization=int8` for int8-rollouts (bf16 training,
+the sampler's copy of the weights in int8, rollout correction on). Finished runs are kept and skipped,
+unfinished ones resumed, so a rerun continues where it stopped.
 
     python scripts/demo_seeds.py --seeds 10 --arms bf16 float32 --out runs/demo-seeds
     python scripts/demo_seeds.py --out runs/demo-seeds --table docs/results/demo    # the table from finished
@@ -45,6 +46,7 @@ ARMS = {
         "--set",
         "lr=3e-4",
     ],
+    "int8-rollouts": ["--set", "rollout_quantization=int8"],
 }
 
 

@@ -364,23 +364,32 @@ def check_update_flops(row: dict[str, str]) -> None:
 
 
 def check_int8_rollouts(row: dict[str, str]) -> None:
-    output = RESULTS / "quantized-rollouts" / "amd-epyc-avx2-sampler-bound.txt"
+    output = RESULTS / "quantized-rollouts" / "amd-epyc-zen4-vs-llamacpp-int8-int4.txt"
+    # (dtype, rows) -> (ratio, the sampler's share of the bound, the target's verdict), 2 threads
     table = {
-        (dtype, int(rows)): (float(rate), int(share))
-        for dtype, rows, rate, share in re.findall(
-            r"^\| (\w+) \| (\d+) \(\d+ x 1\) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| (\d+) % \|",
+        (dtype, int(rows)): (float(ratio), int(share), verdict)
+        for dtype, rows, share, ratio, verdict in re.findall(
+            r"^(int\d)\s+(\d+)x1 t2: decode dapo-suite\s+[\d.]+ tok/s \(\s*(\d+) % of bound\).*?: "
+            r"([\d.]+)x \(target [\d.]+x: (met|missed)\)",
             output.read_text(),
             re.M,
         )
     }
-    one, eight, sixty_four, share, target = figures(
-        row["result"],
-        r"\*\*([\d.]+)x\*\* / ([\d.]+)x / ([\d.]+)x; (\d+) % of the bandwidth bound at 1 row "
-        r"\((\d+) %: missed\)",
+    int8, int4 = (
+        figures(row["result"], rf"{dtype} vs {peer} \**([\d.]+)x\** / ([\d.]+)x / ([\d.]+)x")
+        for dtype, peer in (("int8", "Q8_0"), ("int4", "Q4_0"))
     )
-    for shown, rows in ((one, 1), (eight, 8), (sixty_four, 64)):
-        assert shows(shown, table["int8", rows][0] / table["float32", rows][0]), rows
-    assert int(share) == table["int8", 1][1] < int(target)
+    for dtype, shown in (("int8", int8), ("int4", int4)):
+        for printed, rows in zip(shown, (1, 8, 64), strict=True):
+            assert shows(printed, table[dtype, rows][0]), (dtype, rows)
+    assert (
+        all(table["int8", rows][2] == "met" for rows in (1, 8, 64))
+        and "(0.95x / 2x / 2x: met)" in row["result"]
+    )
+    assert [table["int4", rows][2] for rows in (1, 8, 64)] == ["met", "missed", "missed"]
+    assert "(2x: missed at 8 and 64)" in row["result"]
+    (share,) = figures(row["result"], r"(\d+) % of the bandwidth bound at 1 row \(80 %: missed\)")
+    assert int(share) == table["int8", 1][1] < 80
     assert "1 / 8 / 64 rows" in row["measured"] and "2 threads" in row["measured"]
     check_cpu(row, [output])
 

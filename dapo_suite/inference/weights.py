@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -42,13 +44,16 @@ class Projection:
         kernels: ModuleType | None = None,
         quantization: str | None = None,
     ) -> None:
-        self.scales = None  # a quantized weight's, where torch's op multiplies it
+        self.scales = None  # an int8 weight's, where torch's op multiplies it
         packed = weight.new_empty(0)
         if quantization is not None:  # the sampler's copy quantized; float32 activations
-            weight, self.scales = QUANTIZERS[quantization](weight)
+            weight_format = QUANTIZERS[quantization]
+            q, scales = weight_format.quantize(weight)
             bias = None if bias is None else bias.float()
             if kernels is not None:
-                packed = kernels.pack_weight_int8(weight, self.scales)
+                packed = getattr(kernels, weight_format.pack)(q, scales)
+            if not packed.numel():  # no kernel for it here: torch's ops
+                weight, self.scales = weight_format.unpacked(q, scales)
         elif kernels is not None:
             packed = kernels.pack_weight(weight)
         self.kernels = kernels if packed.numel() else None
@@ -89,8 +94,54 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8), scales
 
 
+INT4_GROUP = 32  # inputs per int4 scale: llama.cpp's Q4_0 block
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight-only int4 in groups of 32 inputs per output, as llama.cpp's Q4_0: per group the weight of
+    largest magnitude m sets s = m / -8 (rounded to float16, as stored), q = round(W / s) clamped to [-8, 7],
+    so that weight is exactly -8 s and the others within s / 2 (within s where the clamp cuts a weight of the
+    other sign near 8 s); GPTQ and AWQ use the same group size. A last group narrower than 32 is quantized as
+    if zero-padded. Returns (q (O, I) int8 in [-8, 7], s (O, ceil(I / 32)) float32 holding float16 values)."""
+    out, width = weight.shape
+    groups = _in_groups(weight.float())
+    largest = groups.gather(2, groups.abs().argmax(2, keepdim=True)).squeeze(2)
+    scales = (largest / -8).half().float()
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = (groups / safe[..., None]).round().clamp(-8, 7).to(torch.int8)
+    return q.reshape(out, -1)[:, :width].contiguous(), scales
+
+
+def _in_groups(weight: torch.Tensor) -> torch.Tensor:
+    """(O, I) -> (O, ceil(I / 32), 32), the last group zero-padded."""
+    out, width = weight.shape
+    padded = F.pad(weight, (0, -width % INT4_GROUP))
+    return padded.reshape(out, -1, INT4_GROUP)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A quantized format of the sampler's weights: how a weight is quantized, which of the fused kernels'
+    packers lays it out for `linear`, and what torch's ops run where that packer cannot (`unpacked`: the
+    weight they multiply and the int8 scales of `torch._weight_int8pack_mm`, or None for `F.linear`)."""
+
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    pack: str
+    unpacked: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+    bytes_per_weight: float  # what decoding reads per weight, its scales included (the bandwidth bound's)
+
+
+def _int4_dequantized(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """q s in float32, for `F.linear` where the kernels cannot take the int4 weight."""
+    out, width = q.shape
+    return (_in_groups(q.float()) * scales[..., None]).reshape(out, -1)[:, :width].contiguous(), None
+
+
 # rollout_quantization -> how the sampler's copy of each projection is quantized (TrainConfig checks the name)
-QUANTIZERS = {"int8": quantize_int8}
+QUANTIZERS = {
+    "int8": WeightFormat(quantize_int8, "pack_weight_int8", lambda q, s: (q, s), 1.0),
+    "int4": WeightFormat(quantize_int4, "pack_weight_int4", _int4_dequantized, 0.5 + 2 / INT4_GROUP),
+}
 QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply: activations and KV cache
 
 

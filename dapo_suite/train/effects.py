@@ -295,6 +295,45 @@ CLIP_HIGHER_16 = {
 }
 
 
+# The int8-rollouts study (docs/results/int8-rollouts/README.md): full DAPO sampling from an int8 copy of the
+# weights against full precision. The primary figure's "shown" is harm: full precision above int8.
+INT8_ROLLOUTS = {
+    "int8 rollouts": Effect(
+        "dapo-int8-rollouts",
+        "FlashRL (2025): int8 rollouts with truncated importance sampling keep the BF16 run's accuracy",
+        Figure(
+            "held-out avg@8 after step 60",
+            heldout_at(60, "val/acc"),
+            True,
+            metric("val/acc"),
+            "held-out avg@8",
+        ),
+        (
+            HELDOUT_PASS_AT_8,
+            Figure(
+                "entropy of all sampled tokens, mean of steps 51-60 (nats/token)",
+                steps_mean(metric("rollout/entropy"), 51, 60),
+                True,
+                metric("rollout/entropy"),
+                "sampled entropy",
+            ),
+            Figure(
+                "k3 KL of the sampler from the policy, mean of steps 1-60 (int8 arm)",
+                steps_mean(metric("rollout_corr/k3_kl"), 1, 60),
+                False,
+                metric("rollout_corr/k3_kl"),
+                "rollout-policy k3 KL",
+            ),
+            Figure(
+                "training minutes per run (sum of perf/step_seconds)",
+                lambda records: sum(r.get("perf/step_seconds", 0.0) for r in records) / 60,
+                True,
+            ),
+        ),
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Study:
     """A pre-registered comparison: `baseline` against each effect's arm, paired by seed, at the `scale`
@@ -335,6 +374,15 @@ STUDIES = {
             CLIP_HIGHER_16,
             overrides={"ppo_epochs": 4},
             comparison="DAPO against DAPO without Clip-Higher, 16 updates a rollout batch",
+        ),
+        Study(
+            "int8-rollouts",
+            SCALE,
+            BASELINE,
+            INT8_ROLLOUTS,
+            "full precision",
+            "int8 rollouts",
+            comparison="DAPO sampling from full-precision weights against DAPO sampling from int8 weights",
         ),
     )
 }

@@ -215,10 +215,11 @@ def ladder(
     "--study",
     default="dapo-effects",
     show_default=True,
-    type=click.Choice(["dapo-effects", "tool", "clip-higher-16"]),
+    type=click.Choice(["dapo-effects", "tool", "clip-higher-16", "int8-rollouts"]),
     help="dapo-effects: DAPO against DAPO less each technique; tool: DAPO with the Python tool against "
     "DAPO on text alone (tools-cpu scale; docs/results/tools/); clip-higher-16: Clip-Higher at 16 "
-    "updates a batch, the entropy of all sampled tokens (docs/results/clip-higher-16/).",
+    "updates a batch, the entropy of all sampled tokens (docs/results/clip-higher-16/); int8-rollouts: DAPO "
+    "sampling from int8 weights against full precision (docs/results/int8-rollouts/).",
 )
 @workers_option
 def effects(

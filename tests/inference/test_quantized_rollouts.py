@@ -1,6 +1,6 @@
-"""Quantized rollout weights (`rollout_quantization: int8`): the sampler's copy of each projection in int8 per
-output channel, its kernel against the dequantized product, and its samples' log-probs against the trainer's
-(the trainer's side: tests/train/test_train.py)."""
+"""Quantized rollout weights (`rollout_quantization: int8` and `int4`): the sampler's copy of each projection
+in int8 per output channel or int4 per group of 32, its kernels against the dequantized product, and its
+samples' log-probs against the trainer's (the trainer's side: tests/train/test_train.py)."""
 
 from __future__ import annotations
 
@@ -27,40 +27,92 @@ def test_int8_quantization_rounds_each_weight_to_within_half_its_channels_step()
     assert (q[3] == 0).all()
 
 
+def test_int4_quantization_keeps_each_groups_largest_weight_exact_and_the_rest_within_a_step():
+    """Q4_0's rule per group of 32: s = m / -8 for the weight m of largest magnitude (a float16 value), that
+    weight exactly -8 s, the others within s / 2 (within s where 7 caps a weight of the other sign), a zero
+    group kept finite, a narrower last group quantized as if zero-padded."""
+    from dapo_suite.inference.weights import QUANTIZERS, quantize_int4
+
+    weight = torch.randn(16, 80, generator=torch.Generator().manual_seed(0))
+    weight[2, 32:64] = 0.0
+    q, scales = quantize_int4(weight)
+    assert q.dtype == torch.int8 and q.shape == (16, 80) and scales.shape == (16, 3)
+    assert q.min() >= -8 and q.max() <= 7 and torch.isfinite(scales).all()
+    assert torch.equal(scales, scales.half().float())
+    dequantized, _ = QUANTIZERS["int4"].unpacked(q, scales)
+    step = scales.abs().repeat_interleave(32, 1)[:, :80]
+    error = (dequantized - weight).abs()
+    assert (error <= step * (1 + 1e-3)).all()
+    assert (error[q < 7] <= step[q < 7] / 2 * (1 + 1e-3)).all()
+    largest = torch.nn.functional.pad(weight, (0, 16)).view(16, 3, 32).abs().argmax(-1)
+    for o in range(16):
+        for g in range(3):
+            if scales[o, g] != 0:
+                assert q[o, 32 * g + largest[o, g]] == -8
+    assert (q[2, 32:64] == 0).all() and scales[2, 1] == 0
+
+
+def _activations_as_quantized(x: torch.Tensor) -> torch.Tensor:
+    """x as the integer dot products see it (csrc/quantized.cpp): int8 per row and group of 32, d = max |x| /
+    127, round half to even; float64."""
+    groups = x.double().view(x.shape[0], -1, 32)
+    most = groups.abs().amax(-1, keepdim=True)
+    scale = (most.float() / 127).double()  # the kernel's d, a float32
+    inverse = torch.where(most > 0, (127 / most.float()).double(), torch.zeros_like(most))
+    q = (groups.float() * inverse.float()).round().double()  # the kernel rounds x * (127 / max) in float32
+    return (q * scale).view_as(x)
+
+
 @pytest.mark.kernels
-@pytest.mark.parametrize("rows", [1, 5, 6, 8, 9, 64, 130])
-def test_int8_linear_equals_the_dequantized_product_on_every_cpu(rows):
-    """The fused `linear` on int8 blocks (the float32 tile, weights widened as read, scaled per output) equals
-    x (q s)^T + b (in float64) to float32 rounding at the decoder's widths, at widths ending in a narrower
-    block and at row counts across the tile edges; where the kernels are absent, torch's own int8 weight-only
-    matmul gives the same values."""
-    from dapo_suite.inference.weights import Projection, quantize_int8
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 64, 130])
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_quantized_linear_equals_the_dequantized_product_on_every_cpu(name, rows):
+    """The fused `linear` on quantized weights against x (q s)^T + b in float64, at the decoder's widths,
+    widths ending in a narrower block and row counts across the tile edges. With integer dot products
+    (avx512_vnni: `INTEGER_DOTS`, I % 32 == 0) x is quantized per group of 32 first, and the product equals
+    that x's to float32 rounding; elsewhere int8 runs the widened float32 tile and int4 torch's `F.linear`
+    on the dequantized weight, both on x as given. Where the kernels are absent, torch's ops give the same."""
+    from dapo_suite.inference.weights import QUANTIZERS, Projection
 
     fused = _fused()
+    weight_format = QUANTIZERS[name]
     generator = torch.Generator().manual_seed(rows)
     for weight, x, bias in float32_linear_cases(fused, rows, generator):
         out, width = weight.shape
-        q, scales = quantize_int8(weight)
-        dequantized = q.double() * scales.double()[:, None]
-        expected = torch.nn.functional.linear(
-            x.double(), dequantized, None if bias is None else bias.double()
+        q, scales = weight_format.quantize(weight)
+        dequantized = (
+            q.double() * scales.double()[:, None]
+            if name == "int8"
+            else weight_format.unpacked(q, scales)[0].double()
         )
+        dots = fused.INTEGER_DOTS and width % 32 == 0 and out % 16 == 0
+        seen = _activations_as_quantized(x) if dots else x.double()
+        expected = torch.nn.functional.linear(seen, dequantized, None if bias is None else bias.double())
         # float32 sums of `width` products, in any order: within a few rounding steps of their magnitudes' sum
-        bound = 1e-6 * (x.double().abs() @ dequantized.abs().T) + 1e-6
-        projection = Projection(weight, bias, fused, quantization="int8")
-        assert projection.packed and projection.weight.dtype == torch.int8
-        assert projection.weight.numel() == out * (width + 4)  # int8 weights and float32 scales, no copy kept
+        bound = 1e-6 * (seen.abs() @ dequantized.abs().T) + 1e-6
+        projection = Projection(weight, bias, fused, quantization=name)
+        if dots:  # unsigned weights (q + offset), then scales: int8 (O, I + 4), int4 (O, I / 2 + I / 16)
+            assert projection.packed and projection.weight.dtype == torch.uint8
+            per_output = width + 4 if name == "int8" else width // 2 + width // 16
+            assert projection.weight.shape == (out, per_output)  # no other copy kept
+        elif name == "int8":  # int8 weights and float32 scales
+            assert projection.packed and projection.weight.numel() == out * (width + 4)
+        else:
+            assert not projection.packed
         y = projection(x)
         assert y.dtype == torch.float32 and y.shape == (rows, out)
         assert ((y.double() - expected).abs() <= bound).all(), (out, width)
-        unfused = Projection(weight, bias, None, quantization="int8")
+        unfused = Projection(weight, bias, None, quantization=name)
         assert not unfused.packed
-        assert ((unfused(x).double() - expected).abs() <= bound).all(), (out, width)
+        plain = torch.nn.functional.linear(x.double(), dequantized, None if bias is None else bias.double())
+        plain_bound = 1e-6 * (x.double().abs() @ dequantized.abs().T) + 1e-6
+        assert ((unfused(x).double() - plain).abs() <= plain_bound).all(), (out, width)
 
 
 def test_int8_sampling_reports_its_own_log_probs_near_the_trainers(embedded_model_dir):
     """Samples from int8 weights carry the sampler's log-probs, which differ from the float32 model's (the
-    mismatch rollout correction weighs) but stay near them: the same distribution, slightly moved."""
+    mismatch rollout correction weighs) but stay near them: the same distribution, slightly moved. (int4 moves
+    the embedded 135M model's far more: docs/results/quantized-rollouts/.)"""
     from dapo_suite.inference.models import load_model_and_tokenizer
     from dapo_suite.inference.weights import StepperWeights
 

@@ -4,6 +4,7 @@
 //   linear.cpp      `pack_weight`, `linear`: the projections on bf16 pairs, float32 vectors or AMX tiles
 //   norms.cpp       `add_rms_norm`, `qk_rms_norm`, `silu_mul`
 //   sampling.cpp    `sample_next`: temperature and nucleus sampling
+//   quantized.cpp   `linear` on int8 and int4 rollout weights by integer dot products (AVX-512 VNNI)
 //   module.cpp      `run_layers` (every layer in one call) and the Python bindings
 //
 // Fused pieces of one decode step of a Llama-style block, for dapo_suite.inference.decoding.LeanStepper on a
@@ -43,6 +44,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -103,6 +105,16 @@ inline Floats widen_int8(const int8_t* p) {
 constexpr bool NATIVE_BF16 = true;
 #else
 constexpr bool NATIVE_BF16 = false;
+#endif
+
+// Integer dot products (avx512_vnni: Cascade Lake, Zen 4 and later): `linear` on quantized rollout weights
+// (int8 per output channel, int4 per group of 32) multiplies them by activations quantized to int8 per group
+// of 32 (quantized.cpp), where the widened float32 tile makes a quarter of the multiply-adds per instruction.
+// Built without it, int8 weights run the widened float32 tile and int4 weights torch's ops.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+constexpr bool INTEGER_DOTS = true;
+#else
+constexpr bool INTEGER_DOTS = false;
 #endif
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same
@@ -208,6 +220,13 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
                                        torch::Tensor uniforms);
 torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales);
+torch::Tensor pack_weight_int4(torch::Tensor q, torch::Tensor scales);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+torch::Tensor pack_weight_dot_int8(const torch::Tensor& q, const torch::Tensor& scales);
+torch::Tensor pack_weight_dot_int4(const torch::Tensor& q, const torch::Tensor& scales);
+torch::Tensor product_on_integer_dots(const torch::Tensor& x, const torch::Tensor& packed,
+                                      const torch::Tensor& bias, int bits);
+#endif
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, torch::Tensor onednn);
 torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Tensor bias);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)

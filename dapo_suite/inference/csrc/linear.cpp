@@ -44,10 +44,10 @@ void linear_tile_f32(const float* x, int64_t in, const W* block, const W* next, 
 
 // Every tile of x through one block of V vectors of outputs (`each_row_tile`).
 template <int V, typename W, int... ROWS>
-void linear_block(const float* x, int64_t rows, int64_t in, const W* block, const W* next,
-                  const float* bias, float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
-  using Tile = void (*)(const float*, int64_t, const W*, const W*, PrefetchShare, const float*, float*,
-                        int64_t);
+void linear_block(const float* x, int64_t rows, int64_t in, const W* block, const W* next, const float* bias,
+                  float* y, int64_t out, std::integer_sequence<int, ROWS...>) {
+  using Tile =
+      void (*)(const float*, int64_t, const W*, const W*, PrefetchShare, const float*, float*, int64_t);
   static constexpr Tile tiles[] = {linear_tile_f32<ROWS + 1, V, W>...};  // tiles[r - 1]: r rows
   each_row_tile(tiles, x, rows, in, block, next, in * V * F32_LANES, in, bias, y, out);
 }
@@ -246,14 +246,22 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   return weight.new_empty({0});
 }
 
+// Whether the integer dot products take a quantized weight (O, I): I in whole groups of 32, O in vectors
+// of 16.
+bool dots_take(const torch::Tensor& q) { return INTEGER_DOTS && q.size(1) % 32 == 0 && q.size(0) % 16 == 0; }
+
 // q (O, I) int8 and its per-output scales s (O,) float32 (`weights.quantize_int8`: W ~ q s) -> `linear`'s
-// int8 layout: blocks of F32_BLOCK outputs as the float32 layout's, each block's I x width int8 followed by
-// its width float32 scales, so a tile finds its scales beside its weights. One int8 tensor (O, I + 4); empty
-// where O % F32_LANES.
+// int8 layout. With integer dot products (`INTEGER_DOTS`), their layout (quantized.cpp: uint8 (O, I + 4)).
+// Else blocks of F32_BLOCK outputs as the float32 layout's, each block's I x width int8 followed by its width
+// float32 scales, so a tile finds its scales beside its weights: one int8 tensor (O, I + 4); empty where
+// O % F32_LANES.
 torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "q: int8 (O, I)");
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == q.size(0) && scales.scalar_type() == at::kFloat,
               "scales: float32 (O,)");
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+  if (dots_take(q)) return pack_weight_dot_int8(q, scales);
+#endif
   const int64_t out = q.size(0), in = q.size(1);
   if (out % F32_LANES) return q.new_empty({0});
   std::vector<at::Tensor> parts;
@@ -265,6 +273,24 @@ torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales) {
   return torch::cat(parts).view({out, in + 4});
 }
 
+// q (O, I) int8 in [-8, 7] and its scales s (O, ceil(I / 32)) float32, one per output and group of 32 inputs
+// (`weights.quantize_int4`: W ~ q s) -> the integer dot products' int4 layout (quantized.cpp: uint8 (O, I / 2
+// + I / 16), the scales as float16); empty where they cannot take it (no avx512_vnni, I % 32, O % 16).
+torch::Tensor pack_weight_int4(torch::Tensor q, torch::Tensor scales) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "q: int8 (O, I) in [-8, 7]");
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == q.size(0) && scales.size(1) == (q.size(1) + 31) / 32 &&
+                  scales.scalar_type() == at::kFloat,
+              "scales: float32 (O, ceil(I / 32))");
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+  if (dots_take(q)) return pack_weight_dot_int4(q, scales);
+#endif
+  return at::empty({0}, q.options().dtype(at::kByte));
+}
+
+// The bits of a weight packed for the integer dot products, told by its width: int8 (O, I + 4), int4 (O,
+// I / 2 + I / 16).
+int dot_bits(const torch::Tensor& packed, int64_t in) { return packed.size(1) == in + 4 ? 8 : 4; }
+
 // x (N, I) bf16 or float32, contiguous; packed (O, I) from pack_weight, same dtype; bias (O,) same dtype or
 // empty.
 void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
@@ -274,6 +300,12 @@ void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const tor
   if (packed.scalar_type() == at::kChar) {
     TORCH_CHECK(dtype == at::kFloat && packed.dim() == 2 && packed.size(1) == x.size(1) + 4,
                 "packed int8: (O, I + 4) from pack_weight_int8, I = x.size(1), x float32");
+  } else if (packed.scalar_type() == at::kByte) {
+    const int64_t in = x.size(1);
+    TORCH_CHECK(INTEGER_DOTS && dtype == at::kFloat && packed.dim() == 2 && in % 32 == 0 &&
+                    (packed.size(1) == in + 4 || packed.size(1) == in / 2 + in / 16),
+                "packed for integer dots: (O, I + 4) from pack_weight_int8 or (O, I / 2 + I / 16) from "
+                "pack_weight_int4, I = x.size(1), x float32");
   } else {
     TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
                 "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
@@ -341,6 +373,10 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   auto y = torch::empty({rows, out}, x.options());
   if (rows == 0) return y;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+  if (packed.scalar_type() == at::kByte)
+    return product_on_integer_dots(x, packed, bias, dot_bits(packed, in));
+#endif
   auto run = [&](auto element, int64_t block, int64_t lanes, auto tile_rows) {
     using T = decltype(element);
     const T *w_p = packed.data_ptr<T>(), *x_p = x.data_ptr<T>();

@@ -42,12 +42,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("qk_rms_norm", &qk_rms_norm);
   module.def("pack_weight", &pack_weight);
   module.def("pack_weight_int8", &pack_weight_int8);
+  module.def("pack_weight_int4", &pack_weight_int4);
   module.def("linear", &linear);
   module.def("linear_on_vectors", &linear_on_vectors);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
   module.def("linear_on_tiles", &linear_on_tiles);
 #endif
   module.attr("NATIVE_BF16") = NATIVE_BF16;
+  module.attr("INTEGER_DOTS") = INTEGER_DOTS;  // int8 and int4 weights by integer dot products (avx512_vnni)
   module.attr("FLOAT32_VECTORS") = F32_VECTOR_ISA;  // the float32 kernels' instruction set: avx512, avx2, ...
   module.attr("FLOAT32_LANES") = F32_LANES;         // floats per vector
   module.attr("FLOAT32_BLOCK") = F32_BLOCK;         // outputs per packed block of `linear`
