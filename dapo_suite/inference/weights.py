@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -145,6 +146,16 @@ QUANTIZERS = {
 QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply: activations and KV cache
 
 
+@functools.cache  # once a process: a trainer makes a snapshot at every weight sync
+def _warn_unfused(quantization: str) -> None:
+    needs = " (int4's kernel needs AVX-512 VNNI)" if quantization == "int4" else ""
+    warnings.warn(
+        f"rollout_quantization {quantization}: no fused kernel takes these weights on this CPU{needs}; "
+        "torch's ops decode them, slower than the float32 sampler",
+        stacklevel=3,
+    )
+
+
 class StepperWeights:
     """The lean stepper's weights: a snapshot of the model's, in the sampling dtype, q/k/v and gate/up fused,
     each projection packed for the fused kernels' `linear` where they apply (`Projection`).
@@ -227,6 +238,8 @@ class StepperWeights:
             )
         if not all(p.packed for _, qkv, o, _, gate_up, down in self.layers for p in (qkv, o, gate_up, down)):
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
+        if quantization and (self.kernels is None or not self.lm_head.packed):
+            _warn_unfused(quantization)
         self.layer_tensors: list[list[torch.Tensor]] = []
         if self.kernels is not None:
             # the fused layer loop's weights: each layer's, the norm its MLP half ends with (the next layer's

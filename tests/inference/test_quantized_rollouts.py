@@ -151,3 +151,21 @@ def test_int8_rollouts_for_a_model_the_lean_stepper_cannot_run_are_refused_not_s
         warnings.simplefilter("ignore")
         with pytest.raises(UserError, match="rollout_quantization int8: LlamaForCausalLM decodes with"):
             HFEngine(model, tokenizer=None, quantization="int8")
+
+
+def test_int4_weights_no_kernel_takes_are_decoded_by_torch_with_a_warning_once():
+    """int4 weights whose widths are not whole groups of 32 (or any, on a CPU without AVX-512 VNNI) fall back
+    to torch's ops on the dequantized weight: the snapshot says so once a process, not at every weight sync."""
+    import transformers
+
+    from dapo_suite.inference import weights as weights_module
+
+    config = transformers.LlamaConfig(**{**SMALL, "hidden_size": 240, "intermediate_size": 496}, head_dim=60)
+    model = transformers.LlamaForCausalLM(config).eval()
+    weights_module._warn_unfused.cache_clear()
+    with pytest.warns(UserWarning, match="rollout_quantization int4: no fused kernel takes these weights"):
+        snapshot = weights_module.StepperWeights(model, quantization="int4")
+    assert snapshot.kernels is None and not snapshot.lm_head.packed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weights_module.StepperWeights(model, quantization="int4")  # the next sync: no second warning
