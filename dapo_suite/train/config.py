@@ -248,8 +248,9 @@ class TrainConfig:
     # "auto" as for sampling_dtype.
     autocast_dtype: str | None = None
     # The sampler's copy of the weights quantized at each weight sync, the trainer's kept whole: "int8"
-    # (per output channel: FlashRL, 2025) or "int4" (groups of 32, llama.cpp's Q4_0); null = off. Rollout correction's "auto" turns on with
-    # it (the sampler's log-probs are then not the trainer's). The embedded trainer's hf sampler only.
+    # (per output channel: FlashRL, 2025) or "int4" (groups of 32, llama.cpp's Q4_0); null = off. Rollout
+    # correction's "auto" turns on with it (the sampler's log-probs are then not the trainer's). The embedded
+    # trainer's hf sampler only.
     rollout_quantization: str | None = None
     device: str = "auto"
 

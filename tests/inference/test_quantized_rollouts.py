@@ -154,8 +154,9 @@ def test_int8_rollouts_for_a_model_the_lean_stepper_cannot_run_are_refused_not_s
 
 
 def test_int4_weights_no_kernel_takes_are_decoded_by_torch_with_a_warning_once():
-    """int4 weights whose widths are not whole groups of 32 (or any, on a CPU without AVX-512 VNNI) fall back
-    to torch's ops on the dequantized weight: the snapshot says so once a process, not at every weight sync."""
+    """int4 weights no fused kernel takes (widths not in whole groups of 32, a head size the kernels lack, a
+    CPU without AVX-512 VNNI) fall back to torch's ops on the dequantized weight: the snapshot says so once a
+    process, not at every weight sync."""
     import transformers
 
     from dapo_suite.inference import weights as weights_module
