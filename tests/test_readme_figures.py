@@ -376,22 +376,26 @@ def check_int8_rollouts(row: dict[str, str]) -> None:
         )
     }
     int8, int4 = (
-        figures(row["result"], rf"{dtype} vs {peer} \**([\d.]+)x\** / ([\d.]+)x / ([\d.]+)x")
+        figures(row["result"], rf"{dtype} / {peer} \**([\d.]+)x\** / ([\d.]+)x / ([\d.]+)x")
         for dtype, peer in (("int8", "Q8_0"), ("int4", "Q4_0"))
     )
     for dtype, shown in (("int8", int8), ("int4", int4)):
         for printed, rows in zip(shown, (1, 8, 64), strict=True):
             assert shows(printed, table[dtype, rows][0]), (dtype, rows)
-    assert (
-        all(table["int8", rows][2] == "met" for rows in (1, 8, 64))
-        and "(0.95x / 2x / 2x: met)" in row["result"]
-    )
+    assert all(table["int8", rows][2] == "met" for rows in (1, 8, 64)) and "2.12x (met)" in row["result"]
     assert [table["int4", rows][2] for rows in (1, 8, 64)] == ["met", "missed", "missed"]
-    assert "(2x: missed at 8 and 64)" in row["result"]
-    (share,) = figures(row["result"], r"(\d+) % of the bandwidth bound at 1 row \(80 %: missed\)")
+    assert "(2x missed at 8, 64)" in row["result"]
+    (share,) = figures(row["result"], r"(\d+) % of bound at 1 row \(80 %: missed\)")
     assert int(share) == table["int8", 1][1] < 80
     assert "1 / 8 / 64 rows" in row["measured"] and "2 threads" in row["measured"]
-    check_cpu(row, [output])
+    from dapo_suite.demo import meets_demo_target
+
+    seeds = RESULTS / "quantized-rollouts" / "seeds.json"
+    runs = json.loads(seeds.read_text())["runs"]
+    met, total = figures(row["result"], r"demo: \*\*(\d+) of (\d+)\*\* meet the target")
+    assert {run["arm"] for run in runs} == {"int8-rollouts"} and int(total) == len(runs)
+    assert int(met) == sum(meets_demo_target(run["before"], run["after"]) for run in runs)
+    check_cpu(row, [output, seeds])
 
 
 def tokens_per_s(side: dict) -> float:
