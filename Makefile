@@ -45,7 +45,8 @@ test-default: $(STAMP)
 test-avx2: $(STAMP)
 	@if ! grep -qw avx2 /proc/cpuinfo 2>/dev/null; then echo "test-avx2: skipped, this CPU has no AVX2"; \
 	elif ! grep -qw avx512f /proc/cpuinfo; then echo "test-avx2: skipped, this CPU's own build is AVX2 (test-default ran it)"; \
-	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "kernels and not slow" -q tests/inference/test_sampler.py; fi
+	else DAPO_SUITE_KERNEL_ARCH=x86-64-v3 $(BIN)/python -m pytest -m "kernels and not slow" -q \
+		tests/inference/test_sampler.py tests/inference/test_quantized_rollouts.py; fi
 
 test-slow: $(STAMP)
 	$(PYTEST) -m "slow and not guard and not learning"

@@ -148,7 +148,7 @@ QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply: ac
 
 @functools.cache  # once a process: a trainer makes a snapshot at every weight sync
 def _warn_unfused(quantization: str) -> None:
-    needs = " (int4's kernel needs AVX-512 VNNI)" if quantization == "int4" else ""
+    needs = " (int4's kernel needs AVX2 or AVX-512 VNNI)" if quantization == "int4" else ""
     warnings.warn(
         f"rollout_quantization {quantization}: no fused kernel takes these weights on this CPU{needs}; "
         "torch's ops decode them, slower than the float32 sampler",

@@ -69,9 +69,10 @@ def _activations_as_quantized(x: torch.Tensor) -> torch.Tensor:
 def test_quantized_linear_equals_the_dequantized_product_on_every_cpu(name, rows):
     """The fused `linear` on quantized weights against x (q s)^T + b in float64, at the decoder's widths,
     widths ending in a narrower block and row counts across the tile edges. With integer dot products
-    (avx512_vnni: `INTEGER_DOTS`, I % 32 == 0) x is quantized per group of 32 first, and the product equals
-    that x's to float32 rounding; elsewhere int8 runs the widened float32 tile and int4 torch's `F.linear`
-    on the dequantized weight, both on x as given. Where the kernels are absent, torch's ops give the same."""
+    (int8: avx512_vnni, `INT8_DOTS`; int4: avx512_vnni or AVX2, `INT4_DOTS`; I % 32 == 0) x is quantized per
+    group of 32 first, and the product equals that x's to float32 rounding; elsewhere int8 runs the widened
+    float32 tile and int4 torch's `F.linear` on the dequantized weight, both on x as given. Where the kernels
+    are absent, torch's ops give the same."""
     from dapo_suite.inference.weights import QUANTIZERS, Projection
 
     fused = _fused()
@@ -85,7 +86,8 @@ def test_quantized_linear_equals_the_dequantized_product_on_every_cpu(name, rows
             if name == "int8"
             else weight_format.unpacked(q, scales)[0].double()
         )
-        dots = fused.INTEGER_DOTS and width % 32 == 0 and out % 16 == 0
+        built = fused.INT8_DOTS if name == "int8" else fused.INT4_DOTS
+        dots = built and width % 32 == 0 and out % 16 == 0
         seen = _activations_as_quantized(x) if dots else x.double()
         expected = torch.nn.functional.linear(seen, dequantized, None if bias is None else bias.double())
         # float32 sums of `width` products, in any order: within a few rounding steps of their magnitudes' sum
@@ -155,8 +157,8 @@ def test_int8_rollouts_for_a_model_the_lean_stepper_cannot_run_are_refused_not_s
 
 def test_int4_weights_no_kernel_takes_are_decoded_by_torch_with_a_warning_once():
     """int4 weights no fused kernel takes (widths not in whole groups of 32, a head size the kernels lack, a
-    CPU without AVX-512 VNNI) fall back to torch's ops on the dequantized weight: the snapshot says so once a
-    process, not at every weight sync."""
+    CPU with neither AVX-512 VNNI nor AVX2) fall back to torch's ops on the dequantized weight: the snapshot
+    says so once a process, not at every weight sync."""
     import transformers
 
     from dapo_suite.inference import weights as weights_module

@@ -4,8 +4,8 @@
 //   linear.cpp      `pack_weight`, `linear`: the projections on bf16 pairs, float32 vectors or AMX tiles
 //   norms.cpp       `add_rms_norm`, `qk_rms_norm`, `silu_mul`
 //   sampling.cpp    `sample_next`: temperature and nucleus sampling
-//   quantized.cpp   `linear` on int8 and int4 rollout weights by integer dot products (AVX-512 VNNI)
-//   module.cpp      `run_layers` (every layer in one call) and the Python bindings
+//   quantized.cpp   `linear` on int8 and int4 rollout weights by integer dot products (AVX-512 VNNI; int4
+//   AVX2) module.cpp      `run_layers` (every layer in one call) and the Python bindings
 //
 // Fused pieces of one decode step of a Llama-style block, for dapo_suite.inference.decoding.LeanStepper on a
 // CPU, in bfloat16 (CPUs with avx512_bf16) and in float32 (every CPU: GCC/Clang vector types, compiled for
@@ -107,15 +107,22 @@ constexpr bool NATIVE_BF16 = true;
 constexpr bool NATIVE_BF16 = false;
 #endif
 
-// Integer dot products (avx512_vnni: Cascade Lake, Zen 4 and later): `linear` on quantized rollout weights
-// (int8 per output channel, int4 per group of 32) multiplies them by activations quantized to int8 per group
-// of 32 (quantized.cpp), where the widened float32 tile makes a quarter of the multiply-adds per instruction.
-// Built without it, int8 weights run the widened float32 tile and int4 weights torch's ops.
+// Integer dot products: `linear` on quantized rollout weights (int8 per output channel, int4 per group of 32)
+// multiplies them by activations quantized to int8 per group of 32 (quantized.cpp), where the widened float32
+// tile makes a quarter of the multiply-adds per instruction. int8 needs avx512_vnni (Cascade Lake, Zen 4 and
+// later; AVX2's byte products overflow on its range), int4 avx512_vnni or AVX2 with FMA and F16C (x86-64-v3).
+// Built without them, int8 weights run the widened float32 tile and int4 weights torch's ops.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
-constexpr bool INTEGER_DOTS = true;
+#define INT8_DOTS_BUILT 1
 #else
-constexpr bool INTEGER_DOTS = false;
+#define INT8_DOTS_BUILT 0
 #endif
+#if INT8_DOTS_BUILT || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define INTEGER_DOTS_BUILT 1
+#else
+#define INTEGER_DOTS_BUILT 0
+#endif
+constexpr bool INT8_DOTS = INT8_DOTS_BUILT, INT4_DOTS = INTEGER_DOTS_BUILT;
 
 // On a CPU with AMX (Sapphire Rapids and later), `linear` runs 8-64 rows on the tile unit over the same
 // packed weight (`tile_linear`), faster there than both oneDNN's AMX matmul and the pair products
@@ -221,8 +228,10 @@ std::vector<torch::Tensor> sample_next(torch::Tensor logits, double temperature,
 torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales);
 torch::Tensor pack_weight_int4(torch::Tensor q, torch::Tensor scales);
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+#if INT8_DOTS_BUILT
 torch::Tensor pack_weight_dot_int8(const torch::Tensor& q, const torch::Tensor& scales);
+#endif
+#if INTEGER_DOTS_BUILT
 torch::Tensor pack_weight_dot_int4(const torch::Tensor& q, const torch::Tensor& scales);
 torch::Tensor product_on_integer_dots(const torch::Tensor& x, const torch::Tensor& packed,
                                       const torch::Tensor& bias, int bits);

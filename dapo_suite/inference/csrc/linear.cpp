@@ -246,12 +246,14 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   return weight.new_empty({0});
 }
 
-// Whether the integer dot products take a quantized weight (O, I): I in whole groups of 32, O in vectors
-// of 16.
-bool dots_take(const torch::Tensor& q) { return INTEGER_DOTS && q.size(1) % 32 == 0 && q.size(0) % 16 == 0; }
+// Whether the integer dot products take a quantized weight (O, I) of a format they are `built` for: I in
+// whole groups of 32, O in vectors of 16.
+bool dots_take(const torch::Tensor& q, bool built) {
+  return built && q.size(1) % 32 == 0 && q.size(0) % 16 == 0;
+}
 
 // q (O, I) int8 and its per-output scales s (O,) float32 (`weights.quantize_int8`: W ~ q s) -> `linear`'s
-// int8 layout. With integer dot products (`INTEGER_DOTS`), their layout (quantized.cpp: uint8 (O, I + 4)).
+// int8 layout. With integer dot products (`INT8_DOTS`), their layout (quantized.cpp: uint8 (O, I + 4)).
 // Else blocks of F32_BLOCK outputs as the float32 layout's, each block's I x width int8 followed by its width
 // float32 scales, so a tile finds its scales beside its weights: one int8 tensor (O, I + 4); empty where
 // O % F32_LANES.
@@ -259,8 +261,8 @@ torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "q: int8 (O, I)");
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == q.size(0) && scales.scalar_type() == at::kFloat,
               "scales: float32 (O,)");
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
-  if (dots_take(q)) return pack_weight_dot_int8(q, scales);
+#if INT8_DOTS_BUILT
+  if (dots_take(q, INT8_DOTS)) return pack_weight_dot_int8(q, scales);
 #endif
   const int64_t out = q.size(0), in = q.size(1);
   if (out % F32_LANES) return q.new_empty({0});
@@ -275,14 +277,15 @@ torch::Tensor pack_weight_int8(torch::Tensor q, torch::Tensor scales) {
 
 // q (O, I) int8 in [-8, 7] and its scales s (O, ceil(I / 32)) float32, one per output and group of 32 inputs
 // (`weights.quantize_int4`: W ~ q s) -> the integer dot products' int4 layout (quantized.cpp: uint8 (O, I / 2
-// + I / 16), the scales as float16); empty where they cannot take it (no avx512_vnni, I % 32, O % 16).
+// + I / 16), the scales as float16); empty where they cannot take it (no avx512_vnni nor AVX2, I % 32, O %
+// 16).
 torch::Tensor pack_weight_int4(torch::Tensor q, torch::Tensor scales) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "q: int8 (O, I) in [-8, 7]");
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == q.size(0) && scales.size(1) == (q.size(1) + 31) / 32 &&
                   scales.scalar_type() == at::kFloat,
               "scales: float32 (O, ceil(I / 32))");
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
-  if (dots_take(q)) return pack_weight_dot_int4(q, scales);
+#if INTEGER_DOTS_BUILT
+  if (dots_take(q, INT4_DOTS)) return pack_weight_dot_int4(q, scales);
 #endif
   return at::empty({0}, q.options().dtype(at::kByte));
 }
@@ -302,10 +305,11 @@ void check_linear(const torch::Tensor& x, const torch::Tensor& packed, const tor
                 "packed int8: (O, I + 4) from pack_weight_int8, I = x.size(1), x float32");
   } else if (packed.scalar_type() == at::kByte) {
     const int64_t in = x.size(1);
-    TORCH_CHECK(INTEGER_DOTS && dtype == at::kFloat && packed.dim() == 2 && in % 32 == 0 &&
-                    (packed.size(1) == in + 4 || packed.size(1) == in / 2 + in / 16),
-                "packed for integer dots: (O, I + 4) from pack_weight_int8 or (O, I / 2 + I / 16) from "
-                "pack_weight_int4, I = x.size(1), x float32");
+    TORCH_CHECK(
+        dtype == at::kFloat && packed.dim() == 2 && in % 32 == 0 &&
+            ((INT8_DOTS && packed.size(1) == in + 4) || (INT4_DOTS && packed.size(1) == in / 2 + in / 16)),
+        "packed for integer dots: (O, I + 4) from pack_weight_int8 or (O, I / 2 + I / 16) from "
+        "pack_weight_int4, I = x.size(1), x float32");
   } else {
     TORCH_CHECK(packed.dim() == 2 && packed.size(1) == x.size(1) && packed.scalar_type() == dtype,
                 "packed: (O, I) from pack_weight, I = x.size(1), x's dtype");
@@ -373,7 +377,7 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   const int64_t rows = x.size(0), in = x.size(1), out = packed.size(0);
   auto y = torch::empty({rows, out}, x.options());
   if (rows == 0) return y;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__F16C__)
+#if INTEGER_DOTS_BUILT
   if (packed.scalar_type() == at::kByte)
     return product_on_integer_dots(x, packed, bias, dot_bits(packed, in));
 #endif

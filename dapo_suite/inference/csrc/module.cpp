@@ -49,7 +49,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("linear_on_tiles", &linear_on_tiles);
 #endif
   module.attr("NATIVE_BF16") = NATIVE_BF16;
-  module.attr("INTEGER_DOTS") = INTEGER_DOTS;  // int8 and int4 weights by integer dot products (avx512_vnni)
+  module.attr("INT8_DOTS") = INT8_DOTS;  // int8 weights by integer dot products (avx512_vnni)
+  module.attr("INT4_DOTS") = INT4_DOTS;  // int4 weights by integer dot products (avx512_vnni or AVX2)
   module.attr("FLOAT32_VECTORS") = F32_VECTOR_ISA;  // the float32 kernels' instruction set: avx512, avx2, ...
   module.attr("FLOAT32_LANES") = F32_LANES;         // floats per vector
   module.attr("FLOAT32_BLOCK") = F32_BLOCK;         // outputs per packed block of `linear`
