@@ -58,10 +58,16 @@ struct Lanes {
   }
   // acc + per lane the sum of 4 products unsigned w x signed x
   static Int dot(Int acc, Int w, Int x) { return _mm512_dpbusd_epi32(acc, w, x); }
-  // acc + low . x_low + high . x_high, on nibbles (< 16)
-  static Int dot_nibbles(Int acc, Int low, Int x_low, Int high, Int x_high) {
-    return dot(dot(acc, low, x_low), high, x_high);
+  // A block's vectors a pass over a group's inputs takes: all of a block's (3: 32 registers hold their sums).
+  static constexpr int PASS = 3;
+  // A group's sums being made for one vector of outputs: the int32 sums themselves, from their start.
+  using Partial = Int;
+  static Partial partial(int32_t start) { return broadcast(start); }
+  // + low . x_low + high . x_high, on nibbles (< 16)
+  static Partial add_nibble_products(Partial sums, Int low, Int x_low, Int high, Int x_high) {
+    return dot(dot(sums, low, x_low), high, x_high);
   }
+  static Int sums(Partial sums, int32_t) { return sums; }
   static Float to_float(Int v) { return _mm512_cvtepi32_ps(v); }
   static Float floats(float v) { return _mm512_set1_ps(v); }
   static Float zeros() { return _mm512_setzero_ps(); }
@@ -111,10 +117,18 @@ struct Lanes {
   static Int high_nibbles(Int bytes) {
     return _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
   }
-  // the two int16 pair sums of each lane added first: at most 2 x 2 x 15 x 127, exact
-  static Int dot_nibbles(Int acc, Int low, Int x_low, Int high, Int x_high) {
-    const Int pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  // Two vectors of a block a pass: 16 registers hold two vectors' sums for a tile's rows, not six.
+  static constexpr int PASS = 2;
+  // A group's sums being made: the int16 pair sums of its products, which a group's 4 steps of nibble
+  // products keep exact (at most 4 x 2 x 2 x 15 x 127 = 30,480), added into int32 once a group.
+  using Partial = Int;
+  static Partial partial(int32_t) { return _mm256_setzero_si256(); }
+  static Partial add_nibble_products(Partial pairs, Int low, Int x_low, Int high, Int x_high) {
+    return _mm256_add_epi16(
+        pairs, _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high)));
+  }
+  static Int sums(Partial pairs, int32_t start) {
+    return _mm256_add_epi32(broadcast(start), _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
   }
   static Float to_float(Int v) { return _mm256_cvtepi32_ps(v); }
   static Float floats(float v) { return _mm256_set1_ps(v); }
@@ -146,6 +160,13 @@ inline Lanes::Int four_bytes(const int8_t* p) {
   return Lanes::broadcast(word);
 }
 
+// A block's layout is in 64-byte chunks of 16 outputs x 4 bytes; its U = V x 16 / Lanes::WIDTH vectors of
+// lanes (one a chunk on AVX-512, two on AVX2) at these offsets of chunk k's row of V chunks.
+template <int V>
+constexpr int U_OF = V * 16 / Lanes::WIDTH;
+inline int64_t lanes_at(int64_t k, int V, int u) { return (k * V * 16 + u * Lanes::WIDTH) * 4; }
+
+#if INT8_DOTS_BUILT
 // Each group's int32 sums start at -offset x the sum of the row's quantized activations in the group: the
 // unsigned weights' offset taken out exactly.
 template <int ROWS, int U>
@@ -157,13 +178,6 @@ inline void start_sums(Lanes::Int (&acc)[ROWS][U], const QuantizedRows& xr, int6
   }
 }
 
-// A block's layout is in 64-byte chunks of 16 outputs x 4 bytes; its U = V x 16 / Lanes::WIDTH vectors of
-// lanes (one a chunk on AVX-512, two on AVX2) at these offsets of chunk k's row of V chunks.
-template <int V>
-constexpr int U_OF = V * 16 / Lanes::WIDTH;
-inline int64_t lanes_at(int64_t k, int V, int u) { return (k * V * 16 + u * Lanes::WIDTH) * 4; }
-
-#if INT8_DOTS_BUILT
 // ROWS rows (first row `r0` of xr) against one int8 block of V x 16 outputs. Block layout: per group, per
 // quad of inputs k (8), per vector v: 16 outputs x 4 inputs, unsigned (q + 128); then the block's float32
 // scales per output. y = s_o sum_g d_g (sum_i (q_oi + 128) x_i - 128 sum_g) + b_o.
@@ -205,39 +219,48 @@ void int8_tile(const QuantizedRows& xr, int64_t r0, int64_t in, const uint8_t* b
 // ROWS rows against one int4 block of V x 16 outputs. Block layout: per group, per k (4), per vector v: 16
 // outputs x 4 bytes, each byte two inputs, unsigned (q + 8): the low nibble input 4k + b of the group, the
 // high one 4k + 16 + b; then the group's float16 scales of the block's outputs. y = sum_g d_g s_og (sum_i
-// (q_oi + 8) x_i - 8 sum_g) + b_o.
+// (q_oi + 8) x_i - 8 sum_g) + b_o. Each group's inputs run in passes of Lanes::PASS vectors of outputs.
 template <int ROWS, int V>
 void int4_tile(const QuantizedRows& xr, int64_t r0, int64_t in, const uint8_t* block, const float* bias,
                float* y, int64_t out) {
-  constexpr int U = U_OF<V>;
+  constexpr int U = U_OF<V>, PASS = std::min(U, Lanes::PASS);
+  static_assert(U % PASS == 0, "a block's vectors in whole passes");
   const int64_t groups = in / GROUP, group_bytes = V * 16 * (GROUP / 2 + 2);
   Lanes::Float total[ROWS][U];
   for (int r = 0; r < ROWS; ++r)
     for (int u = 0; u < U; ++u) total[r][u] = Lanes::zeros();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* wg = block + g * group_bytes;
-    Lanes::Int acc[ROWS][U];
-    start_sums<ROWS, U>(acc, xr, r0, g, groups, 8);
-    for (int k = 0; k < GROUP / 8; ++k) {
-      Lanes::Int low[U], high[U];
-      for (int u = 0; u < U; ++u) {
-        const Lanes::Int bytes = Lanes::load(wg + lanes_at(k, V, u));
-        low[u] = Lanes::low_nibbles(bytes);
-        high[u] = Lanes::high_nibbles(bytes);
-      }
-      for (int r = 0; r < ROWS; ++r) {
-        const int8_t* xg = xr.q.data() + (r0 + r) * in + g * GROUP;
-        const Lanes::Int xl = four_bytes(xg + 4 * k), xh = four_bytes(xg + 16 + 4 * k);
-        for (int u = 0; u < U; ++u) acc[r][u] = Lanes::dot_nibbles(acc[r][u], low[u], xl, high[u], xh);
-      }
-    }
+    const int8_t* xg = xr.q.data() + r0 * in + g * GROUP;
     const uint8_t* scale_bytes = wg + V * 16 * GROUP / 2;
-    Lanes::Float s[U];
-    for (int u = 0; u < U; ++u) s[u] = Lanes::load_halves(scale_bytes + 2 * Lanes::WIDTH * u);
-    for (int r = 0; r < ROWS; ++r) {
-      const Lanes::Float d = Lanes::floats(xr.scale[(r0 + r) * groups + g]);
-      for (int u = 0; u < U; ++u)
-        total[r][u] = Lanes::fmadd(Lanes::to_float(acc[r][u]), Lanes::mul(d, s[u]), total[r][u]);
+    for (int u0 = 0; u0 < U; u0 += PASS) {
+      Lanes::Partial acc[ROWS][PASS];
+      int32_t start[ROWS];  // -8 x the sum of the group's quantized activations: the offset taken out
+      for (int r = 0; r < ROWS; ++r) {
+        start[r] = -8 * xr.sum[(r0 + r) * groups + g];
+        for (int p = 0; p < PASS; ++p) acc[r][p] = Lanes::partial(start[r]);
+      }
+      for (int k = 0; k < GROUP / 8; ++k) {
+        Lanes::Int low[PASS], high[PASS];
+        for (int p = 0; p < PASS; ++p) {
+          const Lanes::Int bytes = Lanes::load(wg + lanes_at(k, V, u0 + p));
+          low[p] = Lanes::low_nibbles(bytes);
+          high[p] = Lanes::high_nibbles(bytes);
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          const Lanes::Int xl = four_bytes(xg + r * in + 4 * k), xh = four_bytes(xg + r * in + 16 + 4 * k);
+          for (int p = 0; p < PASS; ++p)
+            acc[r][p] = Lanes::add_nibble_products(acc[r][p], low[p], xl, high[p], xh);
+        }
+      }
+      for (int p = 0; p < PASS; ++p) {
+        const Lanes::Float s = Lanes::load_halves(scale_bytes + 2 * Lanes::WIDTH * (u0 + p));
+        for (int r = 0; r < ROWS; ++r) {
+          const Lanes::Float d = Lanes::floats(xr.scale[(r0 + r) * groups + g]);
+          total[r][u0 + p] = Lanes::fmadd(Lanes::to_float(Lanes::sums(acc[r][p], start[r])), Lanes::mul(d, s),
+                                          total[r][u0 + p]);
+        }
+      }
     }
   }
   for (int u = 0; u < U; ++u) {
