@@ -382,7 +382,8 @@ def check_int8_rollouts(row: dict[str, str]) -> None:
     for dtype, shown in (("int8", int8), ("int4", int4)):
         for printed, rows in zip(shown, (1, 8, 64), strict=True):
             assert shows(printed, table[dtype, rows][0]), (dtype, rows)
-    assert all(table["int8", rows][2] == "met" for rows in (1, 8, 64)) and f"{table['int8', 64][0]:.2f}x (met)" in row["result"]
+    assert all(table["int8", rows][2] == "met" for rows in (1, 8, 64))
+    assert f"{table['int8', 64][0]:.2f}x (met)" in row["result"]
     assert [table["int4", rows][2] for rows in (1, 8, 64)] == ["met", "missed", "missed"]
     assert "(2x missed at 8, 64)" in row["result"]
     (share,) = figures(row["result"], r"(\d+) % of bound at 1 row \(80 %: missed\)")
