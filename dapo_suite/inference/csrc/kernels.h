@@ -212,6 +212,15 @@ void each_row_tile(const Tile (&tiles)[TILE], const T* x, int64_t rows, int64_t 
                                         bias, y + r * out, out);
 }
 
+// fn(begin, width, more) for each block of `block` outputs of `out` (the last one narrower), each thread
+// taking a run of whole blocks; `more`: the thread's next block follows (what a block may prefetch).
+template <typename Fn>
+inline void each_block(int64_t out, int64_t block, Fn fn) {
+  at::parallel_for(0, (out + block - 1) / block, 1, [&](int64_t first, int64_t last) {
+    for (int64_t j = first; j < last; ++j) fn(j * block, std::min(block, out - j * block), j + 1 < last);
+  });
+}
+
 }  // namespace
 
 // The kernels one source calls in another (each documented where it is defined).

@@ -369,6 +369,21 @@ torch::Tensor linear_on_vectors(torch::Tensor x, torch::Tensor packed, torch::Te
   return product_on_vectors(x, packed, bias);
 }
 
+namespace {
+
+// fn(std::integral_constant<int, V>()) for a block of V = `vectors` (1-3) vectors: V as a template argument.
+template <typename Fn>
+void by_vectors(int64_t vectors, Fn fn) {
+  if (vectors == 3)
+    fn(std::integral_constant<int, 3>());
+  else if (vectors == 2)
+    fn(std::integral_constant<int, 2>());
+  else
+    fn(std::integral_constant<int, 1>());
+}
+
+}  // namespace
+
 // Each thread takes whole blocks, all tiles of x through a block while it sits in cache, the next block
 // prefetched meanwhile: float32 blocks of F32_BLOCK outputs (F32_LANES a vector), bf16 blocks of PAIR_BLOCK
 // (16 a vector); the last block may be narrower.
@@ -381,27 +396,20 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
   if (packed.scalar_type() == at::kByte)
     return product_on_integer_dots(x, packed, bias, dot_bits(packed, in));
 #endif
+  static_assert(F32_VECTORS <= 3, "a block is dispatched for 1-3 vectors");
   auto run = [&](auto element, int64_t block, int64_t lanes, auto tile_rows) {
     using T = decltype(element);
     const T *w_p = packed.data_ptr<T>(), *x_p = x.data_ptr<T>();
     const T* b_p = bias.numel() ? bias.data_ptr<T>() : nullptr;
     T* y_p = y.data_ptr<T>();
-    at::parallel_for(0, (out + block - 1) / block, 1, [&](int64_t first, int64_t last) {
-      for (int64_t j = first; j < last; ++j) {
-        const int64_t begin = j * block, width = std::min(block, out - begin);
-        const T *weights = w_p + begin * in, *ahead = j + 1 < last ? w_p + (begin + width) * in : nullptr;
-        const T* b = b_p ? b_p + begin : nullptr;
-        const int64_t vectors = width / lanes;
-        if (vectors == 3)
-          linear_block<3>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-        else if (vectors == 2)
-          linear_block<2>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-        else
-          linear_block<1>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-      }
+    each_block(out, block, [&](int64_t begin, int64_t width, bool more) {
+      const T *weights = w_p + begin * in, *ahead = more ? w_p + (begin + width) * in : nullptr;
+      const T* b = b_p ? b_p + begin : nullptr;
+      by_vectors(width / lanes, [&](auto vectors) {
+        linear_block<decltype(vectors)::value>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+      });
     });
   };
-  static_assert(F32_VECTORS <= 3, "linear_block is dispatched for 1-3 vectors a block");
   if (packed.scalar_type() == at::kChar) {  // int8 blocks: I x width weights, then width float32 scales
     const int8_t* w_p = packed.data_ptr<int8_t>();
     const float *x_p = x.data_ptr<float>(), *b_p = bias.numel() ? bias.data_ptr<float>() : nullptr;
@@ -409,37 +417,27 @@ torch::Tensor product_on_vectors(const torch::Tensor& x, const torch::Tensor& pa
     // One row tile: each weight widened as it streams past. More rows: each block widened and scaled once
     // into float32 (I x width, in L2), which every row tile then reads, rather than widened once per tile.
     const bool widen_block = rows > F32_TILE_ROWS;
-    at::parallel_for(0, (out + F32_BLOCK - 1) / F32_BLOCK, 1, [&](int64_t first, int64_t last) {
-      std::vector<float> widened(widen_block ? in * F32_BLOCK : 0);
-      for (int64_t j = first; j < last; ++j) {
-        const int64_t begin = j * F32_BLOCK, width = std::min(F32_BLOCK, out - begin);
-        const int8_t *weights = w_p + begin * (in + 4),
-                     *ahead = j + 1 < last ? w_p + (begin + width) * (in + 4) : nullptr;
-        const float* b = b_p ? b_p + begin : nullptr;
-        const auto tile_rows = std::make_integer_sequence<int, F32_TILE_ROWS>();
-        auto run = [&](auto vectors) {
-          constexpr int V = decltype(vectors)::value;
-          if (!widen_block)
-            return linear_block<V>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
-          const float* scales = reinterpret_cast<const float*>(weights + in * width);
-          Floats s[V];
+    const auto tile_rows = std::make_integer_sequence<int, F32_TILE_ROWS>();
+    each_block(out, F32_BLOCK, [&](int64_t begin, int64_t width, bool more) {
+      const int8_t *weights = w_p + begin * (in + 4),
+                   *ahead = more ? w_p + (begin + width) * (in + 4) : nullptr;
+      const float* b = b_p ? b_p + begin : nullptr;
+      by_vectors(width / F32_LANES, [&](auto vectors) {
+        constexpr int V = decltype(vectors)::value;
+        if (!widen_block)
+          return linear_block<V>(x_p, rows, in, weights, ahead, b, y_p + begin, out, tile_rows);
+        thread_local std::vector<float> widened;
+        widened.resize(in * F32_BLOCK);
+        const float* scales = reinterpret_cast<const float*>(weights + in * width);
+        Floats s[V];
+        for (int v = 0; v < V; ++v) s[v] = *reinterpret_cast<const UnalignedFloats*>(scales + v * F32_LANES);
+        for (int64_t i = 0; i < in; ++i)
           for (int v = 0; v < V; ++v)
-            s[v] = *reinterpret_cast<const UnalignedFloats*>(scales + v * F32_LANES);
-          for (int64_t i = 0; i < in; ++i)
-            for (int v = 0; v < V; ++v)
-              *reinterpret_cast<UnalignedFloats*>(widened.data() + (i * V + v) * F32_LANES) =
-                  widen_int8(weights + (i * V + v) * F32_LANES) * s[v];
-          const float* block = widened.data();
-          linear_block<V>(x_p, rows, in, block, static_cast<const float*>(nullptr), b, y_p + begin, out,
-                          tile_rows);
-        };
-        if (width / F32_LANES == 3)
-          run(std::integral_constant<int, 3>());
-        else if (width / F32_LANES == 2)
-          run(std::integral_constant<int, 2>());
-        else
-          run(std::integral_constant<int, 1>());
-      }
+            *reinterpret_cast<UnalignedFloats*>(widened.data() + (i * V + v) * F32_LANES) =
+                widen_int8(weights + (i * V + v) * F32_LANES) * s[v];
+        linear_block<V>(x_p, rows, in, static_cast<const float*>(widened.data()),
+                        static_cast<const float*>(nullptr), b, y_p + begin, out, tile_rows);
+      });
     });
     return y;
   }

@@ -357,15 +357,12 @@ torch::Tensor product_on_integer_dots(const torch::Tensor& x, const torch::Tenso
   TORCH_CHECK(bits == 4, "int8 weights in the integer dots' layout need avx512_vnni");
   const DotTiles& tiles = INT4_TILES;
 #endif
-  at::parallel_for(0, (out + DOT_BLOCK - 1) / DOT_BLOCK, 1, [&](int64_t first, int64_t last) {
-    for (int64_t j = first; j < last; ++j) {
-      const int64_t begin = j * DOT_BLOCK, width = std::min(DOT_BLOCK, out - begin);
-      const uint8_t* block = w_p + block_bytes(bits, in, DOT_BLOCK) * j;
-      const auto& by_rows = tiles[width / 16 - 1];
-      for (int64_t r = 0; r < rows; r += DOT_TILE_ROWS)
-        by_rows[std::min(DOT_TILE_ROWS, rows - r) - 1](xr, r, in, block, b_p ? b_p + begin : nullptr,
-                                                       y_p + begin, out);
-    }
+  each_block(out, DOT_BLOCK, [&](int64_t begin, int64_t width, bool) {
+    const uint8_t* block = w_p + block_bytes(bits, in, DOT_BLOCK) * (begin / DOT_BLOCK);
+    const auto& by_rows = tiles[width / 16 - 1];
+    for (int64_t r = 0; r < rows; r += DOT_TILE_ROWS)
+      by_rows[std::min(DOT_TILE_ROWS, rows - r) - 1](xr, r, in, block, b_p ? b_p + begin : nullptr,
+                                                     y_p + begin, out);
   });
   return y;
 }
