@@ -4,13 +4,15 @@ in one run: decode and prefill tokens/s, their ratio, and each side's share of t
     make llamacpp                                          # llama.cpp for this CPU (scripts/llamacpp.sh)
     .venv/bin/python -m benchmarks.vs_llamacpp     # float32 and bf16; 1, 8, 64 rows and 8x8; all cores and 1
     .venv/bin/python -m benchmarks.vs_llamacpp --dtypes int8,int4 --no-quantized  # against Q8_0 and Q4_0
+    .venv/bin/python -m benchmarks.vs_llamacpp --dtypes int8,int4 --kv-cache-dtype bfloat16  # 16-bit caches
     .venv/bin/python -m benchmarks.vs_llamacpp --dtypes bfloat16 --shapes 1x1 --threads 2 --max-tokens 64
 
 The peer: llama.cpp built from the tree vendored in the `llama-cpp-python` sdist (CPU only, -march=native),
 its `llama-batched-bench` (S_PP: prompt tokens/s, S_TG: generated tokens/s), its default settings (f16 KV
 cache). The weights: the embedded model's safetensors converted by llama.cpp's own `convert_hf_to_gguf.py` at
 the same precision (f32, bf16; Q8_0 against the sampler's int8 weights, `rollout_quantization: int8`, whose
-activations and KV cache are float32; Q4_0 against its int4 weights, `rollout_quantization: int4`, made by
+activations are float32, and its KV cache too unless `--kv-cache-dtype bfloat16` (llama.cpp's is f16); Q4_0
+against its int4 weights, `rollout_quantization: int4`, made by
 `llama-quantize --pure` from the f32 file so that every projection, the tied LM head included, is Q4_0 as on
 the sampler's side), made once into the llama.cpp folder; the Q4_1 file the model ships in
 is an extra llama.cpp row, against the sampler's bf16. llama.cpp decodes without sampling (batched-bench feeds
@@ -168,6 +170,13 @@ def main() -> None:
         default=Path(os.environ.get("LLAMACPP_DIR", ".llamacpp")),
         help="the folder `make llamacpp` builds (bin/, src/)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bfloat16"],
+        help="the sampler's KV cache (rollout_kv_cache_dtype): auto, the activations' dtype; bfloat16 under "
+        "float32 activations, 2 bytes a value as llama.cpp's default f16 cache",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     if not (args.llamacpp / "bin" / "llama-batched-bench").is_file():
@@ -184,7 +193,7 @@ def main() -> None:
     from dapo_suite.core.provenance import cpu_line
     from dapo_suite.core.threads import THREADS_VARIABLE
     from dapo_suite.inference.models import embedded_gguf_path, embedded_model_path, load_model_and_tokenizer
-    from dapo_suite.inference.weights import QUANTIZERS
+    from dapo_suite.inference.weights import KV_CACHE_DTYPES, QUANTIZERS
 
     path = str(embedded_model_path())
     print(cpu_line())
@@ -206,16 +215,22 @@ def main() -> None:
             activations, quantization = SAMPLING_DTYPES[dtype]
             flops = matmul_flops(activations)
             # the bound's bytes: a weight's as stored (int8: one; int4: half, plus its group's scale), the KV
-            # cache's in the activations' dtype
+            # cache's in its dtype
             itemsize = QUANTIZERS[quantization].bytes_per_weight if quantization else activations.itemsize
-            kv_bytes = activations.itemsize
+            kv_bytes = KV_CACHE_DTYPES[args.kv_cache_dtype](activations).itemsize
             for count, group in shapes:
                 shape, rows, shared = f"{count}x{group}", count * group, group > 1
                 prompt_ids = problems[:count]
                 peers = {f"llama.cpp {GGUF_TYPES[dtype]}": ggufs[dtype]}
                 if args.quantized and dtype == "bfloat16":
                     peers["llama.cpp Q4_1"] = embedded_gguf_path()
-                ask = dict(dtype=dtype, prompt_ids=prompt_ids, group=group, ignore_eos=True)
+                ask = dict(
+                    dtype=dtype,
+                    prompt_ids=prompt_ids,
+                    group=group,
+                    ignore_eos=True,
+                    kv_cache_dtype=args.kv_cache_dtype,
+                )
                 worker.ask(**ask, max_tokens=4)  # warm-up: first-call costs are not measured
                 for gguf in peers.values():
                     llamacpp_run(args.llamacpp, gguf, args.prompt_tokens, rows, shared, 4, cores)

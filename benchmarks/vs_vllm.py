@@ -78,7 +78,13 @@ class SamplerSide:
         return f"dapo-suite sampler, torch {torch.__version__}, {built}"
 
     def run(
-        self, dtype: str, prompt_ids: list[list[int]], group: int, max_tokens: int, ignore_eos: bool = False
+        self,
+        dtype: str,
+        prompt_ids: list[list[int]],
+        group: int,
+        max_tokens: int,
+        ignore_eos: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> dict:
         import torch
 
@@ -88,10 +94,9 @@ class SamplerSide:
         from dapo_suite.inference.weights import StepperWeights
 
         activations, quantization = SAMPLING_DTYPES[dtype]
-        if (
-            dtype != self.dtype
-        ):  # the weights cast and packed once per dtype, as the engines do (vLLM's: below)
-            self.weights, self.dtype = StepperWeights(self.model, activations, quantization), dtype
+        if (dtype, kv_cache_dtype) != self.dtype:  # cast and packed once per dtype, as the engines do
+            self.weights = StepperWeights(self.model, activations, quantization, kv_cache_dtype)
+            self.dtype = dtype, kv_cache_dtype
 
         pad = self.tokenizer.pad_token_id
         width = max(map(len, prompt_ids))

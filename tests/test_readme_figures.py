@@ -363,10 +363,10 @@ def check_update_flops(row: dict[str, str]) -> None:
     check_cpu(row, [folder / "amd-epyc-zen4-after-all.txt", *runs.values()])
 
 
-def check_int8_rollouts(row: dict[str, str]) -> None:
-    output = RESULTS / "quantized-rollouts" / "amd-epyc-zen4-vs-llamacpp-int8-int4.txt"
-    # (dtype, rows) -> (ratio, the sampler's share of the bound, the target's verdict), 2 threads
-    table = {
+def llamacpp_table(output: Path) -> dict[tuple[str, int], tuple[float, int, str]]:
+    """(dtype, rows) -> (ratio, the sampler's share of the bound, the target's verdict), 2 threads, of a
+    benchmarks/vs_llamacpp.py output."""
+    return {
         (dtype, int(rows)): (float(ratio), int(share), verdict)
         for dtype, rows, share, ratio, verdict in re.findall(
             r"^(int\d)\s+(\d+)x1 t2: decode dapo-suite\s+[\d.]+ tok/s \(\s*(\d+) % of bound\).*?: "
@@ -375,17 +375,25 @@ def check_int8_rollouts(row: dict[str, str]) -> None:
             re.M,
         )
     }
-    int8, int4 = (
-        figures(row["result"], rf"{dtype} / {peer} \**([\d.]+)x\** / ([\d.]+)x / ([\d.]+)x")
-        for dtype, peer in (("int8", "Q8_0"), ("int4", "Q4_0"))
+
+
+def check_int8_rollouts(row: dict[str, str]) -> None:
+    folder = RESULTS / "quantized-rollouts"
+    output, bf16_cache = (
+        folder / f"amd-epyc-zen4-vs-llamacpp-int8-int4{suffix}.txt" for suffix in ("", "-kv-bf16")
     )
-    for dtype, shown in (("int8", int8), ("int4", int4)):
+    table, bf16_table = llamacpp_table(output), llamacpp_table(bf16_cache)
+    int8 = figures(row["result"], r"int8 / Q8_0 \**([\d.]+)x\** / ([\d.]+)x / ([\d.]+)x")
+    int4 = figures(row["result"], r"int4 / Q4_0 ([\d.]+)x / ([\d.]+)x / ([\d.]+)x with bf16 KV")
+    for shown, dtype, source in ((int8, "int8", table), (int4, "int4", bf16_table)):
         for printed, rows in zip(shown, (1, 8, 64), strict=True):
-            assert shows(printed, table[dtype, rows][0]), (dtype, rows)
+            assert shows(printed, source[dtype, rows][0]), (dtype, rows)
     assert all(table["int8", rows][2] == "met" for rows in (1, 8, 64))
-    assert f"{table['int8', 64][0]:.2f}x (met)" in row["result"]
+    # int4's misses: at 8 rows with either cache, at 64 with the float32 one
+    assert [bf16_table["int4", rows][2] for rows in (1, 8, 64)] == ["met", "missed", "met"]
     assert [table["int4", rows][2] for rows in (1, 8, 64)] == ["met", "missed", "missed"]
-    assert "(2x missed at 8, 64)" in row["result"]
+    assert "(2x missed at 8; float32 KV: 8, 64)" in row["result"]
+    assert "--kv-cache-dtype bfloat16" in (folder / "README.md").read_text()
     (share,) = figures(row["result"], r"(\d+) % of bound at 1 row \(80 %: missed\)")
     assert int(share) == table["int8", 1][1] < 80
     assert "1 / 8 / 64 rows" in row["measured"] and "2 threads" in row["measured"]
@@ -393,10 +401,10 @@ def check_int8_rollouts(row: dict[str, str]) -> None:
 
     seeds = RESULTS / "quantized-rollouts" / "seeds.json"
     runs = json.loads(seeds.read_text())["runs"]
-    met, total = figures(row["result"], r"demo: \*\*(\d+) of (\d+)\*\* meet the target")
+    met, total = figures(row["result"], r"demo \*\*(\d+) of (\d+)\*\* seeds met")
     assert {run["arm"] for run in runs} == {"int8-rollouts"} and int(total) == len(runs)
     assert int(met) == sum(meets_demo_target(run["before"], run["after"]) for run in runs)
-    check_cpu(row, [output, seeds])
+    check_cpu(row, [output, bf16_cache, seeds])
 
 
 def tokens_per_s(side: dict) -> float:

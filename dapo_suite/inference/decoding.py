@@ -174,6 +174,7 @@ class LeanStepper:
         elif weights.dtype != dtype:
             raise ValueError(f"the weights snapshot is in {weights.dtype}, the stepper samples in {dtype}")
         self.kernels, self.embed, self.final_norm = weights.kernels, weights.embed, weights.final_norm
+        self.kv_dtype = weights.kv_dtype  # the activations' dtype, or bf16 under float32 (the fused kernels)
         self.lm_head, self.layers, self.qk_norms = weights.lm_head, weights.layers, weights.qk_norms
         self.layer_tensors = weights.layer_tensors
         self.scale = self.head_dim**-0.5
@@ -196,7 +197,7 @@ class LeanStepper:
             self.kv_heads,
             own_len,
             self.head_dim,
-            dtype=dtype,
+            dtype=self.kv_dtype,
             device=attention_mask.device,
         )
         self.bias = torch.zeros(
@@ -233,7 +234,7 @@ class LeanStepper:
                 self.kv_heads,
                 0,
                 self.head_dim,
-                dtype=self.dtype,
+                dtype=self.kv_dtype,
                 device=input_ids.device,
             )
         elif self.kernels is not None:
@@ -246,7 +247,7 @@ class LeanStepper:
             else:
                 cache = prefill(model, prefix_ids, prefix_mask, self.dtype)
             prompt_kv = torch.stack([torch.stack([layer.keys, layer.values]) for layer in cache.layers], 1)
-            prompt_kv = prompt_kv.to(self.dtype)
+            prompt_kv = prompt_kv.to(self.kv_dtype)
         width = prefix_mask.shape[1]
         prompt_bias = torch.zeros(input_ids.shape[0], 1, 1, width, dtype=self.dtype, device=input_ids.device)
         prompt_bias.masked_fill_(~prefix_mask[:, None, None, :].bool(), float("-inf"))
@@ -460,7 +461,7 @@ class LeanStepper:
             self.kv_heads,
             width,
             self.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=prefix_ids.device,
         )
         real = prefix_mask.bool()

@@ -144,6 +144,7 @@ class HFEngine:
         sampling_dtype: str | None = None,
         progress: bool = True,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         import torch
 
@@ -159,7 +160,7 @@ class HFEngine:
             )
         dtype = getattr(torch, sampling_dtype) if sampling_dtype else None  # None: the model's
         self.sampling_dtype = QUANTIZED_ACTIVATIONS if quantization else dtype
-        self.quantization = quantization
+        self.quantization, self.kv_cache_dtype = quantization, kv_cache_dtype
         self.eos_ids = end_of_response_ids(model, tokenizer)
         self._weights: StepperWeights | None = None  # the lean stepper's snapshot, made on first use
 
@@ -185,7 +186,9 @@ class HFEngine:
         from dapo_suite.inference.weights import StepperWeights
 
         if self._weights is None and lean_supported(self.model):
-            self._weights = StepperWeights(self.model, self.sampling_dtype, self.quantization)
+            self._weights = StepperWeights(
+                self.model, self.sampling_dtype, self.quantization, self.kv_cache_dtype
+            )
         return self._weights
 
     def generate(self, requests: Sequence[Request], sampling: Sampling, emit: Emit) -> None:

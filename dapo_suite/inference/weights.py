@@ -143,7 +143,10 @@ QUANTIZERS = {
     "int8": WeightFormat(quantize_int8, "pack_weight_int8", lambda q, s: (q, s), 1.0),
     "int4": WeightFormat(quantize_int4, "pack_weight_int4", _int4_dequantized, 0.5 + 2 / INT4_GROUP),
 }
-QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply: activations and KV cache
+QUANTIZED_ACTIVATIONS = torch.float32  # what quantized projections multiply (and the KV cache's default)
+# rollout_kv_cache_dtype -> the KV cache's dtype given the activations' (as vLLM's --kv-cache-dtype: "auto"
+# keeps the activations'); bf16 under float32 activations halves the bytes a decode step's attention reads
+KV_CACHE_DTYPES = {"auto": lambda activations: activations, "bfloat16": lambda activations: torch.bfloat16}
 
 
 @functools.cache  # once a process: a trainer makes a snapshot at every weight sync
@@ -165,9 +168,19 @@ class StepperWeights:
     on (`HFEngine` until its `sync_weights`, the endpoint's `BatchDecoder` for its life); a change to the
     model's weights after that is not seen until a new snapshot is made. Every tensor in it is a copy
     (`.to(dtype)` of a tensor already in that dtype would be the model's own), so an update in place leaves a
-    snapshot whole."""
+    snapshot whole.
 
-    def __init__(self, model, dtype: torch.dtype | None = None, quantization: str | None = None) -> None:
+    `kv_cache_dtype` (KV_CACHE_DTYPES) names the dtype of the KV cache the steppers on this snapshot keep:
+    bf16 under float32 activations needs the fused kernels (their `attend` reads it as float32; elsewhere the
+    cache keeps the activations' dtype, with a warning)."""
+
+    def __init__(
+        self,
+        model,
+        dtype: torch.dtype | None = None,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         config, inner = model.config, model.model
         dtype = self.dtype = QUANTIZED_ACTIVATIONS if quantization else dtype or model.dtype
         self.quantization = quantization
@@ -240,6 +253,14 @@ class StepperWeights:
             self.kernels = None  # a width `linear` cannot pack: the layers run on torch's ops
         if quantization and (self.kernels is None or not self.lm_head.packed):
             _warn_unfused(quantization)
+        self.kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype](dtype)
+        if self.kv_dtype != dtype and self.kernels is None:
+            warnings.warn(
+                f"kv_cache_dtype {kv_cache_dtype}: only the fused kernels keep a cache in another dtype than "
+                f"the activations' ({dtype}); the cache stays in {dtype}",
+                stacklevel=2,
+            )
+            self.kv_dtype = dtype
         self.layer_tensors: list[list[torch.Tensor]] = []
         if self.kernels is not None:
             # the fused layer loop's weights: each layer's, the norm its MLP half ends with (the next layer's

@@ -252,6 +252,11 @@ class TrainConfig:
     # correction's "auto" turns on with it (the sampler's log-probs are then not the trainer's). The embedded
     # trainer's hf sampler only.
     rollout_quantization: str | None = None
+    # The sampler's KV cache: "auto" in the activations' dtype; "bfloat16" halves the bytes attention reads
+    # under float32 activations (float32 sampling, int8 / int4 weights; vLLM's --kv-cache-dtype). Each key and
+    # value is rounded once as stored. The fused kernels only (else a warning and "auto"); the embedded
+    # trainer's hf sampler only.
+    rollout_kv_cache_dtype: str = "auto"
     device: str = "auto"
 
     # The scale presets applied before this config's own values (resolved; for the record).
@@ -301,8 +306,20 @@ class TrainConfig:
         return LossHyperparameters(**{name: getattr(self, name) for name in LOSS_KNOBS})
 
     def _quantization_problems(self) -> list[str]:
-        from dapo_suite.inference.weights import QUANTIZERS
+        from dapo_suite.inference.weights import KV_CACHE_DTYPES, QUANTIZERS
 
+        if self.rollout_kv_cache_dtype not in KV_CACHE_DTYPES:
+            return [
+                f"rollout_kv_cache_dtype {self.rollout_kv_cache_dtype!r} is not one of "
+                f"{', '.join(KV_CACHE_DTYPES)}"
+            ]
+        if self.rollout_kv_cache_dtype != "auto" and (
+            self.backend != "embedded" or self.rollout_engine == "vllm"
+        ):
+            return [
+                "rollout_kv_cache_dtype sets the embedded trainer's hf sampler's cache: with --backend verl "
+                "or rollout_engine=vllm leave it auto (vLLM takes its own kv_cache_dtype engine argument)"
+            ]
         if self.rollout_quantization is None:
             return []
         if self.rollout_quantization not in QUANTIZERS:

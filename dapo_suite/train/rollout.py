@@ -162,4 +162,5 @@ def hf_engine(config, model, tokenizer) -> HFEngine:
         config.sampling_dtype,
         progress=False,
         quantization=config.rollout_quantization,
+        kv_cache_dtype=config.rollout_kv_cache_dtype,
     )

@@ -356,7 +356,12 @@ def _native_bf16():
     return fused
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+# (queries' dtype, cache's dtype): bf16's kernels, float32's, and float32 over a bf16 cache (kv_cache_dtype)
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.float32, torch.bfloat16)],
+    ids=["bf16", "float32", "float32-bf16-cache"],
+)
 # (rows, head dim, shared prompt, query heads, key/value heads): SmolLM2's 9 / 3, and 14 / 2 (Qwen2.5-7B's 7
 # query heads per key/value head: more than either dtype's kernel keeps in registers at once, so the sums go
 # in groups)
@@ -371,11 +376,14 @@ def _native_bf16():
     ],
 )
 @pytest.mark.kernels
-def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, heads, kv_heads, dtype):
+def test_fused_attention_equals_rope_cache_write_and_sdpa(
+    rows, dim, shared, heads, kv_heads, dtype, cache_dtype
+):
     """`attend` against the float32 reference: RoPE of q and k, the step's k and v written into the cache at
-    the slot, and grouped-query softmax attention over each row's valid positions (left padding skipped; with
-    a shared prompt, the prompt's valid positions and then the row's own); bf16 within its rounding, float32
-    to 1e-5."""
+    the slot (rounded to the cache's dtype), and grouped-query softmax attention over each row's valid
+    positions (left padding skipped; with a shared prompt, the prompt's valid positions and then the row's
+    own); bf16 within its rounding, float32 to 1e-5, over a bf16 cache too (its keys and values read
+    exactly)."""
     from dapo_suite.inference.attention import sdpa_with_lse
     from dapo_suite.inference.decoding import LeanStepper
 
@@ -385,11 +393,13 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, hea
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
     angles = torch.rand(rows, dim // 2, generator=generator) * 6
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    own_k, own_v = (torch.randn(rows, kv_heads, slots, dim, generator=generator).to(dtype) for _ in range(2))
+    own_k, own_v = (
+        torch.randn(rows, kv_heads, slots, dim, generator=generator).to(cache_dtype) for _ in range(2)
+    )
     own_start = torch.randint(0, 10, (rows,), generator=generator) * (not shared)
     prompts, prompt_len = 2, 17
     prompt_k, prompt_v = (
-        torch.randn(prompts, kv_heads, prompt_len, dim, generator=generator).to(dtype) for _ in range(2)
+        torch.randn(prompts, kv_heads, prompt_len, dim, generator=generator).to(cache_dtype) for _ in range(2)
     )
     prompt_start, row_prompt = torch.tensor([0, 6]), torch.arange(rows) % prompts
     expected_k, expected_v = own_k.float().clone(), own_v.float().clone()
@@ -397,8 +407,10 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, hea
     rotated = LeanStepper._rotate(
         x[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos[:, None], sin[:, None]
     )
-    expected_k[:, :, slot] = rotated[:, heads:].to(dtype).float()
-    expected_v[:, :, slot] = x[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim)
+    expected_k[:, :, slot] = rotated[:, heads:].to(cache_dtype).float()
+    expected_v[:, :, slot] = (
+        x[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim).to(cache_dtype).float()
+    )
     keys, values = expected_k[:, :, : slot + 1], expected_v[:, :, : slot + 1]
     valid = torch.arange(slot + 1) >= own_start[:, None]
     if shared:
@@ -409,7 +421,7 @@ def test_fused_attention_equals_rope_cache_write_and_sdpa(rows, dim, shared, hea
     q = rotated[:, :heads].view(rows, kv_heads, heads // kv_heads, dim)
     expected = sdpa_with_lse(q, keys, values, bias, dim**-0.5)[0].reshape(rows, heads * dim)
 
-    empty, none = torch.empty(0, dtype=dtype), torch.empty(0, dtype=torch.long)
+    empty, none = torch.empty(0, dtype=cache_dtype), torch.empty(0, dtype=torch.long)
     rows_, slots = torch.arange(rows), torch.full((rows,), slot)
     out = fused.attend(
         qkv,

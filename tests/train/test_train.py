@@ -280,7 +280,7 @@ def test_rollout_log_probs_equal_a_full_forward_pass(embedded_model_dir):
         for q in ("What is 7 + 5?", "What is 12 - 3? Explain every step carefully before answering.")
     ]
     torch.manual_seed(0)
-    config = SimpleNamespace(sampling_dtype=None, rollout_quantization=None)
+    config = SimpleNamespace(sampling_dtype=None, rollout_quantization=None, rollout_kv_cache_dtype="auto")
     rollouts = sample_rollouts(
         hf_engine(config, model, tokenizer), tokenizer, prompts, group_size=3, max_new_tokens=12
     )
@@ -309,7 +309,11 @@ def test_rollouts_end_at_the_chat_models_end_of_turn(embedded_model_dir):
     ]
     torch.manual_seed(0)
     rollouts = sample_rollouts(
-        hf_engine(SimpleNamespace(sampling_dtype=None, rollout_quantization=None), model, tokenizer),
+        hf_engine(
+            SimpleNamespace(sampling_dtype=None, rollout_quantization=None, rollout_kv_cache_dtype="auto"),
+            model,
+            tokenizer,
+        ),
         tokenizer,
         prompts,
         group_size=8,
@@ -554,11 +558,34 @@ def test_int8_rollouts_turn_rollout_correction_on_and_report_the_mismatch(tmp_pa
     assert 0 < metrics["rollout_corr/is_weight_mean"] < 2
 
 
+def test_rollout_kv_cache_dtype_reaches_the_samplers_cache(embedded_model_dir):
+    """`rollout_kv_cache_dtype: bfloat16` under float32 sampling: the trainer's engine keeps the KV cache in
+    bf16 (where the fused kernels run; elsewhere it warns and keeps float32)."""
+    from dapo_suite.inference.fused_step import kernels
+    from dapo_suite.inference.models import load_model_and_tokenizer
+    from dapo_suite.train.rollout import hf_engine
+
+    if kernels() is None:
+        pytest.skip("the fused kernels could not be built here: the cache keeps the activations' dtype")
+    model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir))
+    for quantization in (None, "int8"):
+        config = SimpleNamespace(
+            sampling_dtype="float32", rollout_quantization=quantization, rollout_kv_cache_dtype="bfloat16"
+        )
+        weights = hf_engine(config, model, tokenizer)._stepper_weights()
+        assert weights.dtype == torch.float32 and weights.kv_dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
         ({"rollout_quantization": "int3"}, "rollout_quantization 'int3' is not one of int8"),
         ({"rollout_quantization": "int8", "rollout_engine": "vllm"}, "quantizes the embedded trainer's"),
+        ({"rollout_kv_cache_dtype": "fp8"}, "rollout_kv_cache_dtype 'fp8' is not one of auto, bfloat16"),
+        (
+            {"rollout_kv_cache_dtype": "bfloat16", "rollout_engine": "vllm"},
+            "vLLM takes its own kv_cache_dtype",
+        ),
     ],
 )
 def test_a_rollout_quantization_that_cannot_run_is_refused_with_what_to_set(settings, message):

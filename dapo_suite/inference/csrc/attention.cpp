@@ -30,15 +30,16 @@ inline float exp_minus_max(float* scores, int64_t count) {
 
 }  // namespace
 
-// The tensors of one `attend` call, as pointers and sizes (see `attend`).
-template <typename T>
+// The tensors of one `attend` call, as pointers and sizes (see `attend`): queries and outputs in T, the
+// cache in C (T, or bf16 under float32 queries).
+template <typename T, typename C = T>
 struct Queries {
   const T* qkv;
   const float *cos, *sin;
   const int64_t *rows, *slots;
-  T *cache_k, *cache_v;
+  C *cache_k, *cache_v;
   const int64_t* cache_start;
-  const T *prompt_k, *prompt_v;
+  const C *prompt_k, *prompt_v;
   const int64_t *prompt_start, *row_prompt;
   T* out;
   int64_t count, heads, kv_heads, cache_slots, prompts, prompt_len;
@@ -46,24 +47,24 @@ struct Queries {
 };
 
 // Query n's key and value for head h, rotated and stored at its cache row and slot.
-template <int64_t DIM, typename T>
-void store_key_value(const Queries<T>& qs, int64_t n, int64_t h) {
+template <int64_t DIM, typename T, typename C>
+void store_key_value(const Queries<T, C>& qs, int64_t n, int64_t h) {
   const T* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
   float k[DIM];
   rotate(row + (qs.heads + h) * DIM, qs.cos + n * DIM, qs.sin + n * DIM, DIM, k);
   const int64_t at = ((qs.rows[n] * qs.kv_heads + h) * qs.cache_slots + qs.slots[n]) * DIM;
   const T* v = row + (qs.heads + qs.kv_heads + h) * DIM;
   for (int64_t d = 0; d < DIM; ++d) {
-    qs.cache_k[at + d] = T(k[d]);
-    qs.cache_v[at + d] = v[d];
+    qs.cache_k[at + d] = C(k[d]);
+    qs.cache_v[at + d] = C(float(v[d]));
   }
 }
 
 // Every query's key and value written first (a prompt's queries, in a prefill, attend to each other's), then
 // each (query, key/value head) pair through `head(n, h)`; `make_head(span)` gives each thread its own, with
 // scratch for `span` scores per query head.
-template <int64_t DIM, typename T, typename MakeHead>
-void attend_all(const Queries<T>& qs, MakeHead make_head) {
+template <int64_t DIM, typename T, typename C, typename MakeHead>
+void attend_all(const Queries<T, C>& qs, MakeHead make_head) {
   const int64_t pairs = qs.count * qs.kv_heads;
   at::parallel_for(0, pairs, 16, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) store_key_value<DIM>(qs, i / qs.kv_heads, i % qs.kv_heads);
@@ -122,6 +123,14 @@ inline Floats sum_each(Floats* a) {
 
 inline Floats load_floats(const float* at) { return *reinterpret_cast<const UnalignedFloats*>(at); }
 
+// F32_LANES bf16 at `at` as float32, exactly: each one's 16 bits become a float's high half (zero-extend,
+// shift; two instructions on AVX2 and AVX-512, no bf16 instructions needed).
+inline Floats load_floats(const BFloat16* at) {
+  typedef uint16_t Halves __attribute__((vector_size(F32_LANES * sizeof(uint16_t)), aligned(2)));
+  typedef uint32_t Words __attribute__((vector_size(F32_LANES * sizeof(uint32_t))));
+  return (Floats)(__builtin_convertvector(*reinterpret_cast<const Halves*>(at), Words) << 16);
+}
+
 // How many query heads' weighted sums the attention keeps in registers at once: three quarters of the
 // register file (DIM / F32_LANES vectors per head, in float32 and in bf16's unpacked pairs alike).
 template <int64_t DIM>
@@ -129,10 +138,10 @@ constexpr int HEADS_IN_REGISTERS = int(std::max<int64_t>(1, F32_REGISTERS * 3 / 
 
 // The weighted sums of all `fold` query heads, sizeof...(F) at a time through Span<DIM, k>::run (k heads;
 // each group re-reads the values, from cache after the first). weights (fold x stride), sums (fold x DIM).
-template <int64_t DIM, template <int64_t, int> class Span, typename T, int... F>
-void accumulate_heads(const T* weights, int64_t fold, int64_t stride, const T* values, int64_t begin,
+template <int64_t DIM, template <int64_t, int> class Span, typename W, typename C, int... F>
+void accumulate_heads(const W* weights, int64_t fold, int64_t stride, const C* values, int64_t begin,
                       int64_t end, float* sums, std::integer_sequence<int, F...>) {
-  using Run = void (*)(const T*, int64_t, const T*, int64_t, int64_t, float*);
+  using Run = void (*)(const W*, int64_t, const C*, int64_t, int64_t, float*);
   static constexpr Run spans[] = {Span<DIM, F + 1>::run...};  // spans[k - 1]: k heads
   constexpr int64_t most = sizeof...(F);
   for (int64_t f = 0; f < fold; f += most)
@@ -141,11 +150,13 @@ void accumulate_heads(const T* weights, int64_t fold, int64_t stride, const T* v
 
 }  // namespace
 
-// What a precision of `attend_head` names: its element type, whether it rounds the query and the weights to
-// it (then `AttendScratch` keeps rounded copies), and its weighted sum (`accumulate_heads`'s Span).
-template <typename Element, template <int64_t, int> class Span>
+// What a precision of `attend_head` names: its element type, its cache's, whether it rounds the query and the
+// weights to its element type (then `AttendScratch` keeps rounded copies), and its weighted sum
+// (`accumulate_heads`'s Span).
+template <typename Element, template <int64_t, int> class Span, typename Cache = Element>
 struct Precision {
   using T = Element;
+  using C = Cache;
   static constexpr bool ROUNDED = !std::is_same<Element, float>::value;
   template <int64_t DIM, int F>
   using Accumulate = Span<DIM, F>;
@@ -303,10 +314,10 @@ namespace {
 // partial products, totalled together by `sum_each` (faster than one position at a time from L2; from memory
 // both run at one core's read bandwidth). The next block's keys and this block's values (read next, by the
 // weighted sum) are prefetched meanwhile.
-template <int64_t DIM>
-void score_span(const float* q, int64_t fold, const float* keys, const float* values, int64_t begin,
-                int64_t end, float scale, float* scores, int64_t stride) {
-  constexpr int64_t V = DIM / F32_LANES, line = PER_LINE<float>;
+template <int64_t DIM, typename C>
+void score_span(const float* q, int64_t fold, const C* keys, const C* values, int64_t begin, int64_t end,
+                float scale, float* scores, int64_t stride) {
+  constexpr int64_t V = DIM / F32_LANES, line = PER_LINE<C>;
   int64_t t = begin;
   for (; t + F32_LANES <= end; t += F32_LANES) {
     for (int64_t d = 0; d < F32_LANES * DIM; d += line) {
@@ -317,7 +328,7 @@ void score_span(const float* q, int64_t fold, const float* keys, const float* va
       Floats qv[V], dots[F32_LANES];
       for (int64_t c = 0; c < V; ++c) qv[c] = load_floats(q + f * DIM + c * F32_LANES);
       for (int64_t j = 0; j < F32_LANES; ++j) {
-        const float* k = keys + (t + j) * DIM;
+        const C* k = keys + (t + j) * DIM;
         dots[j] = qv[0] * load_floats(k);
         for (int64_t c = 1; c < V; ++c) dots[j] += qv[c] * load_floats(k + c * F32_LANES);
       }
@@ -328,36 +339,45 @@ void score_span(const float* q, int64_t fold, const float* keys, const float* va
     for (int64_t f = 0; f < fold; ++f) {
       float dot = 0.f;
       for (int64_t d = 0; d < DIM; ++d)
-        dot += q[f * DIM + d] * keys[t * DIM + d];  // vectorised (-ffast-math)
+        dot += q[f * DIM + d] * float(keys[t * DIM + d]);  // vectorised (-ffast-math)
       scores[f * stride + t - begin] = dot * scale;
     }
 }
 
 // sums[f] += sum_t w[f][t - begin] v[t] over positions [begin, end) for F query heads, whose F x DIM sums
-// stay in vector registers while the values stream by. weights (F x stride), sums (F x DIM).
-template <int64_t DIM, int F>
-struct AccumulateSpanF32 {
-  static void run(const float* weights, int64_t stride, const float* values, int64_t begin, int64_t end,
-                  float* sums) {
-    constexpr int64_t V = DIM / F32_LANES;
-    Floats acc[F][V];
-    for (int f = 0; f < F; ++f)
-      for (int64_t c = 0; c < V; ++c) acc[f][c] = load_floats(sums + f * DIM + c * F32_LANES);
-    for (int64_t t = begin; t < end; ++t) {
-      const float* v = values + t * DIM;
-      for (int f = 0; f < F; ++f) {
-        const float w = weights[f * stride + t - begin];
-        for (int64_t c = 0; c < V; ++c) acc[f][c] += load_floats(v + c * F32_LANES) * w;
+// stay in vector registers while the values (C: float32, or bf16 read as float32) stream by. weights
+// (F x stride), sums (F x DIM).
+template <typename C>
+struct AccumulateF32 {
+  template <int64_t DIM, int F>
+  struct Span {
+    static void run(const float* weights, int64_t stride, const C* values, int64_t begin, int64_t end,
+                    float* sums) {
+      constexpr int64_t V = DIM / F32_LANES;
+      Floats acc[F][V];
+      for (int f = 0; f < F; ++f)
+        for (int64_t c = 0; c < V; ++c) acc[f][c] = load_floats(sums + f * DIM + c * F32_LANES);
+      for (int64_t t = begin; t < end; ++t) {
+        const C* v = values + t * DIM;
+        for (int f = 0; f < F; ++f) {
+          const float w = weights[f * stride + t - begin];
+          for (int64_t c = 0; c < V; ++c) acc[f][c] += load_floats(v + c * F32_LANES) * w;
+        }
       }
+      for (int f = 0; f < F; ++f)
+        for (int64_t c = 0; c < V; ++c)
+          *reinterpret_cast<UnalignedFloats*>(sums + f * DIM + c * F32_LANES) = acc[f][c];
     }
-    for (int f = 0; f < F; ++f)
-      for (int64_t c = 0; c < V; ++c)
-        *reinterpret_cast<UnalignedFloats*>(sums + f * DIM + c * F32_LANES) = acc[f][c];
-  }
+  };
 };
 
-// float32: everything in float32; the weights are the softmax's numerators themselves.
-struct F32Attention : Precision<float, AccumulateSpanF32> {
+// float32: everything in float32; the weights are the softmax's numerators themselves. The cache in float32,
+// or in bf16 (`kv_cache_dtype`: half the bytes a decode step reads; each key and value rounded once, as
+// stored, and read back exactly).
+template <typename Cache>
+struct F32Attention : Precision<float, AccumulateF32<Cache>::template Span, Cache> {
+  using T = float;
+
   template <typename Scratch>
   static const T* query(Scratch& s, int64_t) {
     return s.q.data();
@@ -397,8 +417,10 @@ struct AttendScratch {
 // divided by the softmax's total at the end. Each key is read once for the fold's query heads (decode
 // attention is bound by reading the cache).
 template <int64_t DIM, typename P>
-void attend_head(const Queries<typename P::T>& qs, int64_t n, int64_t h, AttendScratch<P>& s, int64_t span) {
+void attend_head(const Queries<typename P::T, typename P::C>& qs, int64_t n, int64_t h, AttendScratch<P>& s,
+                 int64_t span) {
   using T = typename P::T;
+  using C = typename P::C;
   const int64_t fold = qs.heads / qs.kv_heads, b = qs.rows[n], slot = qs.slots[n];
   const T* row = qs.qkv + n * (qs.heads + 2 * qs.kv_heads) * DIM;
   for (int64_t f = 0; f < fold; ++f)
@@ -406,7 +428,7 @@ void attend_head(const Queries<typename P::T>& qs, int64_t n, int64_t h, AttendS
   const T* q = P::query(s, fold * DIM);
   float* scores = s.scores.data();
   int64_t shared = 0, p_begin = 0;
-  const T *pk = nullptr, *pv = nullptr;
+  const C *pk = nullptr, *pv = nullptr;
   if (qs.prompts) {
     const int64_t p = qs.row_prompt[b], base = (p * qs.kv_heads + h) * qs.prompt_len * DIM;
     pk = qs.prompt_k + base, pv = qs.prompt_v + base, p_begin = qs.prompt_start[p];
@@ -433,15 +455,16 @@ void attend_head(const Queries<typename P::T>& qs, int64_t n, int64_t h, AttendS
 
 // Grouped-query softmax attention (Vaswani et al. 2017, arXiv 1706.03762) of N queries, with RoPE and the
 // cache write: out = softmax(scale RoPE(q) K^T) V over each query's valid positions.
-//   qkv (N, (H + 2 H_kv) D), the queries' projections, bf16 or float32 (the cache's dtype); cos, sin (N, D)
-//   float32 at their positions;
+//   qkv (N, (H + 2 H_kv) D), the queries' projections, bf16 or float32; cos, sin (N, D) float32 at their
+//   positions;
 //   rows, slots (N,): each query's cache row and slot. Its rotated k and v are written there, and it attends
 //   to its row's [cache_start[row], slot] (left padding is skipped, not masked). A decode step has one query
 //   per row; a prompt pass has one per prompt token, which see each other's keys (they are all written
 //   first). cache_k, cache_v (R, H_kv, S, D). prompt_k, prompt_v (P, H_kv, T, D) and prompt_start (P,): a
 //   prompt cache shared by the rows of a group (row r reads prompt row_prompt[r], positions [prompt_start,
-//   T), before its own); empty when rows hold their prompts.
-// Returns (N, H D) in qkv's dtype, heads in q's order. bf16 needs avx512_bf16 (NATIVE_BF16).
+//   T), before its own); empty when rows hold their prompts. The cache in qkv's dtype, or bf16 under float32
+//   queries (computed in float32 over the keys and values as stored: any CPU).
+// Returns (N, H D) in qkv's dtype, heads in q's order. bf16 queries need avx512_bf16 (NATIVE_BF16).
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor rows,
                      torch::Tensor slots, torch::Tensor cache_k, torch::Tensor cache_v,
                      torch::Tensor cache_start, torch::Tensor prompt_k, torch::Tensor prompt_v,
@@ -449,7 +472,11 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
   const auto dtype = qkv.scalar_type();
   TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && qkv.is_contiguous(),
               "qkv: contiguous bfloat16 or float32");
-  TORCH_CHECK(cache_k.scalar_type() == dtype && cache_v.scalar_type() == dtype, "cache: qkv's dtype");
+  const auto cache_dtype = cache_k.scalar_type();
+  TORCH_CHECK((cache_dtype == dtype || cache_dtype == at::kBFloat16) &&
+                  cache_v.scalar_type() == cache_dtype &&
+                  (!prompt_k.numel() || prompt_k.scalar_type() == cache_dtype),
+              "cache: qkv's dtype or bfloat16, keys, values and prompt alike");
   TORCH_CHECK(cache_k.is_contiguous() && cache_v.is_contiguous(), "cache: contiguous");
   TORCH_CHECK(rows.numel() == qkv.size(0) && slots.numel() == qkv.size(0), "rows, slots: one per query");
   const int64_t dim = cache_k.size(3), prompts = prompt_k.numel() ? prompt_k.size(0) : 0;
@@ -463,26 +490,27 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
   auto run = [&](auto precision) {
     using P = decltype(precision);
     using T = typename P::T;
-    Queries<T> qs{qkv.data_ptr<T>(),
-                  cos.data_ptr<float>(),
-                  sin.data_ptr<float>(),
-                  rows.data_ptr<int64_t>(),
-                  slots.data_ptr<int64_t>(),
-                  cache_k.data_ptr<T>(),
-                  cache_v.data_ptr<T>(),
-                  cache_start.data_ptr<int64_t>(),
-                  prompts ? prompt_k.data_ptr<T>() : nullptr,
-                  prompts ? prompt_v.data_ptr<T>() : nullptr,
-                  prompts ? prompt_start.data_ptr<int64_t>() : nullptr,
-                  prompts ? row_prompt.data_ptr<int64_t>() : nullptr,
-                  out.data_ptr<T>(),
-                  qkv.size(0),
-                  heads,
-                  cache_k.size(1),
-                  cache_k.size(2),
-                  prompts,
-                  prompts ? prompt_k.size(2) : 0,
-                  float(scale)};
+    using C = typename P::C;
+    Queries<T, C> qs{qkv.data_ptr<T>(),
+                     cos.data_ptr<float>(),
+                     sin.data_ptr<float>(),
+                     rows.data_ptr<int64_t>(),
+                     slots.data_ptr<int64_t>(),
+                     cache_k.data_ptr<C>(),
+                     cache_v.data_ptr<C>(),
+                     cache_start.data_ptr<int64_t>(),
+                     prompts ? prompt_k.data_ptr<C>() : nullptr,
+                     prompts ? prompt_v.data_ptr<C>() : nullptr,
+                     prompts ? prompt_start.data_ptr<int64_t>() : nullptr,
+                     prompts ? row_prompt.data_ptr<int64_t>() : nullptr,
+                     out.data_ptr<T>(),
+                     qkv.size(0),
+                     heads,
+                     cache_k.size(1),
+                     cache_k.size(2),
+                     prompts,
+                     prompts ? prompt_k.size(2) : 0,
+                     float(scale)};
     auto make_head = [&qs, fold](auto dim_constant) {  // each thread's head(n, h), with its own scratch
       constexpr int64_t DIM = decltype(dim_constant)::value;
       return [&qs, fold](int64_t span) {
@@ -497,7 +525,10 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
       attend_all<128>(qs, make_head(std::integral_constant<int64_t, 128>()));
   };
   if (dtype == at::kFloat) {
-    run(F32Attention());
+    if (cache_dtype == at::kFloat)
+      run(F32Attention<float>());
+    else
+      run(F32Attention<BFloat16>());
     return out;
   }
 #if defined(__AVX512BF16__)

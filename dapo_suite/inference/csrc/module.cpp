@@ -8,16 +8,18 @@
 //   norm after the last). Qwen3's q and k are RMSNorm-ed per head before RoPE (`qk_rms_norm`).
 // hidden (N, C) float32, updated in place; layers[i] = {norm_in, W_qkv, b_qkv (or empty), W_o, norm_post,
 // W_gu, W_down, norm_after, then the four W in oneDNN's layout (or empty: `linear`'s `onednn`), then the q/k
-// norms' weight (H + H_kv, D) or empty (`qk_rms_norm`: Qwen3)}, each W from pack_weight; cache (2, layers, R,
-// H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty; every tensor but hidden and the norms in the
-// cache's dtype (bf16 or float32). Returns x after the last layer's norm, (N, C) in that dtype.
+// norms' weight (H + H_kv, D) or empty (`qk_rms_norm`: Qwen3)}, each W from pack_weight (or its int8 / int4
+// packers); cache (2, layers, R, H_kv, S, D); prompt_kv (2, layers, P, H_kv, T, D) or empty. The activations
+// and the biases in the weights' dtype (float32 for int8 and int4 weights); the caches in it or in bf16
+// (`attend`). Returns x after the last layer's norm, (N, C) in the activations' dtype.
 at::Tensor run_layers(at::Tensor hidden, const std::vector<std::vector<at::Tensor>>& layers, at::Tensor cos,
                       at::Tensor sin, at::Tensor rows, at::Tensor slots, at::Tensor cache,
                       at::Tensor cache_start, at::Tensor prompt_kv, at::Tensor prompt_start,
                       at::Tensor row_prompt, int64_t heads, double scale, double eps) {
   const bool shared = prompt_kv.numel() > 0;
   const at::Tensor empty = cache.new_empty({0});
-  const auto dtype = cache.scalar_type();
+  const auto packed = layers[0][1].scalar_type();  // int8 (kChar) and int4 (kByte) take float32 activations
+  const auto dtype = packed == at::kChar || packed == at::kByte ? at::kFloat : packed;
   at::Tensor x = add_rms_norm(hidden, std::nullopt, layers[0][0], eps, dtype);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& w = layers[i];

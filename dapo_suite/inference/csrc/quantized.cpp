@@ -167,17 +167,6 @@ constexpr int U_OF = V * 16 / Lanes::WIDTH;
 inline int64_t lanes_at(int64_t k, int V, int u) { return (k * V * 16 + u * Lanes::WIDTH) * 4; }
 
 #if INT8_DOTS_BUILT
-// Each group's int32 sums start at -offset x the sum of the row's quantized activations in the group: the
-// unsigned weights' offset taken out exactly.
-template <int ROWS, int U>
-inline void start_sums(Lanes::Int (&acc)[ROWS][U], const QuantizedRows& xr, int64_t r0, int64_t g,
-                       int64_t groups, int32_t offset) {
-  for (int r = 0; r < ROWS; ++r) {
-    const Lanes::Int start = Lanes::broadcast(-offset * xr.sum[(r0 + r) * groups + g]);
-    for (int u = 0; u < U; ++u) acc[r][u] = start;
-  }
-}
-
 // ROWS rows (first row `r0` of xr) against one int8 block of V x 16 outputs. Block layout: per group, per
 // quad of inputs k (8), per vector v: 16 outputs x 4 inputs, unsigned (q + 128); then the block's float32
 // scales per output. y = s_o sum_g d_g (sum_i (q_oi + 128) x_i - 128 sum_g) + b_o.
@@ -192,7 +181,10 @@ void int8_tile(const QuantizedRows& xr, int64_t r0, int64_t in, const uint8_t* b
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* wg = block + g * GROUP * V * 16;
     Lanes::Int acc[ROWS][U];
-    start_sums<ROWS, U>(acc, xr, r0, g, groups, 128);
+    for (int r = 0; r < ROWS; ++r) {  // from -128 x the group's activation sum: the unsigned offset taken out
+      const Lanes::Int start = Lanes::broadcast(-128 * xr.sum[(r0 + r) * groups + g]);
+      for (int u = 0; u < U; ++u) acc[r][u] = start;
+    }
     for (int k = 0; k < GROUP / 4; ++k) {
       Lanes::Int w[U];
       for (int u = 0; u < U; ++u) w[u] = Lanes::load(wg + lanes_at(k, V, u));

@@ -240,6 +240,8 @@ NOT_MAPPED = {
     "rollout_gpu_memory_utilization": "embedded trainer only; verl: --gpu-memory-utilization (Hardware)",
     "sampling_dtype": "embedded trainer only; verl samples with vLLM in actor_rollout_ref.rollout.dtype",
     "rollout_quantization": "embedded trainer's sampler only (validation refuses it with --backend verl)",
+    "rollout_kv_cache_dtype": "embedded trainer's sampler only (validation refuses bfloat16 with --backend "
+    "verl; vLLM takes its own kv_cache_dtype engine argument)",
     "backend": "selects this module",
     "reuse_surplus_groups": "verl's V1 replay buffer decides (surplus groups are discarded, counted in "
     "metrics)",
