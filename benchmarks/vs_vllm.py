@@ -58,7 +58,7 @@ class SamplerSide:
 
         self.model, self.tokenizer = load_model_and_tokenizer(path, dtype="float32")
         self.model.eval()
-        self.dtype, self.weights = None, None
+        self.weights_for, self.weights = None, None  # (dtype, kv_cache_dtype) the snapshot was made for
 
     def describe(self) -> str:
         import torch
@@ -94,9 +94,9 @@ class SamplerSide:
         from dapo_suite.inference.weights import StepperWeights
 
         activations, quantization = SAMPLING_DTYPES[dtype]
-        if (dtype, kv_cache_dtype) != self.dtype:  # cast and packed once per dtype, as the engines do
+        if (dtype, kv_cache_dtype) != self.weights_for:  # cast and packed once per dtype, as the engines do
             self.weights = StepperWeights(self.model, activations, quantization, kv_cache_dtype)
-            self.dtype = dtype, kv_cache_dtype
+            self.weights_for = dtype, kv_cache_dtype
 
         pad = self.tokenizer.pad_token_id
         width = max(map(len, prompt_ids))
